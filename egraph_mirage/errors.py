@@ -1,0 +1,37 @@
+"""Typed errors raised by egraph-mirage. Every message names the offending thing."""
+
+from __future__ import annotations
+
+
+class EMError(Exception):
+    """Base class of every error egraph-mirage raises on purpose."""
+
+
+class ShapeError(EMError, ValueError):
+    """An operator was applied to tensors whose shapes it does not accept."""
+
+
+class DTypeError(EMError, TypeError):
+    """An operator was applied to tensors of mismatched or unsupported dtypes."""
+
+
+class GraphError(EMError, ValueError):
+    """A graph was used wrongly (foreign tensor, output marked twice, no outputs, ...)."""
+
+
+class RuleError(EMError, ValueError):
+    """A rule file is malformed; the message names the file and line."""
+
+    def __init__(self, path: str, line: int, message: str) -> None:
+        self.path = path
+        self.line = line
+        self.detail = message
+        super().__init__(f"{path}:{line}: {message}")
+
+
+class ExprError(EMError, ValueError):
+    """An abstract expression could not be parsed or uses an unknown operator."""
+
+
+class OracleError(EMError, RuntimeError):
+    """The reachability oracle could not be built or was asked an ill-formed question."""

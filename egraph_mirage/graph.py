@@ -1,0 +1,207 @@
+"""Kernel graphs: the programs users write, through a Mirage-style builder API.
+
+    import egraph_mirage as em
+    g = em.new_kernel_graph()
+    X = g.new_input(dims=(2, 4096), dtype=em.float16)
+    W = g.new_input(dims=(4096, 6144), dtype=em.float16)
+    g.mark_output(g.matmul(g.rms_norm(X, (4096,)), W))
+
+Every operator checks its operands through its op-table entry and raises a typed error
+(``ShapeError``, ``DTypeError``, ``GraphError``) that names the operator and the shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import expr as ex
+from .dtypes import DType, float16
+from .errors import GraphError, ShapeError
+from .ops import lookup
+
+
+class Tensor:
+    """A tensor of a kernel graph: a graph input or the result of one operator."""
+
+    __slots__ = ("graph", "index", "dims", "dtype", "op", "operands", "params", "_expr")
+
+    def __init__(self, graph: KernelGraph, index: int, dims: tuple[int, ...], dtype: DType,
+                 op: str | None, operands: tuple[Tensor, ...], params: dict[str, Any]) -> None:
+        self.graph = graph
+        self.index = index
+        self.dims = dims
+        self.dtype = dtype
+        self.op = op  # None for a graph input
+        self.operands = operands
+        self.params = params
+        self._expr: ex.Term | None = None
+
+    @property
+    def num_dims(self) -> int:
+        return len(self.dims)
+
+    @property
+    def is_input(self) -> bool:
+        return self.op is None
+
+    def __repr__(self) -> str:
+        what = "input" if self.op is None else self.op
+        return f"<Tensor t{self.index} {what} dims={self.dims} {self.dtype.value}>"
+
+
+class KernelGraph:
+    """A program: inputs, operators applied in order, and marked outputs."""
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
+        self.inputs: list[Tensor] = []
+        self.outputs: list[Tensor] = []
+
+    # --- building ---------------------------------------------------------------------------
+    def new_input(self, dims: Sequence[int], dtype: DType = float16) -> Tensor:
+        """A new graph input; inputs are numbered by position (``v0``, ``v1``, ...)."""
+        dims = tuple(dims)
+        if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                               for d in dims):
+            raise ShapeError(f"new_input: dims must be positive integers, got {dims!r}")
+        if not isinstance(dtype, DType):
+            raise GraphError(f"new_input: unsupported dtype {dtype!r}; use em.float16, "
+                             "em.bfloat16 or em.float32")
+        t = Tensor(self, len(self.tensors), dims, dtype, None, (), {})
+        t._expr = ex.var(f"v{len(self.inputs)}")
+        self.tensors.append(t)
+        self.inputs.append(t)
+        return t
+
+    def apply(self, op: str, operands: Sequence[Tensor], **params: Any) -> Tensor:
+        """Apply op-table operator ``op``; the named methods below are shorthands for this."""
+        spec = lookup(op)
+        operands = tuple(operands)
+        lo, hi = spec.num_inputs
+        if not lo <= len(operands) <= hi:
+            raise GraphError(f"{op}: takes {lo}..{hi} tensors, got {len(operands)}")
+        for i, t in enumerate(operands):
+            if not isinstance(t, Tensor):
+                raise GraphError(f"{op}: operand {i} is {type(t).__name__}, not a Tensor")
+            if t.graph is not self:
+                raise GraphError(f"{op}: operand {i} ({t!r}) belongs to another graph")
+        if set(params) != set(spec.params):
+            raise GraphError(f"{op}: expects parameters {spec.params}, got {tuple(params)}")
+        shapes = [t.dims for t in operands]
+        dims = spec.shape(op, shapes, params)
+        dtype = spec.dtype(op, [t.dtype for t in operands], params)
+        out = Tensor(self, len(self.tensors), tuple(dims), dtype, op, operands, dict(params))
+        self.tensors.append(out)
+        return out
+
+    def matmul(self, A: Tensor, B: Tensor) -> Tensor:
+        return self.apply("matmul", (A, B))
+
+    def add(self, A: Tensor, B: Tensor) -> Tensor:
+        return self.apply("add", (A, B))
+
+    def mul(self, A: Tensor, B: Tensor) -> Tensor:
+        return self.apply("mul", (A, B))
+
+    def div(self, A: Tensor, B: Tensor) -> Tensor:
+        return self.apply("div", (A, B))
+
+    def exp(self, A: Tensor) -> Tensor:
+        return self.apply("exp", (A,))
+
+    def sqrt(self, A: Tensor) -> Tensor:
+        return self.apply("sqrt", (A,))
+
+    def square(self, A: Tensor) -> Tensor:
+        return self.apply("square", (A,))
+
+    def silu(self, A: Tensor) -> Tensor:
+        return self.apply("silu", (A,))
+
+    def gelu(self, A: Tensor) -> Tensor:
+        return self.apply("gelu", (A,))
+
+    def relu(self, A: Tensor) -> Tensor:
+        return self.apply("relu", (A,))
+
+    def mul_scalar(self, A: Tensor, scalar: float) -> Tensor:
+        return self.apply("mul_scalar", (A,), scalar=scalar)
+
+    def reduction(self, A: Tensor, dim: int) -> Tensor:
+        return self.apply("reduction", (A,), dim=dim)
+
+    def rms_norm(self, A: Tensor, normalized_shape: int | Sequence[int],
+                 gain: Tensor | None = None) -> Tensor:
+        if not isinstance(normalized_shape, int):
+            normalized_shape = tuple(normalized_shape)
+        operands = (A,) if gain is None else (A, gain)
+        return self.apply("rms_norm", operands, normalized_shape=normalized_shape)
+
+    def concat(self, A: Tensor, B: Tensor, dim: int) -> Tensor:
+        return self.apply("concat", (A, B), dim=dim)
+
+    def mark_output(self, T: Tensor) -> None:
+        if not isinstance(T, Tensor) or T.graph is not self:
+            raise GraphError(f"mark_output: {T!r} is not a tensor of this graph")
+        if T in self.outputs:
+            raise GraphError(f"mark_output: {T!r} is already an output")
+        self.outputs.append(T)
+
+    # --- reading ----------------------------------------------------------------------------
+    @property
+    def operators(self) -> list[Tensor]:
+        """The tensors produced by operators, in the order they were added."""
+        return [t for t in self.tensors if t.op is not None]
+
+    def evaluate(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run the graph in float64 numpy (each op's ``reference``); returns the outputs."""
+        if len(inputs) != len(self.inputs):
+            raise GraphError(f"evaluate: graph has {len(self.inputs)} inputs, got {len(inputs)}")
+        values: dict[int, np.ndarray] = {}
+        for t, x in zip(self.inputs, inputs):
+            x = np.asarray(x, dtype=np.float64)
+            if x.shape != t.dims:
+                raise ShapeError(f"evaluate: input v{len(values)} has shape {x.shape}, "
+                                 f"expected {t.dims}")
+            values[t.index] = x
+        for t in self.operators:
+            values[t.index] = lookup(t.op).reference([values[o.index] for o in t.operands],
+                                                     t.params)
+        return [values[t.index] for t in self.outputs]
+
+    def __repr__(self) -> str:
+        lines = [f"KernelGraph({len(self.inputs)} inputs, {len(self.operators)} operators)"]
+        for t in self.tensors:
+            if t.op is None:
+                lines.append(f"  t{t.index} = input{t.dims} {t.dtype.value}")
+            else:
+                args = ", ".join(f"t{o.index}" for o in t.operands)
+                ps = "".join(f", {k}={v!r}" for k, v in t.params.items())
+                lines.append(f"  t{t.index} = {t.op}({args}{ps}) -> {t.dims}")
+        lines.append("  outputs: " + ", ".join(f"t{t.index}" for t in self.outputs))
+        return "\n".join(lines)
+
+
+def new_kernel_graph() -> KernelGraph:
+    """A new, empty kernel graph."""
+    return KernelGraph()
+
+
+def abstract_term(T: Tensor) -> ex.Term:
+    """The abstract expression of tensor ``T`` as a ``Term`` (see ``docs/expressions.md``)."""
+    if not isinstance(T, Tensor):
+        raise GraphError(f"abstract_term: expected a Tensor, got {type(T).__name__}")
+    if T._expr is None:
+        for t in T.graph.tensors[: T.index + 1]:
+            if t._expr is None:
+                spec = lookup(t.op)  # type: ignore[arg-type]
+                t._expr = spec.expr([o._expr for o in t.operands],  # type: ignore[misc]
+                                    [o.dims for o in t.operands], t.params)
+    return T._expr  # type: ignore[return-value]
+
+
+def abstract_expr(T: Tensor) -> str:
+    """The abstract expression of tensor ``T`` as s-expression text, in the rule files' syntax."""
+    return abstract_term(T).to_sexpr()

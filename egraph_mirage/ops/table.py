@@ -1,0 +1,148 @@
+"""The op table: one ``OpSpec`` per operator of the kernel-graph language.
+
+To add an operator, add one entry here (and, if its expression uses a new term constructor, declare
+the constructor and its reachability rule under ``rules/``). Nothing else switches on op names.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..expr import Term, app, sum_
+from . import shapes as sh
+from .spec import BLOCK, KERNEL, THREAD, OpSpec, Params, Shape
+
+ALL_LEVELS = frozenset({KERNEL, BLOCK, THREAD})
+GRAPH_LEVELS = frozenset({KERNEL, BLOCK})
+
+
+def _unary(name: str, ctor: str, fn, doc: str) -> OpSpec:
+    return OpSpec(
+        name=name, num_inputs=(1, 1), params=(), shape=sh.same_shape, dtype=sh.same_dtype,
+        expr=lambda ts, shapes, p: app(ctor, ts[0]),
+        reference=lambda xs, p: fn(xs[0]),
+        levels=ALL_LEVELS, commutative=False, doc=doc,
+    )
+
+
+def _binary(name: str, ctor: str, fn, commutative: bool, doc: str) -> OpSpec:
+    return OpSpec(
+        name=name, num_inputs=(2, 2), params=(), shape=sh.broadcast, dtype=sh.same_dtype,
+        expr=lambda ts, shapes, p: app(ctor, ts[0], ts[1]),
+        reference=lambda xs, p: fn(xs[0], xs[1]),
+        levels=ALL_LEVELS, commutative=commutative, doc=doc,
+    )
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    # The tanh form of GELU (PyTorch's approximate="tanh").
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _scalar_text(c: object) -> str:
+    if isinstance(c, bool) or not isinstance(c, (int, float)):
+        raise ShapeError(f"mul_scalar: the scalar must be a number, got {c!r}")
+    if not math.isfinite(c):
+        raise ShapeError(f"mul_scalar: the scalar must be finite, got {c!r}")
+    return repr(float(c))
+
+
+def _matmul_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Term:
+    return sum_(shapes[0][-1], app("Mul", ts[0], ts[1]))
+
+
+def _reduction_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Term:
+    a = shapes[0]
+    return sum_(a[sh.normalize_dim("reduction", a, p["dim"])], ts[0])
+
+
+def _reduction_ref(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    return np.sum(xs[0], axis=p["dim"], keepdims=True)
+
+
+def _rms_norm_shape(op: str, shapes: Sequence[Shape], p: Params) -> Shape:
+    out = sh.rms_norm(op, shapes, p)
+    if len(shapes) == 2 and sh.broadcast(op, shapes, p) != tuple(shapes[0]):
+        raise ShapeError(f"{op}: gain of shape {tuple(shapes[1])} would enlarge the input of shape "
+                         f"{tuple(shapes[0])}")
+    return out
+
+
+def _rms_norm_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Term:
+    n = sh.normalized_size("rms_norm", shapes[0], p["normalized_shape"])
+    normed = app("Div", ts[0], app("Rms", n, ts[0]))
+    return app("Mul", normed, ts[1]) if len(ts) == 2 else normed
+
+
+def _rms_norm_ref(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    x = xs[0]
+    n = sh.normalized_size("rms_norm", x.shape, p["normalized_shape"])
+    flat = x.reshape(*x.shape[: x.ndim - _trailing(x.shape, n)], n)
+    rms = np.sqrt(np.mean(flat * flat, axis=-1, keepdims=True))
+    y = (flat / rms).reshape(x.shape)
+    return y * xs[1] if len(xs) == 2 else y
+
+
+def _trailing(shape: Shape, n: int) -> int:
+    """How many trailing dimensions multiply to ``n``."""
+    size, k = 1, 0
+    while size < n:
+        k += 1
+        size *= shape[-k]
+    return k
+
+
+def _concat_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Term:
+    d = sh.normalize_dim("concat", shapes[0], p["dim"])
+    return app("Concat", shapes[0][d], shapes[1][d], ts[0], ts[1])
+
+
+OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
+    OpSpec(
+        name="matmul", num_inputs=(2, 2), params=(), shape=sh.matmul, dtype=sh.same_dtype,
+        expr=_matmul_expr, reference=lambda xs, p: np.matmul(xs[0], xs[1]),
+        levels=GRAPH_LEVELS, commutative=False,
+        doc="matrix product over the last two dimensions, batched over the leading ones",
+    ),
+    _binary("add", "Add", np.add, True, "element-wise sum with size-1 broadcasting"),
+    _binary("mul", "Mul", np.multiply, True, "element-wise product with size-1 broadcasting"),
+    _binary("div", "Div", np.divide, False, "element-wise quotient with size-1 broadcasting"),
+    _unary("exp", "Exp", np.exp, "element-wise e**x"),
+    _unary("sqrt", "Sqrt", np.sqrt, "element-wise square root"),
+    _unary("square", "Square", np.square, "element-wise x*x"),
+    _unary("silu", "Silu", _silu, "element-wise x * sigmoid(x)"),
+    _unary("gelu", "Gelu", _gelu, "element-wise GELU, tanh form"),
+    _unary("relu", "Relu", lambda x: np.maximum(x, 0.0), "element-wise max(x, 0)"),
+    OpSpec(
+        name="mul_scalar", num_inputs=(1, 1), params=("scalar",), shape=sh.same_shape,
+        dtype=sh.same_dtype,
+        expr=lambda ts, shapes, p: app("Mul", ts[0], app("Const", _scalar_text(p["scalar"]))),
+        reference=lambda xs, p: xs[0] * float(p["scalar"]),
+        levels=ALL_LEVELS, commutative=False, doc="multiply every element by a constant",
+    ),
+    OpSpec(
+        name="reduction", num_inputs=(1, 1), params=("dim",), shape=sh.reduction,
+        dtype=sh.same_dtype, expr=_reduction_expr, reference=_reduction_ref,
+        levels=GRAPH_LEVELS, commutative=False,
+        doc="sum over one dimension, kept with size 1",
+    ),
+    OpSpec(
+        name="rms_norm", num_inputs=(1, 2), params=("normalized_shape",), shape=_rms_norm_shape,
+        dtype=sh.same_dtype, expr=_rms_norm_expr, reference=_rms_norm_ref,
+        levels=GRAPH_LEVELS, commutative=False,
+        doc="x / sqrt(mean(x**2)) over the trailing normalized_shape, times an optional gain",
+    ),
+    OpSpec(
+        name="concat", num_inputs=(2, 2), params=("dim",), shape=sh.concat, dtype=sh.same_dtype,
+        expr=_concat_expr, reference=lambda xs, p: np.concatenate(xs, axis=p["dim"]),
+        levels=GRAPH_LEVELS, commutative=False, doc="join two tensors along one dimension",
+    ),
+]}

@@ -1,0 +1,8 @@
+"""The e-graph reachability oracle and the rule-file loader."""
+
+from .oracle import Budget, IncompleteSaturationWarning, Oracle, OracleStats, Reachability
+from .rules import DEFAULT_RULES_DIR, load_rules, split_forms
+from .snapshot import Snapshot
+
+__all__ = ["Oracle", "Budget", "OracleStats", "Reachability", "IncompleteSaturationWarning",
+           "Snapshot", "DEFAULT_RULES_DIR", "load_rules", "split_forms"]

@@ -1,0 +1,103 @@
+"""Loading ``rules/*.egg``: each top-level form is run on its own so errors name file and line."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..errors import RuleError
+from . import egglog_compat as eg
+
+#: The rule files that ship with egraph-mirage (the ``rules/`` folder at the repository root).
+DEFAULT_RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
+
+
+@dataclass(frozen=True)
+class Form:
+    """One top-level s-expression of a rule file."""
+
+    path: str
+    line: int
+    text: str
+
+
+def split_forms(text: str, path: str) -> list[Form]:
+    """Top-level forms of ``text`` with the line each starts on; unbalanced parens are a RuleError."""
+    forms: list[Form] = []
+    depth, start, start_line, line = 0, -1, 0, 1
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif c == ";":
+            while i + 1 < n and text[i + 1] != "\n":
+                i += 1
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                if text[j] == "\n":
+                    raise RuleError(path, line, "string not closed on its line")
+                j += 2 if text[j] == "\\" else 1
+            i = j
+        elif c == "(":
+            if depth == 0:
+                start, start_line = i, line
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth < 0:
+                raise RuleError(path, line, "')' without a matching '('")
+            if depth == 0:
+                forms.append(Form(path, start_line, text[start : i + 1]))
+        elif depth == 0 and not c.isspace():
+            raise RuleError(path, line, f"text outside a form: {text[i:].split()[0]!r}")
+        i += 1
+    if depth > 0:
+        raise RuleError(path, start_line, "'(' not closed before the end of the file")
+    return forms
+
+
+def rule_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand folders to their ``*.egg`` files (sorted by name); missing paths are a RuleError."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = sorted(p.glob("*.egg"))
+            if not files:
+                raise RuleError(str(p), 0, "folder holds no .egg rule files")
+            out.extend(files)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise RuleError(str(p), 0, "no such rule file or folder")
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    msg = str(exc).strip() or type(exc).__name__
+    return re.sub(r"\s+", " ", msg)[:400]
+
+
+def load_rules(egraph: Any, paths: Sequence[str | Path]) -> list[Form]:
+    """Run every form of every rule file on ``egraph``; returns the forms that were run."""
+    loaded: list[Form] = []
+    errors = eg.egglog_error_types()
+    for f in rule_files(paths):
+        try:
+            text = f.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RuleError(str(f), 0, f"cannot read: {exc}") from None
+        for form in split_forms(text, str(f)):
+            try:
+                eg.run_text(egraph, form.text)
+            except errors as exc:  # egglog's own parse/type errors
+                raise RuleError(form.path, form.line, _first_line(exc)) from None
+            except BaseException as exc:  # egglog may panic (PanicException) on bad input
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                raise RuleError(form.path, form.line, _first_line(exc)) from None
+            loaded.append(form)
+    return loaded
