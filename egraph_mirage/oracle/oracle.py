@@ -10,6 +10,7 @@ e-nodes is in the e-graph and its e-class carries ``Reach``. When the budget cut
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 import warnings
@@ -121,6 +122,7 @@ class Oracle:
         self.seconds = time.perf_counter() - t0
         self._nodes = self.snapshot.nodes
         self._reachable = self.snapshot.reachable
+        self._extractor: Any = None
         if not self.complete and warn_incomplete:
             warnings.warn(f"saturation stopped at its budget after {self.iterations} iterations "
                           f"({self.snapshot.num_enodes} e-nodes); negative answers are not final",
@@ -157,7 +159,7 @@ class Oracle:
             if c is None:
                 raise OracleError(f"Oracle: target {t} vanished from its own e-graph")
             roots.append(c)
-        return Snapshot(snap.nodes, snap.classes, snap.reachable, tuple(roots))
+        return dataclasses.replace(snap, roots=tuple(roots))
 
     # --- queries ----------------------------------------------------------------------------
     @property
@@ -200,6 +202,19 @@ class Oracle:
                     f"{[t.dims for t in theirs]}, which do not match the target's inputs "
                     f"{[t.dims for t in ours]} by position")
         return _as_term(x)
+
+    def canonical(self, x: Tensor | ex.Term | str, cost_model: Any = None) -> ex.Term:
+        """The cheapest term equal to ``x`` under the rules (``extract.CostModel`` by default)."""
+        from ..extract import Extractor
+
+        c = self.class_of(x)
+        if c is None:
+            raise OracleError(f"canonical: {_as_term(x)} is not in the e-graph of this target")
+        if cost_model is None:
+            if self._extractor is None:
+                self._extractor = Extractor(self.snapshot)
+            return self._extractor.extract(c)
+        return Extractor(self.snapshot, cost_model).extract(c)
 
     def __repr__(self) -> str:
         s = self.stats

@@ -29,6 +29,8 @@ class Snapshot:
     classes: dict[int, tuple[NodeKey, ...]]
     #: e-classes for which (Reach c) was derived
     reachable: frozenset[int]
+    #: operator -> which argument positions hold e-classes (True) rather than literals
+    signatures: dict[str, tuple[bool, ...]] = field(default_factory=dict)
     #: e-class of each target (output), in output order
     roots: tuple[int, ...] = field(default=())
 
@@ -70,6 +72,7 @@ def from_serialized(text: str, root_keys: list[Any] | None = None) -> Snapshot:
     nodes: dict[NodeKey, int] = {}
     classes: dict[int, list[NodeKey]] = {}
     reachable: set[int] = set()
+    signatures: dict[str, tuple[bool, ...]] = {}
     for node_id, node in raw_nodes.items():
         if node_id.startswith("primitive") or node["op"].startswith("$"):
             continue
@@ -80,7 +83,9 @@ def from_serialized(text: str, root_keys: list[Any] | None = None) -> Snapshot:
         if node["eclass"].rsplit("-", 1)[0] != TERM_SORT:
             continue  # other relations and functions
         key = (op, tuple(child(c) for c in node["children"]))
+        signatures.setdefault(op, tuple(not c.startswith("primitive") for c in node["children"]))
         c = cid(node["eclass"])
         nodes[key] = c
         classes.setdefault(c, []).append(key)
-    return Snapshot(nodes, {c: tuple(ks) for c, ks in classes.items()}, frozenset(reachable))
+    return Snapshot(nodes, {c: tuple(ks) for c, ks in classes.items()}, frozenset(reachable),
+                    signatures)

@@ -1,0 +1,23 @@
+"""Shared test set-up: GPU tests run only where a CUDA device is present."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - no torch, or a broken CUDA install: no GPU
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none present)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
