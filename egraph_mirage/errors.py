@@ -35,3 +35,16 @@ class ExprError(EMError, ValueError):
 
 class OracleError(EMError, RuntimeError):
     """The reachability oracle could not be built or was asked an ill-formed question."""
+
+
+class MapError(EMError, ValueError):
+    """A partition map (imap, omap, forloop_dim, grid) is invalid; names the map and the numbers."""
+
+
+class BlockGraphError(EMError, ValueError):
+    """A thread-block graph was built wrongly (operator across the accumulator, bad accumulator,
+    output before the accumulator, ...)."""
+
+
+class ResourceError(EMError, ValueError):
+    """A thread-block graph's tiles do not fit the shared-memory budget."""

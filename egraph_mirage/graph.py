@@ -142,6 +142,25 @@ class KernelGraph:
     def concat(self, A: Tensor, B: Tensor, dim: int) -> Tensor:
         return self.apply("concat", (A, B), dim=dim)
 
+    def customized(self, inputs: Sequence[Tensor], tb: Any) -> list[Tensor]:
+        """Add a graph-defined kernel whose body is thread-block graph ``tb``; returns its outputs.
+
+        ``inputs`` are the kernel-graph tensors ``tb``'s loaders read, in the order of the loaders.
+        """
+        from .mugraph.kernel import GraphKernel
+
+        kernel = GraphKernel(tb)
+        inputs = tuple(inputs)
+        if len(inputs) != len(tb.inputs):
+            raise GraphError(f"customized: the block graph has {len(tb.inputs)} loaders but "
+                             f"{len(inputs)} inputs were given")
+        for i, (t, src) in enumerate(zip(inputs, tb.sources)):
+            if not isinstance(t, Tensor) or t.dims != src.dims or t.dtype != src.dtype:
+                raise GraphError(f"customized: input {i} ({t!r}) does not match what loader {i} "
+                                 f"was built for ({src!r})")
+        return [self.apply("customized", inputs, kernel=kernel, output=i)
+                for i in range(kernel.num_outputs)]
+
     def mark_output(self, T: Tensor) -> None:
         if not isinstance(T, Tensor) or T.graph is not self:
             raise GraphError(f"mark_output: {T!r} is not a tensor of this graph")

@@ -105,6 +105,21 @@ def _concat_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Term
     return app("Concat", shapes[0][d], shapes[1][d], ts[0], ts[1])
 
 
+def _concat_ref(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
+    # Operands may differ in broadcast (size-1) dimensions other than the joined one.
+    a, b = xs
+    d = p["dim"] % a.ndim
+    shape = np.broadcast_shapes(a.shape[:d] + (1,) + a.shape[d + 1:],
+                                b.shape[:d] + (1,) + b.shape[d + 1:])
+    a = np.broadcast_to(a, shape[:d] + (a.shape[d],) + shape[d + 1:])
+    b = np.broadcast_to(b, shape[:d] + (b.shape[d],) + shape[d + 1:])
+    return np.concatenate((a, b), axis=d)
+
+
+def _kernel(p: Params):
+    return p["kernel"]
+
+
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec(
         name="matmul", num_inputs=(2, 2), params=(), shape=sh.matmul, dtype=sh.same_dtype,
@@ -142,7 +157,15 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     ),
     OpSpec(
         name="concat", num_inputs=(2, 2), params=("dim",), shape=sh.concat, dtype=sh.same_dtype,
-        expr=_concat_expr, reference=lambda xs, p: np.concatenate(xs, axis=p["dim"]),
+        expr=_concat_expr, reference=_concat_ref,
         levels=GRAPH_LEVELS, commutative=False, doc="join two tensors along one dimension",
+    ),
+    OpSpec(
+        name="customized", num_inputs=(1, 64), params=("kernel", "output"),
+        shape=lambda op, shapes, p: _kernel(p).output_dims(p["output"]), dtype=sh.same_dtype,
+        expr=lambda ts, shapes, p: _kernel(p).exprs(ts)[p["output"]],
+        reference=lambda xs, p: _kernel(p).run_vectorised(xs)[p["output"]],
+        levels=frozenset({KERNEL}), commutative=False,
+        doc="output number `output` of a graph-defined kernel (a thread-block graph)",
     ),
 ]}

@@ -1,0 +1,8 @@
+"""μGraphs: kernel graphs whose operators may be graph-defined kernels (thread-block graphs)."""
+
+from .accumulators import ACCUMULATORS, Accumulator, lookup_accumulator
+from .kernel import GraphKernel
+from .threadblock import BlockTensor, ThreadBlockGraph, new_threadblock_graph
+
+__all__ = ["ThreadBlockGraph", "BlockTensor", "new_threadblock_graph", "GraphKernel",
+           "ACCUMULATORS", "Accumulator", "lookup_accumulator"]

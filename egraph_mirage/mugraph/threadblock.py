@@ -1,0 +1,255 @@
+"""Thread-block graphs: the body of a graph-defined kernel, run once per block of a grid.
+
+    tb = em.new_threadblock_graph(grid_dim=(96, 1, 1), block_dim=(128, 1, 1), forloop_range=64)
+    x = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)   # (2, 64) tiles of X
+    w = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)    # (64, 64) tiles of W
+    xw = tb.forloop_accum(tb.matmul(x, w))                        # sum over the 64 iterations
+    ss = tb.forloop_accum(x, "rms")                               # rms of X over its 4096
+    tb.new_output(tb.div(xw, ss), output_map=(1, -1, -1))
+    (O,) = g.customized([X, W], tb)
+
+Operators before a ``forloop_accum`` run every iteration; operators after it run once, after the
+loop (the epilogue). Every output passes through an accumulator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..dtypes import DType
+from ..errors import BlockGraphError, GraphError, ResourceError
+from ..ops import BLOCK, lookup
+from ..ops import shapes as sh
+from . import partition as pt
+from .accumulators import lookup_accumulator
+
+#: shared memory a block may use for its tiles, in bytes (the original system's default)
+DEFAULT_SMEM_BYTES = 96 * 1024
+LOOP_SIDE, EPILOGUE = "loop", "epilogue"
+
+
+class BlockTensor:
+    """A tile of a thread-block graph."""
+
+    __slots__ = ("graph", "index", "dims", "dtype", "op", "operands", "params", "side")
+
+    def __init__(self, graph: ThreadBlockGraph, index: int, dims: tuple[int, ...], dtype: DType,
+                 op: str, operands: tuple[BlockTensor, ...], params: dict[str, Any],
+                 side: str) -> None:
+        self.graph, self.index, self.dims, self.dtype = graph, index, dims, dtype
+        self.op, self.operands, self.params, self.side = op, operands, params, side
+
+    def __repr__(self) -> str:
+        return f"<BlockTensor b{self.index} {self.op} tile={self.dims} ({self.side})>"
+
+
+class ThreadBlockGraph:
+    """The per-block program of a graph-defined kernel."""
+
+    def __init__(self, grid_dim: Sequence[int] = (1, 1, 1), block_dim: Sequence[int] = (128, 1, 1),
+                 forloop_range: int = 1, reduction_dimx: int = 64,
+                 smem_bytes: int = DEFAULT_SMEM_BYTES) -> None:
+        self.grid_dim, self.forloop_range = pt.check_grid(grid_dim, forloop_range)
+        self.block_dim = tuple(block_dim)
+        if len(self.block_dim) != 3 or not all(isinstance(b, int) and b >= 1
+                                               for b in self.block_dim):
+            raise BlockGraphError(f"block_dim must be three positive integers, got {block_dim!r}")
+        if not isinstance(reduction_dimx, int) or reduction_dimx < 1:
+            raise BlockGraphError(f"reduction_dimx must be a positive integer, got {reduction_dimx!r}")
+        self.reduction_dimx = reduction_dimx
+        self.smem_bytes = smem_bytes
+        self.tensors: list[BlockTensor] = []
+        self.inputs: list[BlockTensor] = []
+        self.sources: list[Any] = []  # the kernel-graph tensor each input loads from
+        self.outputs: list[tuple[BlockTensor, tuple[int, ...]]] = []
+
+    # --- loaders ----------------------------------------------------------------------------
+    def new_input(self, dtensor: Any, input_map: Sequence[int], forloop_dim: int = -1) -> BlockTensor:
+        """Load tiles of kernel-graph tensor ``dtensor`` (see ``partition`` for the maps)."""
+        from ..graph import Tensor
+
+        if not isinstance(dtensor, Tensor):
+            raise GraphError(f"new_input: expected a kernel-graph Tensor, got {type(dtensor).__name__}")
+        what = f"new_input #{len(self.inputs)} (dims {dtensor.dims})"
+        imap = tuple(input_map)
+        tile = pt.tile_dims(what, dtensor.dims, self.grid_dim, self.forloop_range, imap,
+                            forloop_dim)
+        t = self._add(tile, dtensor.dtype, "input", (),
+                      {"input_map": imap, "forloop_dim": forloop_dim, "position": len(self.inputs)},
+                      LOOP_SIDE)
+        self.inputs.append(t)
+        self.sources.append(dtensor)
+        return t
+
+    # --- operators --------------------------------------------------------------------------
+    def apply(self, op: str, operands: Sequence[BlockTensor], **params: Any) -> BlockTensor:
+        """Apply op-table operator ``op`` to tiles; the named methods are shorthands."""
+        spec = lookup(op)
+        if BLOCK not in spec.levels:
+            raise BlockGraphError(f"{op}: not allowed in a thread-block graph")
+        operands = tuple(operands)
+        lo, hi = spec.num_inputs
+        if not lo <= len(operands) <= hi:
+            raise BlockGraphError(f"{op}: takes {lo}..{hi} tiles, got {len(operands)}")
+        for i, t in enumerate(operands):
+            if not isinstance(t, BlockTensor) or t.graph is not self:
+                raise BlockGraphError(f"{op}: operand {i} is not a tile of this block graph")
+        sides = {t.side for t in operands}
+        if len(sides) > 1:
+            raise BlockGraphError(
+                f"{op}: operands {', '.join(f'b{t.index} ({t.side})' for t in operands)} lie on "
+                "both sides of a for-loop accumulator; accumulate both or neither")
+        if "dim" in params:  # tile dims are stored negative: valid in the vectorised layout too
+            d = sh.normalize_dim(op, operands[0].dims, params["dim"])
+            params["dim"] = d - len(operands[0].dims)
+        dims = spec.shape(op, [t.dims for t in operands], params)
+        dtype = spec.dtype(op, [t.dtype for t in operands], params)
+        return self._add(tuple(dims), dtype, op, operands, params, operands[0].side)
+
+    def matmul(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
+        return self.apply("matmul", (A, B))
+
+    def add(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
+        return self.apply("add", (A, B))
+
+    def mul(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
+        return self.apply("mul", (A, B))
+
+    def div(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
+        return self.apply("div", (A, B))
+
+    def exp(self, A: BlockTensor) -> BlockTensor:
+        return self.apply("exp", (A,))
+
+    def sqrt(self, A: BlockTensor) -> BlockTensor:
+        return self.apply("sqrt", (A,))
+
+    def square(self, A: BlockTensor) -> BlockTensor:
+        return self.apply("square", (A,))
+
+    def silu(self, A: BlockTensor) -> BlockTensor:
+        return self.apply("silu", (A,))
+
+    def gelu(self, A: BlockTensor) -> BlockTensor:
+        return self.apply("gelu", (A,))
+
+    def relu(self, A: BlockTensor) -> BlockTensor:
+        return self.apply("relu", (A,))
+
+    def mul_scalar(self, A: BlockTensor, scalar: float) -> BlockTensor:
+        return self.apply("mul_scalar", (A,), scalar=scalar)
+
+    def reduction(self, A: BlockTensor, dim: int) -> BlockTensor:
+        return self.apply("reduction", (A,), dim=dim)
+
+    def rms_norm(self, A: BlockTensor) -> BlockTensor:
+        """Normalise over the tile's last dimension."""
+        return self.apply("rms_norm", (A,), normalized_shape=(A.dims[-1],))
+
+    def concat(self, A: BlockTensor, B: BlockTensor, dim: int) -> BlockTensor:
+        return self.apply("concat", (A, B), dim=dim)
+
+    def forloop_accum(self, A: BlockTensor, acc: str | None = None) -> BlockTensor:
+        """Combine ``A`` across the loop's iterations; the result lives after the loop."""
+        if not isinstance(A, BlockTensor) or A.graph is not self:
+            raise BlockGraphError("forloop_accum: operand is not a tile of this block graph")
+        if A.side != LOOP_SIDE:
+            raise BlockGraphError(f"forloop_accum: b{A.index} is already after an accumulator")
+        kind = lookup_accumulator(acc)
+        dims = kind.shape(A.dims, self.reduction_dimx)
+        return self._add(dims, A.dtype, "forloop_accum", (A,), {"acc": kind.name}, EPILOGUE)
+
+    def new_output(self, A: BlockTensor, output_map: Sequence[int]) -> None:
+        """Save ``A`` (after an accumulator); blocks are placed by ``output_map``."""
+        if not isinstance(A, BlockTensor) or A.graph is not self:
+            raise BlockGraphError("new_output: operand is not a tile of this block graph")
+        if A.side != EPILOGUE:
+            raise BlockGraphError(f"new_output: b{A.index} ({A.op}) has not passed through a "
+                                  "forloop_accum; every output needs one")
+        omap = tuple(output_map)
+        pt.output_dims(f"new_output #{len(self.outputs)}", A.dims, self.grid_dim, omap)
+        self.outputs.append((A, omap))
+
+    # --- reading ----------------------------------------------------------------------------
+    def output_dims(self, i: int) -> tuple[int, ...]:
+        t, omap = self.outputs[i]
+        return pt.output_dims(f"new_output #{i}", t.dims, self.grid_dim, omap)
+
+    def smem_usage(self) -> int:
+        """Bytes of the block's tiles (accumulators and epilogue tensors in fp32)."""
+        total = 0
+        for t in self.tensors:
+            n = 1
+            for s in t.dims:
+                n *= s
+            total += n * (4 if t.side == EPILOGUE else t.dtype.itemsize)
+        return total
+
+    def validate(self) -> None:
+        """Checks that need the whole graph: outputs exist, the grid is used, tiles fit."""
+        if not self.outputs:
+            raise BlockGraphError("threadblock graph has no outputs; call tb.new_output(...)")
+        pt.check_grid_use(self.grid_dim, [t.params["input_map"] for t in self.inputs])
+        used = self.smem_usage()
+        if used > self.smem_bytes:
+            biggest = max(self.tensors, key=lambda t: _numel(t.dims))
+            raise ResourceError(f"threadblock graph needs {used} bytes of shared memory for its "
+                                f"tiles, over the budget of {self.smem_bytes} (largest tile "
+                                f"b{biggest.index} {biggest.op} {biggest.dims})")
+
+    def thread_chains(self) -> list[list[BlockTensor]]:
+        """Maximal chains of element-wise operators, each fused into one thread-level graph."""
+        consumers: dict[int, int] = {}
+        for t in self.tensors:
+            for o in t.operands:
+                consumers[o.index] = consumers.get(o.index, 0) + 1
+        elementwise = {t.index for t in self.tensors
+                       if t.op not in ("input", "forloop_accum") and lookup(t.op).elementwise}
+        chains: list[list[BlockTensor]] = []
+        placed: set[int] = set()
+        for t in self.tensors:
+            if t.index not in elementwise or t.index in placed:
+                continue
+            chain = [t]
+            placed.add(t.index)
+            while True:
+                nxt = [u for u in self.tensors if chain[-1] in u.operands]
+                if (len(nxt) == 1 and nxt[0].index in elementwise and nxt[0].index not in placed
+                        and consumers.get(chain[-1].index, 0) == 1):
+                    chain.append(nxt[0])
+                    placed.add(nxt[0].index)
+                else:
+                    break
+            chains.append(chain)
+        return chains
+
+    def _add(self, dims: tuple[int, ...], dtype: DType, op: str,
+             operands: tuple[BlockTensor, ...], params: dict[str, Any], side: str) -> BlockTensor:
+        t = BlockTensor(self, len(self.tensors), dims, dtype, op, operands, params, side)
+        self.tensors.append(t)
+        return t
+
+    def __repr__(self) -> str:
+        lines = [f"ThreadBlockGraph(grid={self.grid_dim}, forloop_range={self.forloop_range})"]
+        for t in self.tensors:
+            args = ", ".join(f"b{o.index}" for o in t.operands)
+            ps = "".join(f", {k}={v!r}" for k, v in t.params.items())
+            lines.append(f"  b{t.index} = {t.op}({args}{ps}) -> {t.dims} [{t.side}]")
+        for t, omap in self.outputs:
+            lines.append(f"  output b{t.index} output_map={omap}")
+        return "\n".join(lines)
+
+
+def _numel(dims: tuple[int, ...]) -> int:
+    n = 1
+    for s in dims:
+        n *= s
+    return n
+
+
+def new_threadblock_graph(grid_dim: Sequence[int] = (1, 1, 1),
+                          block_dim: Sequence[int] = (128, 1, 1), forloop_range: int = 1,
+                          reduction_dimx: int = 64,
+                          smem_bytes: int = DEFAULT_SMEM_BYTES) -> ThreadBlockGraph:
+    """A new, empty thread-block graph (the body of one graph-defined kernel)."""
+    return ThreadBlockGraph(grid_dim, block_dim, forloop_range, reduction_dimx, smem_bytes)
