@@ -35,7 +35,7 @@ def split_forms(text: str, path: str) -> list[Form]:
         elif c == ";":
             while i + 1 < n and text[i + 1] != "\n":
                 i += 1
-        elif c == '"':
+        elif c == '"' and depth > 0:
             j = i + 1
             while j < n and text[j] != '"':
                 if text[j] == "\n":
@@ -78,6 +78,7 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
 
 def _first_line(exc: BaseException) -> str:
     msg = str(exc).strip() or type(exc).__name__
+    msg = re.sub(r"\bIn \d+:\d+-\d+(:\d+)?:\s*", "", msg)  # egglog's offsets within the form
     return re.sub(r"\s+", " ", msg)[:400]
 
 
