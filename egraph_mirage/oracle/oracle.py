@@ -204,7 +204,12 @@ class Oracle:
         return _as_term(x)
 
     def canonical(self, x: Tensor | ex.Term | str, cost_model: Any = None) -> ex.Term:
-        """The cheapest term equal to ``x`` under the rules (``extract.CostModel`` by default)."""
+        """The cheapest term equal to ``x`` under the rules (``extract.CostModel`` by default).
+
+        The rules treat tensors as if they did not depend on summed indices, so the cheapest
+        member may pull factors out of sums in ways that are not valid tensor formulas: read it as
+        a normal form of the abstract expression, not as a program.
+        """
         from ..extract import Extractor
 
         c = self.class_of(x)

@@ -29,10 +29,10 @@ class Snapshot:
     classes: dict[int, tuple[NodeKey, ...]]
     #: e-classes for which (Reach c) was derived
     reachable: frozenset[int]
-    #: operator -> which argument positions hold e-classes (True) rather than literals
-    signatures: dict[str, tuple[bool, ...]] = field(default_factory=dict)
     #: e-class of each target (output), in output order
     roots: tuple[int, ...] = field(default=())
+    #: operator -> which argument positions hold e-classes (True) rather than literals
+    signatures: dict[str, tuple[bool, ...]] = field(default_factory=dict)
 
     @property
     def num_enodes(self) -> int:
@@ -88,4 +88,4 @@ def from_serialized(text: str, root_keys: list[Any] | None = None) -> Snapshot:
         nodes[key] = c
         classes.setdefault(c, []).append(key)
     return Snapshot(nodes, {c: tuple(ks) for c, ks in classes.items()}, frozenset(reachable),
-                    signatures)
+                    signatures=signatures)
