@@ -105,3 +105,12 @@ def rms_norm(op: str, shapes: Sequence[Shape], params: Params) -> Shape:
     if len(shapes) == 2:
         broadcast(op, shapes, params)
     return tuple(shapes[0])
+
+
+def _trailing_count(shape: Shape, n: int) -> int:
+    """How many trailing dimensions of ``shape`` multiply to ``n``."""
+    size, k = 1, 0
+    while size < n:
+        k += 1
+        size *= shape[-k]
+    return k

@@ -45,6 +45,8 @@ class OpSpec:
     expr: ExprRule
     #: ``reference(arrays, params) -> array``: float semantics in numpy, the ground truth.
     reference: Reference
+    #: ``ff(field, operands, params) -> FF``: semantics over Z_p x Z_q for the verifier.
+    ff: Callable[[Any, Sequence[Any], Params], Any]
     #: Levels (kernel / block / thread) the operator may appear at.
     levels: frozenset[str]
     #: Whether the two tensor operands may be swapped without changing the result.

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..expr import Term, app, sum_
+from . import field_ops as ff
 from . import shapes as sh
 from .spec import BLOCK, KERNEL, THREAD, OpSpec, Params, Shape
 
@@ -20,11 +21,11 @@ ALL_LEVELS = frozenset({KERNEL, BLOCK, THREAD})
 GRAPH_LEVELS = frozenset({KERNEL, BLOCK})
 
 
-def _unary(name: str, ctor: str, fn, doc: str) -> OpSpec:
+def _unary(name: str, ctor: str, fn, field, doc: str) -> OpSpec:
     return OpSpec(
         name=name, num_inputs=(1, 1), params=(), shape=sh.same_shape, dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app(ctor, ts[0]),
-        reference=lambda xs, p: fn(xs[0]),
+        reference=lambda xs, p: fn(xs[0]), ff=field,
         levels=ALL_LEVELS, commutative=False, doc=doc,
     )
 
@@ -33,7 +34,7 @@ def _binary(name: str, ctor: str, fn, commutative: bool, doc: str) -> OpSpec:
     return OpSpec(
         name=name, num_inputs=(2, 2), params=(), shape=sh.broadcast, dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app(ctor, ts[0], ts[1]),
-        reference=lambda xs, p: fn(xs[0], xs[1]),
+        reference=lambda xs, p: fn(xs[0], xs[1]), ff=ff.binary(name),
         levels=ALL_LEVELS, commutative=commutative, doc=doc,
     )
 
@@ -85,19 +86,10 @@ def _rms_norm_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Te
 def _rms_norm_ref(xs: Sequence[np.ndarray], p: Params) -> np.ndarray:
     x = xs[0]
     n = sh.normalized_size("rms_norm", x.shape, p["normalized_shape"])
-    flat = x.reshape(*x.shape[: x.ndim - _trailing(x.shape, n)], n)
+    flat = x.reshape(*x.shape[: x.ndim - sh._trailing_count(x.shape, n)], n)
     rms = np.sqrt(np.mean(flat * flat, axis=-1, keepdims=True))
     y = (flat / rms).reshape(x.shape)
     return y * xs[1] if len(xs) == 2 else y
-
-
-def _trailing(shape: Shape, n: int) -> int:
-    """How many trailing dimensions multiply to ``n``."""
-    size, k = 1, 0
-    while size < n:
-        k += 1
-        size *= shape[-k]
-    return k
 
 
 def _concat_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Term:
@@ -123,48 +115,49 @@ def _kernel(p: Params):
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec(
         name="matmul", num_inputs=(2, 2), params=(), shape=sh.matmul, dtype=sh.same_dtype,
-        expr=_matmul_expr, reference=lambda xs, p: np.matmul(xs[0], xs[1]),
+        expr=_matmul_expr, reference=lambda xs, p: np.matmul(xs[0], xs[1]), ff=ff.binary("matmul"),
         levels=GRAPH_LEVELS, commutative=False,
         doc="matrix product over the last two dimensions, batched over the leading ones",
     ),
     _binary("add", "Add", np.add, True, "element-wise sum with size-1 broadcasting"),
     _binary("mul", "Mul", np.multiply, True, "element-wise product with size-1 broadcasting"),
     _binary("div", "Div", np.divide, False, "element-wise quotient with size-1 broadcasting"),
-    _unary("exp", "Exp", np.exp, "element-wise e**x"),
-    _unary("sqrt", "Sqrt", np.sqrt, "element-wise square root"),
-    _unary("square", "Square", np.square, "element-wise x*x"),
-    _unary("silu", "Silu", _silu, "element-wise x * sigmoid(x)"),
-    _unary("gelu", "Gelu", _gelu, "element-wise GELU, tanh form"),
-    _unary("relu", "Relu", lambda x: np.maximum(x, 0.0), "element-wise max(x, 0)"),
+    _unary("exp", "Exp", np.exp, ff.exp, "element-wise e**x"),
+    _unary("sqrt", "Sqrt", np.sqrt, ff.table("sqrt"), "element-wise square root"),
+    _unary("square", "Square", np.square, ff.square, "element-wise x*x"),
+    _unary("silu", "Silu", _silu, ff.table("silu"), "element-wise x * sigmoid(x)"),
+    _unary("gelu", "Gelu", _gelu, ff.table("gelu"), "element-wise GELU, tanh form"),
+    _unary("relu", "Relu", lambda x: np.maximum(x, 0.0), ff.table("relu"),
+           "element-wise max(x, 0)"),
     OpSpec(
         name="mul_scalar", num_inputs=(1, 1), params=("scalar",), shape=sh.same_shape,
         dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app("Mul", ts[0], app("Const", _scalar_text(p["scalar"]))),
-        reference=lambda xs, p: xs[0] * float(p["scalar"]),
+        reference=lambda xs, p: xs[0] * float(p["scalar"]), ff=ff.mul_scalar,
         levels=ALL_LEVELS, commutative=False, doc="multiply every element by a constant",
     ),
     OpSpec(
         name="reduction", num_inputs=(1, 1), params=("dim",), shape=sh.reduction,
-        dtype=sh.same_dtype, expr=_reduction_expr, reference=_reduction_ref,
+        dtype=sh.same_dtype, expr=_reduction_expr, reference=_reduction_ref, ff=ff.reduction,
         levels=GRAPH_LEVELS, commutative=False,
         doc="sum over one dimension, kept with size 1",
     ),
     OpSpec(
         name="rms_norm", num_inputs=(1, 2), params=("normalized_shape",), shape=_rms_norm_shape,
-        dtype=sh.same_dtype, expr=_rms_norm_expr, reference=_rms_norm_ref,
+        dtype=sh.same_dtype, expr=_rms_norm_expr, reference=_rms_norm_ref, ff=ff.rms_norm,
         levels=GRAPH_LEVELS, commutative=False,
         doc="x / sqrt(mean(x**2)) over the trailing normalized_shape, times an optional gain",
     ),
     OpSpec(
         name="concat", num_inputs=(2, 2), params=("dim",), shape=sh.concat, dtype=sh.same_dtype,
-        expr=_concat_expr, reference=_concat_ref,
+        expr=_concat_expr, reference=_concat_ref, ff=ff.concat,
         levels=GRAPH_LEVELS, commutative=False, doc="join two tensors along one dimension",
     ),
     OpSpec(
         name="customized", num_inputs=(1, 64), params=("kernel", "output"),
         shape=lambda op, shapes, p: _kernel(p).output_dims(p["output"]), dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: _kernel(p).exprs(ts)[p["output"]],
-        reference=lambda xs, p: _kernel(p).run_vectorised(xs)[p["output"]],
+        reference=lambda xs, p: _kernel(p).run_vectorised(xs)[p["output"]], ff=ff.customized,
         levels=frozenset({KERNEL}), commutative=False,
         doc="output number `output` of a graph-defined kernel (a thread-block graph)",
     ),

@@ -1,0 +1,6 @@
+"""Verification: random finite-field tests (JAX) and a float check."""
+
+from .field import VerifyError
+from .verify import Verifier, VerifyResult, check_numerics, verify
+
+__all__ = ["Verifier", "VerifyResult", "VerifyError", "verify", "check_numerics"]

@@ -1,0 +1,216 @@
+"""Arithmetic over Z_p x Z_q in JAX, for the finite-field verifier.
+
+Every tensor is a pair of arrays (``FF``): its value mod p, and its value mod q, the exponent
+domain, where q is a prime dividing p - 1. ``exp(x) = omega ** (x mod q) mod p`` with omega of
+order q, so exp turns sums into products exactly as over the reals. After an exp the mod-q part is
+unknown (``None``): a second exp on the same path is outside the verifiable fragment and raises
+``VerifyError``. Functions with no algebraic model (sqrt, silu, gelu, relu) are random functions
+of the mod-p value: the same random table on both programs of a test, so equal programs still
+agree, and unequal ones are told apart with high probability.
+
+Values are float64 holding integers: a product of two residues is below 2**40 and a dot product
+of K of them below K * 2**40, exact while under 2**53 (contractions are chunked to stay there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import EMError
+
+#: p is a safe prime below 2**20 (p = 2q + 1), omega = 9 has order q modulo p.
+P, Q, OMEGA = 1048343, 524171, 9
+EXACT = 2.0**53
+
+
+class VerifyError(EMError, ValueError):
+    """A program is outside what the finite-field verifier can decide (e.g. exp of an exp)."""
+
+
+def _jnp() -> Any:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
+    return jnp
+
+
+@dataclass
+class FF:
+    """A tensor over Z_p x Z_q; ``q`` is None where the exponent-domain value is unknown."""
+
+    p: Any
+    q: Any | None
+    #: the op that poisoned ``q`` (for error messages)
+    why: str = ""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.p.shape)
+
+
+class Field:
+    """Z_p x Z_q with per-test random function tables; pass it to the op table's ``ff``."""
+
+    def __init__(self, key: Any, exp_table: Any, tables: dict[str, Any] | None = None,
+                 p: int = P, q: int = Q) -> None:
+        import jax
+
+        self.jnp, self.p, self.q = _jnp(), p, q
+        self._key = key
+        self._tables: dict[str, Any] = dict(tables or {})
+        self.exp_table = exp_table
+        self._jax = jax
+        #: set when a division by zero happened; the test is then redrawn
+        self.zero_division = self.jnp.asarray(False)
+
+    # --- elementary -----------------------------------------------------------------------
+    def mod(self, x: Any, m: int) -> Any:
+        return x - self.jnp.floor(x / m) * m
+
+    def table(self, name: str) -> Any:
+        """The random function ``name`` over Z_p (fixed by this field's key and the name)."""
+        if name not in self._tables:
+            self._tables[name] = random_table(self._key, name, self.p)
+        return self._tables[name]
+
+    def lift(self, p_part: Any, q_part: Any | None, why: str = "") -> FF:
+        return FF(p_part, q_part, why)
+
+    def constant(self, c: float | int | Fraction, like: FF) -> FF:
+        """A rational constant (a float is taken exactly) as an element of Z_p and Z_q."""
+        fr = Fraction(c)
+        vp = fr.numerator % self.p * pow(fr.denominator % self.p, -1, self.p) % self.p
+        vq = fr.numerator % self.q * pow(fr.denominator % self.q, -1, self.q) % self.q
+        return FF(self.jnp.asarray(float(vp)), self.jnp.asarray(float(vq)))
+
+    # --- arithmetic -----------------------------------------------------------------------
+    def add(self, a: FF, b: FF) -> FF:
+        q = None if a.q is None or b.q is None else self.mod(a.q + b.q, self.q)
+        return FF(self.mod(a.p + b.p, self.p), q, a.why or b.why)
+
+    def mul(self, a: FF, b: FF) -> FF:
+        q = None if a.q is None or b.q is None else self.mod(a.q * b.q, self.q)
+        return FF(self.mod(a.p * b.p, self.p), q, a.why or b.why)
+
+    def inverse(self, x: Any, m: int) -> Any:
+        """x ** (m - 2) mod m (Fermat), elementwise; 0 maps to 0."""
+        result = self.jnp.ones_like(x)
+        base, e = x, m - 2
+        while e:
+            if e & 1:
+                result = self.mod(result * base, m)
+            base = self.mod(base * base, m)
+            e >>= 1
+        return result
+
+    def div(self, a: FF, b: FF) -> FF:
+        self.zero_division = self.zero_division | self.jnp.any(b.p == 0)
+        q = None
+        if a.q is not None and b.q is not None:
+            self.zero_division = self.zero_division | self.jnp.any(b.q == 0)
+            q = self.mod(a.q * self.inverse(b.q, self.q), self.q)
+        return FF(self.mod(a.p * self.inverse(b.p, self.p), self.p), q, a.why or b.why)
+
+    def exp(self, a: FF) -> FF:
+        if a.q is None:
+            raise VerifyError(f"exp of a value that already went through {a.why}: more than one "
+                              "exp on a path is outside the finite-field fragment")
+        idx = a.q.astype(self.jnp.int64)
+        return FF(self.exp_table[idx], None, "exp")
+
+    def apply_table(self, name: str, a: FF) -> FF:
+        idx = a.p.astype(self.jnp.int64)
+        return FF(self.table(name)[idx], None, a.why or name)
+
+    def sum(self, a: FF, axis: int | Sequence[int], keepdims: bool = True) -> FF:
+        # a sum of n residues stays below n * p < 2**53 for any realistic n
+        q = None if a.q is None else self.mod(self.jnp.sum(a.q, axis=axis, keepdims=keepdims),
+                                              self.q)
+        return FF(self.mod(self.jnp.sum(a.p, axis=axis, keepdims=keepdims), self.p), q, a.why)
+
+    def matmul(self, a: FF, b: FF) -> FF:
+        return FF(self._matmul(a.p, b.p, self.p),
+                  None if a.q is None or b.q is None else self._matmul(a.q, b.q, self.q),
+                  a.why or b.why)
+
+    def _matmul(self, x: Any, y: Any, m: int) -> Any:
+        k = x.shape[-1]
+        chunk = max(1, int(EXACT // ((m - 1) ** 2)) - 1)
+        if k <= chunk:
+            return self.mod(self.jnp.matmul(x, y), m)
+        acc = None
+        for s in range(0, k, chunk):
+            part = self.mod(self.jnp.matmul(x[..., s:s + chunk], y[..., s:s + chunk, :]), m)
+            acc = part if acc is None else self.mod(acc + part, m)
+        return acc
+
+    def random_input(self, key: Any, shape: tuple[int, ...]) -> FF:
+        kp, kq = self._jax.random.split(key)
+        r = self._jax.random
+        return FF(r.randint(kp, shape, 0, self.p, dtype=self.jnp.int64).astype(self.jnp.float64),
+                  r.randint(kq, shape, 0, self.q, dtype=self.jnp.int64).astype(self.jnp.float64))
+
+
+def random_table(key: Any, name: str, p: int = P) -> Any:
+    """The values of random function ``name`` on 0..p-1, derived from ``key`` and the name."""
+    import jax
+
+    jnp = _jnp()
+    sub = jax.random.fold_in(key, int.from_bytes(name.encode()[:4].ljust(4, b"\0"), "little"))
+    return jax.random.randint(sub, (p,), 0, p, dtype=jnp.int64).astype(jnp.float64)
+
+
+def exp_table(p: int = P, q: int = Q, omega: int = OMEGA) -> Any:
+    """``omega ** k mod p`` for k in [0, q), as a float64 JAX array (build once, pass around)."""
+    if pow(omega, q, p) != 1 or (p - 1) % q:
+        raise VerifyError(f"omega={omega} has no order q={q} modulo p={p}")
+    k = np.arange(q, dtype=np.int64)
+    pw = np.ones(q, dtype=np.int64)
+    base = omega % p
+    while k.any():
+        pw = np.where(k & 1, pw * base % p, pw)
+        base = base * base % p
+        k >>= 1
+    return _jnp().asarray(pw.astype(np.float64))
+
+
+class FFArrays:
+    """The array functions the partition layout needs, applied to both parts of an ``FF``."""
+
+    def __init__(self) -> None:
+        self.jnp = _jnp()
+
+    def reshape(self, x: FF, shape: Sequence[int]) -> FF:
+        return self._map(x, lambda a: self.jnp.reshape(a, shape))
+
+    def transpose(self, x: FF, perm: Sequence[int]) -> FF:
+        return self._map(x, lambda a: self.jnp.transpose(a, perm))
+
+    def broadcast_to(self, x: FF, shape: Sequence[int]) -> FF:
+        return self._map(x, lambda a: self.jnp.broadcast_to(a, shape))
+
+    def concatenate(self, xs: Sequence[FF], axis: int) -> FF:
+        q = None if any(x.q is None for x in xs) else self.jnp.concatenate([x.q for x in xs], axis)
+        return FF(self.jnp.concatenate([x.p for x in xs], axis), q, xs[0].why or xs[1].why)
+
+    @staticmethod
+    def _map(x: FF, f: Any) -> FF:
+        return FF(f(x.p), None if x.q is None else f(x.q), x.why)
+
+
+def per_test_bound(degree: int, exps: int, p: int = P, q: int = Q) -> float:
+    """Probability that one random test fails to tell two unequal programs apart."""
+    if exps == 0:
+        return min(1.0, degree / p)
+    return min(1.0, 8 * degree * exps**4 / q + q ** (-1.0 / exps**2))
+
+
+def combined_bound(per_test: float, tests: int) -> float:
+    return per_test**tests if per_test < 1 else 1.0
+

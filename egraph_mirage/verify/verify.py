@@ -1,0 +1,214 @@
+"""Deciding whether a candidate program equals its target: finite-field tests and a float check.
+
+``Verifier(target)`` draws ``tests`` random input sets over Z_p x Z_q (``field.py``), evaluates the
+target once per test, and compares every candidate against those outputs. Equal programs always
+agree; unequal ones agree on one test with probability at most the per-test bound (``bound``),
+on all tests with at most its ``tests``-th power. A test in which a division by zero occurred in
+either program is redrawn.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..dtypes import DType, float16
+from ..errors import GraphError
+from ..expr import Term
+from ..graph import KernelGraph, abstract_term
+from ..ops import lookup
+from ..ops.field_ops import TABLES
+from . import field as ff
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    equivalent: bool
+    tests: int
+    #: probability that one random test lets an unequal program through
+    per_test_bound: float
+    #: probability that all tests let an unequal program through (the stated error bound)
+    bound: float
+    #: index of the first output that differed, for a rejection
+    differing_output: int | None = None
+    reason: str = ""
+    redrawn: int = 0
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.equivalent
+
+
+def evaluate_ff(graph: KernelGraph, f: ff.Field, inputs: Sequence[ff.FF]) -> list[ff.FF]:
+    """Run ``graph`` over the field ``f`` (each op's ``ff`` semantics)."""
+    vals: dict[int, ff.FF] = {t.index: x for t, x in zip(graph.inputs, inputs)}
+    for t in graph.operators:
+        vals[t.index] = lookup(t.op).ff(f, [vals[o.index] for o in t.operands], t.params)
+    return [vals[t.index] for t in graph.outputs]
+
+
+def degree(term: Term) -> tuple[int, int]:
+    """(degree, exps on a path) of a term: a rational function's degree bound (numerator plus
+    denominator), and the largest number of exps nested on a path. Results of functions without
+    an algebraic model count as fresh variables (degree 1)."""
+    memo: dict[Term, tuple[int, int]] = {}
+
+    def go(t: Term) -> tuple[int, int]:
+        if t in memo:
+            return memo[t]
+        kids = [go(c) for c in t.children]
+        k = max((e for _, e in kids), default=0)
+        if t.op in ("Var",):
+            r = (1, 0)
+        elif t.op in ("Num", "Const"):
+            r = (0, 0)
+        elif t.op in ("Mul", "Div"):
+            r = (kids[0][0] + kids[1][0], k)
+        elif t.op == "Exp":
+            r = (kids[0][0], k + 1)
+        elif t.op in ("Add", "Concat", "Sum"):
+            r = (max(d for d, _ in kids), k)
+        elif t.op == "Square":
+            r = (2 * kids[0][0], k)
+        else:  # Sqrt, Silu, Gelu, Relu, Rms, user functions: a fresh random value
+            r = (1, k)
+        memo[t] = r
+        return r
+
+    return go(term)
+
+
+def _check_interfaces(a: KernelGraph, b: KernelGraph) -> str:
+    if [t.dims for t in a.inputs] != [t.dims for t in b.inputs]:
+        raise GraphError(f"verify: the programs' inputs differ: {[t.dims for t in a.inputs]} vs "
+                         f"{[t.dims for t in b.inputs]}")
+    if len(a.outputs) != len(b.outputs):
+        return f"{len(a.outputs)} outputs vs {len(b.outputs)}"
+    for i, (x, y) in enumerate(zip(a.outputs, b.outputs)):
+        if x.dims != y.dims:
+            return f"output {i} has dims {x.dims} vs {y.dims}"
+    return ""
+
+
+class Verifier:
+    """Random finite-field tests of candidates against one target program.
+
+    Each program is evaluated by one jit-compiled JAX function (inputs, field key -> output
+    values mod p, division-by-zero flag); its first call compiles it.
+    """
+
+    def __init__(self, target: KernelGraph, tests: int = 3, seed: int = 0,
+                 max_redraws: int = 8) -> None:
+        import jax
+
+        if not target.outputs:
+            raise GraphError("verify: the target has no outputs")
+        if tests < 1:
+            raise GraphError(f"verify: tests must be >= 1, got {tests}")
+        self.target, self.tests = target, tests
+        self._jax = jax
+        self._exp_table = ff.exp_table()
+        self._compiled: weakref.WeakKeyDictionary[KernelGraph, Any] = weakref.WeakKeyDictionary()
+        base = jax.random.PRNGKey(seed)
+        run = self._compile(target)
+        #: per test: (inputs mod p, inputs mod q, field key, function tables), target outputs
+        self._cases: list[tuple[tuple[Any, ...], list[Any]]] = []
+        self.redrawn = 0
+        draw = 0
+        while len(self._cases) < tests:
+            if draw >= tests + max_redraws:
+                raise GraphError("verify: the target divides by zero on every random input")
+            key = jax.random.fold_in(base, draw)
+            draw += 1
+            keys = jax.random.split(key, len(target.inputs) + 1)
+            field_key = keys[-1]
+            tables = {name: ff.random_table(field_key, name) for name in sorted(TABLES)}
+            f = ff.Field(field_key, self._exp_table, tables)
+            xs = [f.random_input(k, t.dims) for k, t in zip(keys, target.inputs)]
+            ins = ([x.p for x in xs], [x.q for x in xs], field_key, tables)
+            outs, zero = run(*ins, self._exp_table)
+            if bool(zero):
+                self.redrawn += 1
+                continue
+            self._cases.append((ins, list(outs)))
+        self._target_degree = [degree(abstract_term(t)) for t in target.outputs]
+
+    def _compile(self, graph: KernelGraph) -> Any:
+        if graph in self._compiled:
+            return self._compiled[graph]
+
+        def run(in_p: list[Any], in_q: list[Any], key: Any, tables: dict[str, Any],
+                exp_table: Any) -> Any:
+            f = ff.Field(key, exp_table, tables)
+            outs = evaluate_ff(graph, f, [ff.FF(p, q) for p, q in zip(in_p, in_q)])
+            return [o.p for o in outs], f.zero_division
+
+        self._compiled[graph] = self._jax.jit(run)
+        return self._compiled[graph]
+
+    def bound_for(self, candidate: KernelGraph) -> float:
+        d, k = 0, 0
+        for ta, tb in zip(self._target_degree, (degree(abstract_term(t))
+                                                 for t in candidate.outputs)):
+            d, k = max(d, ta[0] + tb[0]), max(k, ta[1], tb[1])
+        return ff.per_test_bound(max(d, 1), k)
+
+    def check(self, candidate: KernelGraph) -> VerifyResult:
+        t0 = time.perf_counter()
+        per_test = self.bound_for(candidate)
+        mismatch = _check_interfaces(self.target, candidate)
+        if mismatch:
+            return VerifyResult(False, 0, per_test, ff.combined_bound(per_test, self.tests), None,
+                                mismatch, seconds=time.perf_counter() - t0)
+        run = self._compile(candidate)
+        jnp = ff._jnp()
+        redrawn, done = 0, 0
+        for ins, expected in self._cases:
+            got, zero = run(*ins, self._exp_table)
+            if bool(zero):
+                redrawn += 1  # the candidate divides by zero here; the other tests decide
+                continue
+            done += 1
+            for i, (x, y) in enumerate(zip(got, expected)):
+                if not bool(jnp.array_equal(x, y)):
+                    return VerifyResult(False, done, per_test, ff.combined_bound(per_test, done),
+                                        i, f"output {i} differs", redrawn,
+                                        time.perf_counter() - t0)
+        if done == 0:
+            return VerifyResult(False, 0, per_test, 1.0, None,
+                                "the candidate divided by zero in every test", redrawn,
+                                time.perf_counter() - t0)
+        return VerifyResult(True, done, per_test, ff.combined_bound(per_test, done), None, "",
+                            redrawn, time.perf_counter() - t0)
+
+
+def verify(a: KernelGraph, b: KernelGraph, tests: int = 3, seed: int = 0) -> VerifyResult:
+    """Whether programs ``a`` and ``b`` (same inputs by position) compute the same outputs."""
+    return Verifier(a, tests=tests, seed=seed).check(b)
+
+
+def check_numerics(candidate: KernelGraph, reference: KernelGraph, dtype: DType = float16,
+                   seed: int = 0) -> float:
+    """Largest relative error of ``candidate`` against ``reference`` in float64, on random
+    normal inputs rounded to ``dtype`` (relative to each output's largest magnitude)."""
+    import torch
+
+    _check = _check_interfaces(reference, candidate)
+    if _check:
+        raise GraphError(f"check_numerics: {_check}")
+    rng = np.random.default_rng(seed)
+    tdtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    inputs = []
+    for t in reference.inputs:
+        x = torch.from_numpy(rng.standard_normal(t.dims)).to(tdtype[dtype.value])
+        inputs.append(x.to(torch.float64).numpy())
+    worst = 0.0
+    for x, y in zip(candidate.evaluate(inputs), reference.evaluate(inputs)):
+        scale = max(float(np.max(np.abs(y))), 1e-30)
+        worst = max(worst, float(np.max(np.abs(x - y))) / scale)
+    return worst
