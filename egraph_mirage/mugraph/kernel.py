@@ -21,7 +21,7 @@ from ..expr import Term
 from ..ops import lookup
 from . import partition as pt
 from .accumulators import lookup_accumulator
-from .threadblock import ThreadBlockGraph
+from .threadblock import EPILOGUE, INVARIANT, ThreadBlockGraph
 
 
 class GraphKernel:
@@ -91,7 +91,7 @@ class GraphKernel:
             for it in range(tb.forloop_range):
                 vals: dict[int, np.ndarray] = {}
                 for t in tb.tensors:
-                    if t.side != "loop":
+                    if t.side == EPILOGUE:
                         continue
                     if t.op == "input":
                         vals[t.index] = _tile(inputs[t.params["position"]], t, block, it)
@@ -103,9 +103,9 @@ class GraphKernel:
                         step = lookup_accumulator(t.params["acc"]).step(
                             vals[t.operands[0].index], tb.reduction_dimx)
                         sums[t.index] = sums.get(t.index, 0) + step
-            vals = {}
+            vals = {i: v for i, v in vals.items() if tb.tensors[i].side == INVARIANT}
             for t in tb.tensors:
-                if t.side == "loop":
+                if t.side != EPILOGUE:
                     continue
                 if t.op == "forloop_accum":
                     a = t.operands[0]

@@ -25,7 +25,17 @@ from .accumulators import lookup_accumulator
 
 #: shared memory a block may use for its tiles, in bytes (the original system's default)
 DEFAULT_SMEM_BYTES = 96 * 1024
-LOOP_SIDE, EPILOGUE = "loop", "epilogue"
+#: where a tile lives: in the loop, after it, or either (loaded once, the same every iteration)
+LOOP_SIDE, EPILOGUE, INVARIANT = "loop", "epilogue", "invariant"
+
+
+def _join_sides(op: str, operands: Sequence[BlockTensor]) -> str:
+    sides = {t.side for t in operands} - {INVARIANT}
+    if len(sides) > 1:
+        raise BlockGraphError(
+            f"{op}: operands {', '.join(f'b{t.index} ({t.side})' for t in operands)} lie on "
+            "both sides of a for-loop accumulator; accumulate both or neither")
+    return sides.pop() if sides else INVARIANT
 
 
 class BlockTensor:
@@ -76,7 +86,7 @@ class ThreadBlockGraph:
                             forloop_dim)
         t = self._add(tile, dtensor.dtype, "input", (),
                       {"input_map": imap, "forloop_dim": forloop_dim, "position": len(self.inputs)},
-                      LOOP_SIDE)
+                      LOOP_SIDE if forloop_dim != -1 else INVARIANT)
         self.inputs.append(t)
         self.sources.append(dtensor)
         return t
@@ -94,17 +104,13 @@ class ThreadBlockGraph:
         for i, t in enumerate(operands):
             if not isinstance(t, BlockTensor) or t.graph is not self:
                 raise BlockGraphError(f"{op}: operand {i} is not a tile of this block graph")
-        sides = {t.side for t in operands}
-        if len(sides) > 1:
-            raise BlockGraphError(
-                f"{op}: operands {', '.join(f'b{t.index} ({t.side})' for t in operands)} lie on "
-                "both sides of a for-loop accumulator; accumulate both or neither")
+        side = _join_sides(op, operands)
         if "dim" in params:  # tile dims are stored negative: valid in the vectorised layout too
             d = sh.normalize_dim(op, operands[0].dims, params["dim"])
             params["dim"] = d - len(operands[0].dims)
         dims = spec.shape(op, [t.dims for t in operands], params)
         dtype = spec.dtype(op, [t.dtype for t in operands], params)
-        return self._add(tuple(dims), dtype, op, operands, params, operands[0].side)
+        return self._add(tuple(dims), dtype, op, operands, params, side)
 
     def matmul(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
         return self.apply("matmul", (A, B))
@@ -153,7 +159,7 @@ class ThreadBlockGraph:
         """Combine ``A`` across the loop's iterations; the result lives after the loop."""
         if not isinstance(A, BlockTensor) or A.graph is not self:
             raise BlockGraphError("forloop_accum: operand is not a tile of this block graph")
-        if A.side != LOOP_SIDE:
+        if A.side == EPILOGUE:
             raise BlockGraphError(f"forloop_accum: b{A.index} is already after an accumulator")
         kind = lookup_accumulator(acc)
         dims = kind.shape(A.dims, self.reduction_dimx)

@@ -56,6 +56,20 @@ def _scalar_text(c: object) -> str:
     return repr(float(c))
 
 
+def _mul_scalar_shape(op: str, shapes: Sequence[Shape], p: Params) -> Shape:
+    _scalar_text(p["scalar"])
+    return sh.same_shape(op, shapes, p)
+
+
+def _customized_shape(op: str, shapes: Sequence[Shape], p: Params) -> Shape:
+    kernel = _kernel(p)
+    expected = [t.dims for t in kernel.tb.sources]
+    if [tuple(s) for s in shapes] != expected:
+        raise ShapeError(f"{op}: the kernel's loaders read shapes {sh.fmt(expected)}, "
+                         f"got {sh.fmt(shapes)}")
+    return kernel.output_dims(p["output"])
+
+
 def _matmul_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Term:
     return sum_(shapes[0][-1], app("Mul", ts[0], ts[1]))
 
@@ -130,7 +144,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     _unary("relu", "Relu", lambda x: np.maximum(x, 0.0), ff.table("relu"),
            "element-wise max(x, 0)"),
     OpSpec(
-        name="mul_scalar", num_inputs=(1, 1), params=("scalar",), shape=sh.same_shape,
+        name="mul_scalar", num_inputs=(1, 1), params=("scalar",), shape=_mul_scalar_shape,
         dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app("Mul", ts[0], app("Const", _scalar_text(p["scalar"]))),
         reference=lambda xs, p: xs[0] * float(p["scalar"]), ff=ff.mul_scalar,
@@ -155,7 +169,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     ),
     OpSpec(
         name="customized", num_inputs=(1, 64), params=("kernel", "output"),
-        shape=lambda op, shapes, p: _kernel(p).output_dims(p["output"]), dtype=sh.same_dtype,
+        shape=_customized_shape, dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: _kernel(p).exprs(ts)[p["output"]],
         reference=lambda xs, p: _kernel(p).run_vectorised(xs)[p["output"]], ff=ff.customized,
         levels=frozenset({KERNEL}), commutative=False,

@@ -4,9 +4,9 @@ Every tensor is a pair of arrays (``FF``): its value mod p, and its value mod q,
 domain, where q is a prime dividing p - 1. ``exp(x) = omega ** (x mod q) mod p`` with omega of
 order q, so exp turns sums into products exactly as over the reals. After an exp the mod-q part is
 unknown (``None``): a second exp on the same path is outside the verifiable fragment and raises
-``VerifyError``. Functions with no algebraic model (sqrt, silu, gelu, relu) are random functions
-of the mod-p value: the same random table on both programs of a test, so equal programs still
-agree, and unequal ones are told apart with high probability.
+``VerifyError``. Functions with no algebraic model (sqrt, silu, gelu, relu) are random functions,
+drawn independently over Z_p and over Z_q: the same random tables on both programs of a test, so
+equal programs still agree, and unequal ones are told apart with high probability.
 
 Values are float64 holding integers: a product of two residues is below 2**40 and a dot product
 of K of them below K * 2**40, exact while under 2**53 (contractions are chunked to stay there).
@@ -14,6 +14,7 @@ of K of them below K * 2**40, exact while under 2**53 (contractions are chunked 
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Sequence
@@ -71,13 +72,18 @@ class Field:
 
     # --- elementary -----------------------------------------------------------------------
     def mod(self, x: Any, m: int) -> Any:
-        return x - self.jnp.floor(x / m) * m
+        """x mod m for float64 integers below 2**53. x / m may round across an integer when x is
+        large, leaving the remainder off by one m: correct it."""
+        r = x - self.jnp.floor(x / m) * m
+        r = self.jnp.where(r < 0, r + m, r)
+        return self.jnp.where(r >= m, r - m, r)
 
-    def table(self, name: str) -> Any:
-        """The random function ``name`` over Z_p (fixed by this field's key and the name)."""
-        if name not in self._tables:
-            self._tables[name] = random_table(self._key, name, self.p)
-        return self._tables[name]
+    def table(self, name: str, domain: str = "p") -> Any:
+        """The random function ``name`` over Z_p or Z_q (fixed by the field's key and the name)."""
+        key = table_key(name, domain)
+        if key not in self._tables:
+            self._tables[key] = random_table(self._key, key, self.p if domain == "p" else self.q)
+        return self._tables[key]
 
     def lift(self, p_part: Any, q_part: Any | None, why: str = "") -> FF:
         return FF(p_part, q_part, why)
@@ -125,8 +131,9 @@ class Field:
         return FF(self.exp_table[idx], None, "exp")
 
     def apply_table(self, name: str, a: FF) -> FF:
-        idx = a.p.astype(self.jnp.int64)
-        return FF(self.table(name)[idx], None, a.why or name)
+        """A random function, drawn independently over Z_p and over Z_q."""
+        q = None if a.q is None else self.table(name, "q")[a.q.astype(self.jnp.int64)]
+        return FF(self.table(name, "p")[a.p.astype(self.jnp.int64)], q, a.why)
 
     def sum(self, a: FF, axis: int | Sequence[int], keepdims: bool = True) -> FF:
         # a sum of n residues stays below n * p < 2**53 for any realistic n
@@ -157,12 +164,16 @@ class Field:
                   r.randint(kq, shape, 0, self.q, dtype=self.jnp.int64).astype(self.jnp.float64))
 
 
+def table_key(name: str, domain: str) -> str:
+    return f"{name}/{domain}"
+
+
 def random_table(key: Any, name: str, p: int = P) -> Any:
     """The values of random function ``name`` on 0..p-1, derived from ``key`` and the name."""
     import jax
 
     jnp = _jnp()
-    sub = jax.random.fold_in(key, int.from_bytes(name.encode()[:4].ljust(4, b"\0"), "little"))
+    sub = jax.random.fold_in(key, zlib.crc32(name.encode()))
     return jax.random.randint(sub, (p,), 0, p, dtype=jnp.int64).astype(jnp.float64)
 
 

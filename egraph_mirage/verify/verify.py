@@ -127,7 +127,9 @@ class Verifier:
             draw += 1
             keys = jax.random.split(key, len(target.inputs) + 1)
             field_key = keys[-1]
-            tables = {name: ff.random_table(field_key, name) for name in sorted(TABLES)}
+            tables = {ff.table_key(name, dom): ff.random_table(field_key, ff.table_key(name, dom),
+                                                               ff.P if dom == "p" else ff.Q)
+                      for name in sorted(TABLES) for dom in ("p", "q")}
             f = ff.Field(field_key, self._exp_table, tables)
             xs = [f.random_input(k, t.dims) for k, t in zip(keys, target.inputs)]
             ins = ([x.p for x in xs], [x.q for x in xs], field_key, tables)

@@ -1,0 +1,176 @@
+"""The ``egraph-mirage`` command.
+
+    egraph-mirage list
+    egraph-mirage oracle NAME [--batch B] [--small] [--query SEXPR ...] [--svg PATH]
+    egraph-mirage bench oracle [--json] [--small] [--targets NAME ...] [--seconds S] [--repeats N]
+
+Errors raised on purpose by egraph-mirage (``EMError``) print as one ``error: ...`` line on
+stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+from collections.abc import Sequence
+
+from . import benchmarks
+from .errors import EMError
+from .expr import Term, parse
+from .graph import KernelGraph, abstract_expr
+from .oracle import Oracle
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="egraph-mirage",
+                                description="e-graph based superoptimizer for tensor programs")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("list", help="list the benchmark programs")
+
+    o = sub.add_parser("oracle", help="build a benchmark's reachability oracle and query it")
+    o.add_argument("name", help="benchmark name (see 'egraph-mirage list')")
+    o.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    o.add_argument("--small", action="store_true", help="reduced shapes, same structure")
+    o.add_argument("--query", nargs="+", action="extend", default=[], metavar="SEXPR",
+                   help='s-expressions to ask about, e.g. \'(Sum 64 (Mul (Var "v0") (Var "v1")))\'')
+    o.add_argument("--svg", metavar="PATH", help="also draw the saturated e-graph to PATH")
+
+    b = sub.add_parser("bench", help="benchmarks of egraph-mirage's own machinery")
+    bsub = b.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    bo = bsub.add_parser("oracle", help="saturation time and query throughput of the oracle")
+    bo.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    bo.add_argument("--small", action="store_true", help="reduced shapes")
+    bo.add_argument("--targets", nargs="+", metavar="NAME", help="benchmarks (default: all)")
+    bo.add_argument("--seconds", type=float, default=0.3, help="length of each timed loop")
+    bo.add_argument("--repeats", type=int, default=5, help="oracle builds timed per target")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        if args.command == "list":
+            return _list()
+        if args.command == "oracle":
+            return _oracle(args.name, args.batch, args.small, args.query, args.svg)
+        return _bench_oracle(args)
+    except EMError as exc:
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # always one line
+        return 2
+
+
+def _list() -> int:
+    names = benchmarks.names()
+    width = max(map(len, names))
+    for n in names:
+        print(f"{n.ljust(width)}  {benchmarks.describe(n)}")
+    return 0
+
+
+def _bench_oracle(args: argparse.Namespace) -> int:
+    from .bench import bench_oracle, format_table
+
+    if args.seconds <= 0 or args.repeats < 1:
+        print("error: --seconds must be positive and --repeats at least 1", file=sys.stderr)
+        return 2
+    rows = bench_oracle(args.targets, small=args.small, seconds=args.seconds,
+                        repeats=args.repeats)
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    return 0
+
+
+# --- the oracle demo ---------------------------------------------------------------------------
+
+def derived_queries(oracle: Oracle, seed: int = 0) -> list[tuple[str, Term]]:
+    """Questions derived from the target alone (no per-model cases): a written subterm, a term
+    only the rules produce, and near misses (inputs swapped, a sum size changed)."""
+    from .bench.oracle_bench import random_terms, replace, swap_vars, var_names
+
+    out: list[tuple[str, Term]] = []
+    target = oracle.targets[0]
+    written = {s for tt in oracle.targets for s in tt.walk()}
+    inner = [s for s in target.walk() if s.children and s != target]
+    if inner:
+        out.append(("a subterm of the target", max(inner, key=lambda s: s.size())))
+    sums = [s for s in target.walk() if s.op == "Sum"]
+    if sums:
+        s = sums[-1]  # the outermost sum (walk lists children first)
+        n = s.args[0]
+        p = next(d for d in range(2, n + 1) if n % d == 0)
+        if p < n:
+            out.append((f"a partial sum of the target's Sum {n}",
+                        Term("Sum", (n // p, *s.args[1:]))))
+    terms = random_terms(oracle, random.Random(seed))
+    derived = [t for c, t in terms.items() if oracle.is_reachable_class(c) and t not in written
+               and t.size() >= 5 and len(var_names(t)) > 1]
+    if derived:
+        out.append(("a form the rules derive", min(derived, key=lambda t: (t.size(), str(t)))))
+    names = var_names(target)
+    swaps = [(a, b) for a, b in ((names[0], names[-1]), *itertools.pairwise(names)) if a != b]
+    for a, b in swaps:
+        swapped = swap_vars(target, a, b)
+        if swapped != target:
+            out.append((f"the target with {a} and {b} swapped", swapped))
+            break
+    if sums:
+        s = sums[-1]
+        resized = replace(target, s, Term("Sum", (2 * s.args[0], *s.args[1:])))
+        out.append((f"the target with Sum {s.args[0]} made Sum {2 * s.args[0]}", resized))
+    return out
+
+
+def _oracle(name: str, batch: int, small: bool, queries: Sequence[str],
+            svg: str | None) -> int:
+    asked = [(q, parse(q)) for q in queries]  # parse errors surface before the slow part
+    g: KernelGraph = benchmarks.get(name, batch=batch, small=small)
+    print(f"== program {name} (batch {batch}{', small shapes' if small else ''})")
+    print(repr(g))
+    print("\n== abstract expressions of the outputs")
+    for t in g.outputs:
+        print(f"  t{t.index} = {abstract_expr(t)}")
+    oracle = Oracle(g)
+    s = oracle.stats
+    print("\n== saturation")
+    print(f"  e-nodes {s.enodes}, e-classes {s.eclasses}, reachable classes "
+          f"{s.reachable_classes}, iterations {s.iterations}, {s.seconds * 1e3:.1f} ms, "
+          f"complete {s.complete}")
+
+    print("\n== every tensor of the program is a subexpression of the target")
+    missing = 0
+    for t in g.operators:
+        ok = oracle.is_subexpr(t)
+        missing += not ok
+        print(f"  t{t.index:<3} {t.op:<11} {'yes' if ok else 'NO'}")
+
+    print("\n== queries")
+    todo = [(q, term) for q, term in asked] or [
+        (f"{what}: {term}", term) for what, term in derived_queries(oracle)]
+    for label, term in todo:
+        print(f"  {oracle.answer(term).value:<11} {label}")
+
+    if svg is not None:
+        try:
+            from .viz import egraph_svg
+        except ImportError as exc:
+            print(f"error: --svg needs egraph_mirage.viz, which could not be imported: {exc}",
+                  file=sys.stderr)
+            return 2
+        egraph_svg(oracle, svg)
+        print(f"\nwrote {svg}")
+    if missing:
+        print(f"error: {missing} tensor(s) of the program were not found reachable",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Hand-written fused μGraphs for the benchmark programs.
+
+Each builder takes the benchmark's kernel graph and returns a μGraph over the same inputs that
+computes the same outputs with graph-defined kernels. Tile sizes come from the shapes (at most 64
+along each tiled dimension), never from the program's name. These serve as references for the
+verifier and the lowering, and as the forms the search should rediscover.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .errors import GraphError
+from .graph import KernelGraph, Tensor, new_kernel_graph
+from .mugraph import new_threadblock_graph
+
+
+def _tile(n: int, limit: int = 64) -> int:
+    """The largest power of two <= limit that divides n."""
+    t = 1
+    while t * 2 <= limit and n % (t * 2) == 0:
+        t *= 2
+    return t
+
+
+def _same_inputs(g: KernelGraph) -> tuple[KernelGraph, list[Tensor]]:
+    h = new_kernel_graph()
+    return h, [h.new_input(t.dims, t.dtype) for t in g.inputs]
+
+
+def rmsnorm_linear(g: KernelGraph) -> KernelGraph:
+    """One kernel: grid over W's columns, loop over the hidden dimension; the block accumulates
+    X @ W and the rms of X, and divides after the loop."""
+    h, ins = _same_inputs(g)
+    X, W = ins[0], ins[1]
+    (m, k), n = X.dims, W.dims[1]
+    tk, tn = _tile(k), _tile(n)
+    tb = new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=k // tk)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
+    w = tb.new_input(W, (1, -1, -1), forloop_dim=0)
+    if len(ins) == 3:  # learned gain G (1, k): scales X's columns before the product
+        x = tb.mul(x, tb.new_input(ins[2], (-1, -1, -1), forloop_dim=1))
+        xw = tb.forloop_accum(tb.matmul(x, w))
+        rms = tb.forloop_accum(tb.new_input(X, (-1, -1, -1), forloop_dim=1), "rms")
+        tb.new_output(tb.div(xw, rms), (1, -1, -1))
+        (O,) = h.customized([X, W, ins[2], X], tb)
+    else:
+        xw = tb.forloop_accum(tb.matmul(x, w))
+        rms = tb.forloop_accum(x, "rms")
+        tb.new_output(tb.div(xw, rms), (1, -1, -1))
+        (O,) = h.customized([X, W], tb)
+    h.mark_output(O)
+    return h
+
+
+def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor,
+                        norm_q: bool = False, norm_v: bool = False) -> Tensor:
+    """Split-KV attention without max subtraction, in two kernels.
+
+    Kernel 1, grid (heads, KV splits, query tiles): per split, the loop walks the split's KV tiles
+    and accumulates exp(Q K) V and the row sums of exp(Q K); partials are written side by side
+    along the last dimension. Kernel 2 adds the partials (``sum_todimx``) and divides.
+    """
+    heads, lq, d = Q.dims
+    lk = K.dims[2]
+    tq, tk = _tile(lq), _tile(lk)
+    splits = max(1, min(lk // tk, 8))
+    loop = lk // (tk * splits)
+    tb = new_threadblock_graph(grid_dim=(heads, splits, lq // tq), forloop_range=loop,
+                               reduction_dimx=d)
+    q = tb.new_input(Q, (0, -1, 1), forloop_dim=-1)
+    k = tb.new_input(K, (0, 2, -1), forloop_dim=2)
+    v = tb.new_input(V, (0, 1, -1), forloop_dim=1)
+    if norm_q:
+        q = tb.rms_norm(q)
+    if norm_v:
+        v = tb.rms_norm(v)
+    e = tb.exp(tb.matmul(q, k))
+    tb.new_output(tb.forloop_accum(tb.matmul(e, v)), (0, 2, 1))
+    tb.new_output(tb.forloop_accum(e, "sum"), (0, 2, 1))
+    num, den = h.customized([Q, K, V], tb)
+
+    tq2 = _tile(lq, 16)  # the partials of all splits sit in one tile here: keep it short
+    tb2 = new_threadblock_graph(grid_dim=(heads, 1, lq // tq2), forloop_range=1, reduction_dimx=d)
+    n = tb2.new_input(num, (0, -1, 1), forloop_dim=-1)
+    s = tb2.new_input(den, (0, -1, 1), forloop_dim=-1)
+    tb2.new_output(tb2.div(tb2.forloop_accum(n, "sum_todimx"), tb2.forloop_accum(s, "sum")),
+                   (0, -1, 1))
+    (O,) = h.customized([num, den], tb2)
+    return O
+
+
+def attention(g: KernelGraph) -> KernelGraph:
+    h, (Q, K, V) = _same_inputs(g)
+    h.mark_output(_split_kv_attention(h, Q, K, V))
+    return h
+
+
+def qknorm(g: KernelGraph) -> KernelGraph:
+    """Attention with the rms_norm of Q and V done inside kernel 1."""
+    h, (Q, K, V) = _same_inputs(g)
+    h.mark_output(_split_kv_attention(h, Q, K, V, norm_q=True, norm_v=True))
+    return h
+
+
+def lora(g: KernelGraph) -> KernelGraph:
+    """One kernel: grid over the output columns, loop over the hidden dimension accumulating
+    X @ W and X @ A; after the loop (X @ A) @ B is added, B's tile being loaded once."""
+    h, (X, W, A, B) = _same_inputs(g)
+    k, n = W.dims
+    tk, tn = _tile(k), _tile(n)
+    tb = new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=k // tk)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
+    w = tb.new_input(W, (1, -1, -1), forloop_dim=0)
+    a = tb.new_input(A, (-1, -1, -1), forloop_dim=0)
+    b = tb.new_input(B, (1, -1, -1), forloop_dim=-1)
+    xw = tb.forloop_accum(tb.matmul(x, w))
+    xa = tb.forloop_accum(tb.matmul(x, a))
+    tb.new_output(tb.add(xw, tb.matmul(xa, b)), (1, -1, -1))
+    (O,) = h.customized([X, W, A, B], tb)
+    h.mark_output(O)
+    return h
+
+
+def lora_concat(g: KernelGraph) -> KernelGraph:
+    """LoRA through concatenation: X @ W + (X @ A) @ B = concat(X, X @ A) @ concat(W; B).
+
+    Kernel 1 computes X @ A; the concatenations are library operators; kernel 2 is one matmul
+    over the joined dimension."""
+    h, (X, W, A, B) = _same_inputs(g)
+    m, k = X.dims
+    r, n = B.dims
+    tb = new_threadblock_graph(grid_dim=(1, 1, 1), forloop_range=k // _tile(k))
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
+    a = tb.new_input(A, (-1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(x, a)), (-1, -1, -1))
+    (XA,) = h.customized([X, A], tb)
+    C = h.concat(X, XA, 1)
+    D = h.concat(W, B, 0)
+    kk, tn = k + r, _tile(n)
+    tk = _tile(kk)
+    tb2 = new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=kk // tk)
+    c = tb2.new_input(C, (-1, -1, -1), forloop_dim=1)
+    dd = tb2.new_input(D, (1, -1, -1), forloop_dim=0)
+    tb2.new_output(tb2.forloop_accum(tb2.matmul(c, dd)), (1, -1, -1))
+    (O,) = h.customized([C, D], tb2)
+    h.mark_output(O)
+    return h
+
+
+def gated_mlp(g: KernelGraph) -> KernelGraph:
+    """One kernel: both matmuls share X's tiles in one loop; silu and the product after it."""
+    h, (X, W1, W2) = _same_inputs(g)
+    k, n = W1.dims
+    tk, tn = _tile(k), _tile(n)
+    tb = new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=k // tk)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
+    w1 = tb.new_input(W1, (1, -1, -1), forloop_dim=0)
+    w2 = tb.new_input(W2, (1, -1, -1), forloop_dim=0)
+    a = tb.forloop_accum(tb.matmul(x, w1))
+    b = tb.forloop_accum(tb.matmul(x, w2))
+    tb.new_output(tb.mul(tb.silu(a), b), (1, -1, -1))
+    (O,) = h.customized([X, W1, W2], tb)
+    h.mark_output(O)
+    return h
+
+
+def ntrans(g: KernelGraph) -> KernelGraph:
+    """One kernel: one row per block; both norms and the element-wise chain in registers."""
+    h, (H, X, alpha) = _same_inputs(g)
+    rows = H.dims[0]
+    tb = new_threadblock_graph(grid_dim=(rows, 1, 1), forloop_range=1)
+    hh, x, al = (tb.new_input(t, (0, -1, -1), forloop_dim=-1) for t in (H, X, alpha))
+    t = tb.add(tb.mul(tb.add(tb.rms_norm(hh), x), al), x)
+    tb.new_output(tb.forloop_accum(tb.rms_norm(t)), (0, -1, -1))
+    (O,) = h.customized([H, X, alpha], tb)
+    h.mark_output(O)
+    return h
+
+
+BUILDERS: dict[str, Callable[[KernelGraph], KernelGraph]] = {
+    "gqa": attention, "mha": attention, "mqa": attention, "qknorm": qknorm,
+    "rmsnorm_linear": rmsnorm_linear, "lora": lora, "gated_mlp": gated_mlp, "ntrans": ntrans,
+}
+
+
+def fused(name: str, g: KernelGraph) -> KernelGraph:
+    """The hand-written fused μGraph of benchmark ``name`` for program ``g``."""
+    if name not in BUILDERS:
+        raise GraphError(f"no hand-written μGraph for {name!r}; known: {', '.join(BUILDERS)}")
+    return BUILDERS[name](g)

@@ -1,0 +1,108 @@
+"""The ``egraph-mirage`` command, run in-process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from egraph_mirage import benchmarks
+from egraph_mirage.bench import KEYS
+from egraph_mirage.cli import main
+
+REQUIRED = {"target", "saturate_s", "enodes", "eclasses", "complete", "op_queries_per_s",
+            "term_queries_per_s"}
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bench_oracle_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "bench", "oracle", "--small", "--json", "--targets", "gqa",
+                          "lora")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert isinstance(rows, list) and [r["target"] for r in rows] == ["gqa", "lora"]
+    assert set(KEYS) == REQUIRED
+    for r in rows:
+        assert REQUIRED <= set(r) <= REQUIRED | {"term_nodes_mean"}
+        assert r["complete"] is True and r["enodes"] > 0 and r["eclasses"] > 0
+        assert 0 < r["saturate_s"] < 10
+        assert r["op_queries_per_s"] > 1000 and r["term_queries_per_s"] > 100
+
+
+def test_bench_oracle_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "bench", "oracle", "--small", "--targets", "rmsnorm_linear",
+                        "--seconds", "0.02", "--repeats", "1")
+    assert code == 0
+    head, row = out.strip().splitlines()
+    for col in ("target", "saturate ms", "e-nodes", "e-classes", "complete", "op queries/s",
+                "term queries/s"):
+        assert col in head
+    assert row.startswith("rmsnorm_linear") and len(row) == len(head)
+
+
+def test_oracle_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "oracle", "rmsnorm_linear", "--small")
+    assert code == 0, err
+    assert '(Sum 64 (Mul (Div (Var "v0") (Rms 64 (Var "v0"))) (Var "v1")))' in out
+    assert "KernelGraph(2 inputs, 2 operators)" in out
+    assert "complete True" in out and " NO" not in out
+    assert "unreachable" in out and "reachable " in out  # derived questions of both kinds
+    assert "swapped" in out
+
+
+def test_oracle_queries(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "oracle", "gqa", "--small", "--batch", "2", "--query",
+                        '(Sum 64 (Exp (Sum 16 (Mul (Var "v0") (Var "v1")))))',
+                        '(Exp (Var "v2"))')
+    assert code == 0
+    lines = out.splitlines()
+    assert any(l.split()[:1] == ["reachable"] and "(Sum 64 (Exp" in l for l in lines)
+    assert any(l.split()[:1] == ["unreachable"] and "(Exp (Var" in l for l in lines)
+    assert "(4, 16, 16)" in out  # batch 2: 2b heads
+
+
+def test_list(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "list")
+    assert code == 0
+    assert [l.split()[0] for l in out.strip().splitlines()] == benchmarks.names()
+    assert benchmarks.describe("lora") in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["oracle", "nosuch"], "nosuch"),
+    (["oracle", "gqa", "--small", "--query", "(Sum 64"], "missing ')'"),
+    (["oracle", "gqa", "--batch", "0"], "batch"),
+    (["bench", "oracle", "--targets", "nosuch"], "nosuch"),
+])
+def test_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
+                             needle: str) -> None:
+    code, out, err = _run(capsys, *argv)
+    assert code == 2
+    assert err.startswith("error:") and needle in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err + out
+
+
+def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys)
+    assert code == 2 and "usage" in err
+    code, _, err = _run(capsys, "bench")
+    assert code == 2
+    code, out, _ = _run(capsys, "--help")
+    assert code == 0 and "oracle" in out
+
+
+def test_svg(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    pytest.importorskip("egraph_mirage.viz")
+    import shutil
+
+    if shutil.which("dot") is None:
+        pytest.skip("graphviz 'dot' not installed")
+    path = tmp_path / "eg.svg"
+    code, _, err = _run(capsys, "oracle", "gated_mlp", "--small", "--svg", str(path))
+    assert code == 0, err
+    assert path.read_text().lstrip().startswith(("<?xml", "<svg"))
