@@ -108,16 +108,20 @@ def to_blocks(xp: Any, x: Any, grid: Dims, forloop_range: int, imap: Sequence[in
     for d, size in enumerate(dims):
         g = grid[mapped[d]] if d in mapped else 1
         f = forloop_range if d == forloop_dim else 1
-        split += [g, f, size // (g * f)]
-    y = xp.reshape(x, split)  # dim d -> (grid part, loop part, tile) at 3d, 3d+1, 3d+2
-    perm = [3 * d for d in imap if d != -1]
-    perm += [3 * forloop_dim + 1] if forloop_dim != -1 else []
-    perm += [3 * d + 2 for d in range(len(dims))]
-    perm += [p for p in range(3 * len(dims)) if p not in perm]  # the remaining parts have size 1
+        split += [g, f, size // (g * f)]  # dim d -> (grid part, loop part, tile) at 3d..3d+2
+    order = [3 * d for d in imap if d != -1]
+    order += [3 * forloop_dim + 1] if forloop_dim != -1 else []
+    order += [3 * d + 2 for d in range(len(dims))]
+    # Only parts larger than 1 take part in the transpose (keeps it a plain, fusable permute).
+    big = [p for p in range(3 * len(dims)) if split[p] > 1]
+    y = xp.reshape(x, [split[p] for p in big])
+    perm = [big.index(p) for p in order if split[p] > 1]
+    if perm != sorted(perm):
+        y = xp.transpose(y, perm)
     lead = [grid[a] if imap[a] != -1 else 1 for a in range(NUM_AXES)]
     lead.append(forloop_range if forloop_dim != -1 else 1)
     tile = [split[3 * d + 2] for d in range(len(dims))]
-    return xp.reshape(xp.transpose(y, perm), tuple(lead + tile))
+    return xp.reshape(y, tuple(lead + tile))
 
 
 def from_blocks(xp: Any, y: Any, grid: Dims, omap: Sequence[int]) -> Any:
