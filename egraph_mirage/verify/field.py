@@ -125,15 +125,17 @@ class Field:
 
     def exp(self, a: FF) -> FF:
         if a.q is None:
-            raise VerifyError(f"exp of a value that already went through {a.why}: more than one "
-                              "exp on a path is outside the finite-field fragment")
-        idx = a.q.astype(self.jnp.int64)
-        return FF(self.exp_table[idx], None, "exp")
+            where = f"already went through {a.why}" if a.why else "has no exponent-domain value"
+            raise VerifyError(f"exp of a value that {where}: more than one exp on a path is "
+                              "outside the finite-field fragment")
+        idx = a.q.astype(self.jnp.int32)
+        return FF(self.exp_table[idx].astype(self.jnp.float64), None, "exp")
 
     def apply_table(self, name: str, a: FF) -> FF:
         """A random function, drawn independently over Z_p and over Z_q."""
-        q = None if a.q is None else self.table(name, "q")[a.q.astype(self.jnp.int64)]
-        return FF(self.table(name, "p")[a.p.astype(self.jnp.int64)], q, a.why)
+        f64, i32 = self.jnp.float64, self.jnp.int32
+        q = None if a.q is None else self.table(name, "q")[a.q.astype(i32)].astype(f64)
+        return FF(self.table(name, "p")[a.p.astype(i32)].astype(f64), q, a.why)
 
     def sum(self, a: FF, axis: int | Sequence[int], keepdims: bool = True) -> FF:
         # a sum of n residues stays below n * p < 2**53 for any realistic n
@@ -174,11 +176,12 @@ def random_table(key: Any, name: str, p: int = P) -> Any:
 
     jnp = _jnp()
     sub = jax.random.fold_in(key, zlib.crc32(name.encode()))
-    return jax.random.randint(sub, (p,), 0, p, dtype=jnp.int64).astype(jnp.float64)
+    return jax.random.randint(sub, (p,), 0, p, dtype=jnp.int32).astype(jnp.float32)
 
 
 def exp_table(p: int = P, q: int = Q, omega: int = OMEGA) -> Any:
-    """``omega ** k mod p`` for k in [0, q), as a float64 JAX array (build once, pass around)."""
+    """``omega ** k mod p`` for k in [0, q), as a float32 JAX array (build once, pass around;
+    residues below 2**24 are exact in float32, and the table is half the size)."""
     if pow(omega, q, p) != 1 or (p - 1) % q:
         raise VerifyError(f"omega={omega} has no order q={q} modulo p={p}")
     k = np.arange(q, dtype=np.int64)
@@ -188,7 +191,7 @@ def exp_table(p: int = P, q: int = Q, omega: int = OMEGA) -> Any:
         pw = np.where(k & 1, pw * base % p, pw)
         base = base * base % p
         k >>= 1
-    return _jnp().asarray(pw.astype(np.float64))
+    return _jnp().asarray(pw.astype(np.float32))  # residues < 2**20: exact in float32
 
 
 class FFArrays:
