@@ -48,3 +48,7 @@ class BlockGraphError(EMError, ValueError):
 
 class ResourceError(EMError, ValueError):
     """A thread-block graph's tiles do not fit the shared-memory budget."""
+
+
+class SerializationError(EMError, ValueError):
+    """A μGraph file could not be written or read; names the file and the faulty entry."""

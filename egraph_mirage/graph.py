@@ -190,6 +190,27 @@ class KernelGraph:
                                                      t.params)
         return [values[t.index] for t in self.outputs]
 
+    def to_json(self) -> str:
+        """Versioned JSON text of this graph and its graph-defined kernels; ``em.loads`` rebuilds
+        it (see ``mugraph.serialize``)."""
+        from .mugraph.serialize import dumps
+
+        return dumps(self)
+
+    def save(self, path: Any) -> None:
+        """Write ``to_json()`` to ``path`` (a str or ``os.PathLike``) atomically; ``em.load(path)``
+        reads it back."""
+        from .mugraph.serialize import save
+
+        save(self, path)
+
+    def to_svg(self, path: Any = None) -> str:
+        """SVG drawing of this graph and its graph-defined kernels (``mugraph.draw``); also
+        written to ``path`` if given. Needs the Graphviz ``dot`` program."""
+        from .mugraph.draw import mugraph_svg
+
+        return mugraph_svg(self, path)
+
     def __repr__(self) -> str:
         lines = [f"KernelGraph({len(self.inputs)} inputs, {len(self.operators)} operators)"]
         for t in self.tensors:

@@ -181,3 +181,20 @@ def test_thread_chains_group_elementwise_ops() -> None:
     chains = tb.thread_chains()
     ops = [[t.op for t in c] for c in chains]
     assert ["add", "mul", "add"] in ops
+
+
+def test_a_used_block_graph_cannot_change() -> None:
+    g, X, W, O = _matmul_kernel()
+    tb = O.params["kernel"].tb
+    with pytest.raises(em.BlockGraphError, match="already used by a kernel"):
+        tb.exp(tb.inputs[0])
+
+
+def test_block_ops_check_their_parameters() -> None:
+    g, X, W = _xw()
+    tb = em.new_threadblock_graph(forloop_range=4)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
+    with pytest.raises(em.BlockGraphError, match=r"reduction: expects parameters \('dim',\)"):
+        tb.apply("reduction", (x,))
+    with pytest.raises(em.BlockGraphError, match="smem_bytes must be a positive integer"):
+        em.new_threadblock_graph(smem_bytes="big")  # type: ignore[arg-type]

@@ -31,6 +31,7 @@ class GraphKernel:
         if not isinstance(tb, ThreadBlockGraph):
             raise GraphError(f"customized: expected a ThreadBlockGraph, got {type(tb).__name__}")
         tb.validate()
+        tb.frozen = True
         self.tb = tb
         self.num_outputs = len(tb.outputs)
 

@@ -67,7 +67,11 @@ class ThreadBlockGraph:
         if not isinstance(reduction_dimx, int) or reduction_dimx < 1:
             raise BlockGraphError(f"reduction_dimx must be a positive integer, got {reduction_dimx!r}")
         self.reduction_dimx = reduction_dimx
+        if not isinstance(smem_bytes, int) or isinstance(smem_bytes, bool) or smem_bytes < 1:
+            raise BlockGraphError(f"smem_bytes must be a positive integer, got {smem_bytes!r}")
         self.smem_bytes = smem_bytes
+        #: set once the graph is used by a kernel; a used graph cannot change
+        self.frozen = False
         self.tensors: list[BlockTensor] = []
         self.inputs: list[BlockTensor] = []
         self.sources: list[Any] = []  # the kernel-graph tensor each input loads from
@@ -97,6 +101,8 @@ class ThreadBlockGraph:
         spec = lookup(op)
         if BLOCK not in spec.levels:
             raise BlockGraphError(f"{op}: not allowed in a thread-block graph")
+        if set(params) != set(spec.params):
+            raise BlockGraphError(f"{op}: expects parameters {spec.params}, got {tuple(params)}")
         operands = tuple(operands)
         lo, hi = spec.num_inputs
         if not lo <= len(operands) <= hi:
@@ -172,6 +178,7 @@ class ThreadBlockGraph:
         if A.side != EPILOGUE:
             raise BlockGraphError(f"new_output: b{A.index} ({A.op}) has not passed through a "
                                   "forloop_accum; every output needs one")
+        self._check_open("new_output")
         omap = tuple(output_map)
         pt.output_dims(f"new_output #{len(self.outputs)}", A.dims, self.grid_dim, omap)
         self.outputs.append((A, omap))
@@ -231,9 +238,15 @@ class ThreadBlockGraph:
 
     def _add(self, dims: tuple[int, ...], dtype: DType, op: str,
              operands: tuple[BlockTensor, ...], params: dict[str, Any], side: str) -> BlockTensor:
+        self._check_open(op)
         t = BlockTensor(self, len(self.tensors), dims, dtype, op, operands, params, side)
         self.tensors.append(t)
         return t
+
+    def _check_open(self, what: str) -> None:
+        if self.frozen:
+            raise BlockGraphError(f"{what}: this threadblock graph is already used by a kernel "
+                                  "and cannot change; build a new one")
 
     def __repr__(self) -> str:
         lines = [f"ThreadBlockGraph(grid={self.grid_dim}, forloop_range={self.forloop_range})"]
