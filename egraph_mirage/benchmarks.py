@@ -8,7 +8,7 @@ keep 16 and 8 for every batch).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .dtypes import DType, float16
 from .errors import GraphError

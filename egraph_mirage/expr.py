@@ -12,7 +12,8 @@ Terms are immutable and hashable; structurally equal terms compare equal.
 
 from __future__ import annotations
 
-from typing import Iterator, Union
+from collections.abc import Iterator
+from typing import Union
 
 from .errors import ExprError
 
@@ -22,7 +23,7 @@ Arg = Union["Term", int, str]
 class Term:
     """An immutable expression node ``(op arg ...)``."""
 
-    __slots__ = ("op", "args", "_hash")
+    __slots__ = ("_hash", "args", "op")
 
     def __init__(self, op: str, args: tuple[Arg, ...] = ()) -> None:
         object.__setattr__(self, "op", op)

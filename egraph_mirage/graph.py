@@ -12,7 +12,8 @@ Every operator checks its operands through its op-table entry and raises a typed
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from .ops import lookup
 class Tensor:
     """A tensor of a kernel graph: a graph input or the result of one operator."""
 
-    __slots__ = ("graph", "index", "dims", "dtype", "op", "operands", "params", "_expr")
+    __slots__ = ("_expr", "dims", "dtype", "graph", "index", "op", "operands", "params")
 
     def __init__(self, graph: KernelGraph, index: int, dims: tuple[int, ...], dtype: DType,
                  op: str | None, operands: tuple[Tensor, ...], params: dict[str, Any]) -> None:

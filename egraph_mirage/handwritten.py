@@ -8,7 +8,7 @@ verifier and the lowering, and as the forms the search should rediscover.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import GraphError
 from .graph import KernelGraph, Tensor, new_kernel_graph
@@ -33,7 +33,7 @@ def rmsnorm_linear(g: KernelGraph) -> KernelGraph:
     X @ W and the rms of X, and divides after the loop."""
     h, ins = _same_inputs(g)
     X, W = ins[0], ins[1]
-    (m, k), n = X.dims, W.dims[1]
+    k, n = X.dims[1], W.dims[1]
     tk, tn = _tile(k), _tile(n)
     tb = new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=k // tk)
     x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
@@ -128,7 +128,7 @@ def lora_concat(g: KernelGraph) -> KernelGraph:
     Kernel 1 computes X @ A; the concatenations are library operators; kernel 2 is one matmul
     over the joined dimension."""
     h, (X, W, A, B) = _same_inputs(g)
-    m, k = X.dims
+    k = X.dims[1]
     r, n = B.dims
     tb = new_threadblock_graph(grid_dim=(1, 1, 1), forloop_range=k // _tile(k))
     x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)

@@ -26,7 +26,7 @@ def _matmul_kernel(grid: tuple[int, int, int] = (2, 1, 1), loop: int = 4,
 
 
 def test_tile_shapes_follow_the_maps() -> None:
-    g, X, W, O = _matmul_kernel()
+    _g, _X, _W, O = _matmul_kernel()
     tb = O.params["kernel"].tb
     assert [t.dims for t in tb.inputs] == [(4, 16), (16, 16)]
     assert O.dims == (4, 32)
@@ -43,7 +43,7 @@ def test_tile_shapes_follow_the_maps() -> None:
      ["forloop_dim 3"]),
 ])
 def test_bad_input_maps(build, error, words: list[str]) -> None:
-    g, X, W = _xw()
+    _g, X, W = _xw()
     tb = em.new_threadblock_graph(grid_dim=(3, 1, 1), forloop_range=4)
     with pytest.raises(error) as info:
         build(tb, X, W)
@@ -57,7 +57,7 @@ def test_omap_minus_one_on_a_split_grid_axis() -> None:
 
 
 def test_unused_grid_axis() -> None:
-    g, X, W = _xw()
+    g, X, _W = _xw()
     tb = em.new_threadblock_graph(grid_dim=(1, 4, 1), forloop_range=1)
     x = tb.new_input(X, (-1, -1, -1))
     tb.new_output(tb.forloop_accum(x), (-1, 0, -1))
@@ -66,7 +66,7 @@ def test_unused_grid_axis() -> None:
 
 
 def test_binary_op_across_the_accumulator() -> None:
-    g, X, W = _xw()
+    _g, X, _W = _xw()
     tb = em.new_threadblock_graph(forloop_range=4)
     x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
     acc = tb.forloop_accum(x)
@@ -92,7 +92,7 @@ def test_invariant_tiles_may_meet_the_epilogue() -> None:
 
 
 def test_output_needs_an_accumulator_and_accumulators_do_not_stack() -> None:
-    g, X, W = _xw()
+    _g, X, _W = _xw()
     tb = em.new_threadblock_graph(forloop_range=4)
     x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
     with pytest.raises(em.BlockGraphError, match="has not passed through a forloop_accum"):
@@ -184,14 +184,14 @@ def test_thread_chains_group_elementwise_ops() -> None:
 
 
 def test_a_used_block_graph_cannot_change() -> None:
-    g, X, W, O = _matmul_kernel()
+    _g, _X, _W, O = _matmul_kernel()
     tb = O.params["kernel"].tb
     with pytest.raises(em.BlockGraphError, match="already used by a kernel"):
         tb.exp(tb.inputs[0])
 
 
 def test_block_ops_check_their_parameters() -> None:
-    g, X, W = _xw()
+    _g, X, _W = _xw()
     tb = em.new_threadblock_graph(forloop_range=4)
     x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
     with pytest.raises(em.BlockGraphError, match=r"reduction: expects parameters \('dim',\)"):

@@ -3,4 +3,4 @@
 from .cost import DEFAULT_WEIGHTS, CostModel
 from .extractor import Extractor
 
-__all__ = ["CostModel", "Extractor", "DEFAULT_WEIGHTS"]
+__all__ = ["DEFAULT_WEIGHTS", "CostModel", "Extractor"]

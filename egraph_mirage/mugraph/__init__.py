@@ -4,5 +4,12 @@ from .accumulators import ACCUMULATORS, Accumulator, lookup_accumulator
 from .kernel import GraphKernel
 from .threadblock import BlockTensor, ThreadBlockGraph, new_threadblock_graph
 
-__all__ = ["ThreadBlockGraph", "BlockTensor", "new_threadblock_graph", "GraphKernel",
-           "ACCUMULATORS", "Accumulator", "lookup_accumulator"]
+__all__ = [
+           "ACCUMULATORS",
+           "Accumulator",
+           "BlockTensor",
+           "GraphKernel",
+           "ThreadBlockGraph",
+           "lookup_accumulator",
+           "new_threadblock_graph",
+]

@@ -8,9 +8,10 @@ A tensor that does not change across iterations (size 1 on the loop axis) is acc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

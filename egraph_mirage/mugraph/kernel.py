@@ -12,7 +12,8 @@ Two evaluators give its meaning, and must agree:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -17,7 +17,8 @@ dims ``D`` becomes an array ``(gx|1, gy|1, gz|1, F|1, *tile)``; size-1 entries b
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import MapError
 

@@ -14,7 +14,8 @@ loop (the epilogue). Every output passes through an accumulator.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..dtypes import DType
 from ..errors import BlockGraphError, GraphError, ResourceError
@@ -41,7 +42,7 @@ def _join_sides(op: str, operands: Sequence[BlockTensor]) -> str:
 class BlockTensor:
     """A tile of a thread-block graph."""
 
-    __slots__ = ("graph", "index", "dims", "dtype", "op", "operands", "params", "side")
+    __slots__ = ("dims", "dtype", "graph", "index", "op", "operands", "params", "side")
 
     def __init__(self, graph: ThreadBlockGraph, index: int, dims: tuple[int, ...], dtype: DType,
                  op: str, operands: tuple[BlockTensor, ...], params: dict[str, Any],

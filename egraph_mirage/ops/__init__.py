@@ -15,4 +15,4 @@ def lookup(name: str) -> OpSpec:
         raise GraphError(f"unknown operator {name!r}; known: {', '.join(sorted(OPS))}") from None
 
 
-__all__ = ["OPS", "OpSpec", "lookup", "KERNEL", "BLOCK", "THREAD", "LEVELS"]
+__all__ = ["BLOCK", "KERNEL", "LEVELS", "OPS", "THREAD", "OpSpec", "lookup"]

@@ -6,7 +6,8 @@ parameters. Nothing here imports JAX at module import time.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .spec import Params
 

@@ -7,7 +7,7 @@ the constructor and its reachability rule under ``rules/``). Nothing else switch
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -4,5 +4,14 @@ from .oracle import Budget, IncompleteSaturationWarning, Oracle, OracleStats, Re
 from .rules import DEFAULT_RULES_DIR, load_rules, split_forms
 from .snapshot import Snapshot
 
-__all__ = ["Oracle", "Budget", "OracleStats", "Reachability", "IncompleteSaturationWarning",
-           "Snapshot", "DEFAULT_RULES_DIR", "load_rules", "split_forms"]
+__all__ = [
+           "DEFAULT_RULES_DIR",
+           "Budget",
+           "IncompleteSaturationWarning",
+           "Oracle",
+           "OracleStats",
+           "Reachability",
+           "Snapshot",
+           "load_rules",
+           "split_forms",
+]

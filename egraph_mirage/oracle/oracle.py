@@ -14,9 +14,10 @@ import dataclasses
 import enum
 import time
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .. import expr as ex
 from ..errors import OracleError

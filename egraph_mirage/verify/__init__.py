@@ -3,4 +3,4 @@
 from .field import VerifyError
 from .verify import Verifier, VerifyResult, check_numerics, verify
 
-__all__ = ["Verifier", "VerifyResult", "VerifyError", "verify", "check_numerics"]
+__all__ = ["Verifier", "VerifyError", "VerifyResult", "check_numerics", "verify"]

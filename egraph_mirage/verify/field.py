@@ -15,9 +15,10 @@ of K of them below K * 2**40, exact while under 2**53 (contractions are chunked 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,7 @@ class Field:
     def lift(self, p_part: Any, q_part: Any | None, why: str = "") -> FF:
         return FF(p_part, q_part, why)
 
-    def constant(self, c: float | int | Fraction, like: FF) -> FF:
+    def constant(self, c: float | Fraction, like: FF) -> FF:
         """A rational constant (a float is taken exactly) as an element of Z_p and Z_q."""
         fr = Fraction(c)
         vp = fr.numerator % self.p * pow(fr.denominator % self.p, -1, self.p) % self.p

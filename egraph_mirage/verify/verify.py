@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
