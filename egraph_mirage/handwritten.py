@@ -16,7 +16,9 @@ from .mugraph import new_threadblock_graph
 
 
 def _tile(n: int, limit: int = 64) -> int:
-    """The largest power of two <= limit that divides n."""
+    """The largest power of two that divides n, at most ``limit`` and at most n / 4 (so that a
+    loop over the dimension has several iterations)."""
+    limit = min(limit, max(1, n // 4))
     t = 1
     while t * 2 <= limit and n % (t * 2) == 0:
         t *= 2
@@ -64,7 +66,7 @@ def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor,
     heads, lq, d = Q.dims
     lk = K.dims[2]
     tq, tk = _tile(lq), _tile(lk)
-    splits = max(1, min(lk // tk, 8))
+    splits = max(1, min(lk // tk // 2, 8))  # at least two loop iterations per split
     loop = lk // (tk * splits)
     tb = new_threadblock_graph(grid_dim=(heads, splits, lq // tq), forloop_range=loop,
                                reduction_dimx=d)

@@ -217,6 +217,8 @@ class ThreadBlockGraph:
         for t in self.tensors:
             for o in t.operands:
                 consumers[o.index] = consumers.get(o.index, 0) + 1
+        for t, _ in self.outputs:  # a saved tile must be stored: it ends its chain
+            consumers[t.index] = consumers.get(t.index, 0) + 1
         elementwise = {t.index for t in self.tensors
                        if t.op not in ("input", "forloop_accum") and lookup(t.op).elementwise}
         chains: list[list[BlockTensor]] = []

@@ -3,8 +3,9 @@
 ``Verifier(target)`` draws ``tests`` random input sets over Z_p x Z_q (``field.py``), evaluates the
 target once per test, and compares every candidate against those outputs. Equal programs always
 agree; unequal ones agree on one test with probability at most the per-test bound (``bound``),
-on all tests with at most its ``tests``-th power. A test in which a division by zero occurred in
-either program is redrawn.
+on all tests with at most its ``tests``-th power. A test in which the target divides by zero is
+redrawn when the verifier is built; a test in which a candidate divides by zero is skipped for
+that candidate, and its bound counts only the tests that ran.
 """
 
 from __future__ import annotations
@@ -198,7 +199,11 @@ def verify(a: KernelGraph, b: KernelGraph, tests: int = 3, seed: int = 0) -> Ver
 def check_numerics(candidate: KernelGraph, reference: KernelGraph, dtype: DType = float16,
                    seed: int = 0) -> float:
     """Largest relative error of ``candidate`` against ``reference`` in float64, on random
-    normal inputs rounded to ``dtype`` (relative to each output's largest magnitude)."""
+    normal inputs rounded to ``dtype`` (relative to each output's largest magnitude).
+
+    Both programs are evaluated in float64 by the reference semantics: this checks that they
+    compute the same function on realistic inputs; it does not model the rounding or overflow of
+    intermediate values in ``dtype`` (the GPU check of lowered kernels does)."""
     import torch
 
     _check = _check_interfaces(reference, candidate)
