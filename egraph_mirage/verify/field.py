@@ -160,11 +160,17 @@ class Field:
             acc = part if acc is None else self.mod(acc + part, m)
         return acc
 
-    def random_input(self, key: Any, shape: tuple[int, ...]) -> FF:
-        kp, kq = self._jax.random.split(key)
-        r = self._jax.random
-        return FF(r.randint(kp, shape, 0, self.p, dtype=self.jnp.int64).astype(self.jnp.float64),
-                  r.randint(kq, shape, 0, self.q, dtype=self.jnp.int64).astype(self.jnp.float64))
+
+def numpy_input(rng: np.random.Generator, shape: tuple[int, ...], p: int = P, q: int = Q) -> FF:
+    """A uniformly random tensor over Z_p x Z_q."""
+    jnp = _jnp()
+    return FF(jnp.asarray(rng.integers(0, p, shape).astype(np.float64)),
+              jnp.asarray(rng.integers(0, q, shape).astype(np.float64)))
+
+
+def numpy_table(rng: np.random.Generator, size: int) -> Any:
+    """A random function on 0..size-1 with values in the same range (float32, exact)."""
+    return _jnp().asarray(rng.integers(0, size, size).astype(np.float32))
 
 
 def table_key(name: str, domain: str) -> str:

@@ -104,7 +104,7 @@ class Verifier:
     values mod p, division-by-zero flag); its first call compiles it.
     """
 
-    def __init__(self, target: KernelGraph, tests: int = 3, seed: int = 0,
+    def __init__(self, target: KernelGraph, tests: int = 2, seed: int = 0,
                  max_redraws: int = 8) -> None:
         import jax
 
@@ -125,15 +125,12 @@ class Verifier:
         while len(self._cases) < tests:
             if draw >= tests + max_redraws:
                 raise GraphError("verify: the target divides by zero on every random input")
-            key = jax.random.fold_in(base, draw)
+            rng = np.random.default_rng([seed, draw])  # numpy: far faster than JAX's on a CPU
+            field_key = jax.random.fold_in(base, draw)
             draw += 1
-            keys = jax.random.split(key, len(target.inputs) + 1)
-            field_key = keys[-1]
-            tables = {ff.table_key(name, dom): ff.random_table(field_key, ff.table_key(name, dom),
-                                                               ff.P if dom == "p" else ff.Q)
+            tables = {ff.table_key(name, dom): ff.numpy_table(rng, ff.P if dom == "p" else ff.Q)
                       for name in sorted(TABLES) for dom in ("p", "q")}
-            f = ff.Field(field_key, self._exp_table, tables)
-            xs = [f.random_input(k, t.dims) for k, t in zip(keys, target.inputs)]
+            xs = [ff.numpy_input(rng, t.dims) for t in target.inputs]
             ins = ([x.p for x in xs], [x.q for x in xs], field_key, tables)
             outs, zero = run(*ins, self._exp_table)
             if bool(zero):
@@ -191,7 +188,7 @@ class Verifier:
                             redrawn, time.perf_counter() - t0)
 
 
-def verify(a: KernelGraph, b: KernelGraph, tests: int = 3, seed: int = 0) -> VerifyResult:
+def verify(a: KernelGraph, b: KernelGraph, tests: int = 2, seed: int = 0) -> VerifyResult:
     """Whether programs ``a`` and ``b`` (same inputs by position) compute the same outputs."""
     return Verifier(a, tests=tests, seed=seed).check(b)
 
