@@ -137,5 +137,6 @@ def get(name: str, batch: int = 1, small: bool = False, dtype: DType = float16,
     if gain:
         if name != "rmsnorm_linear":
             raise GraphError(f"benchmark {name}: gain=True applies to rmsnorm_linear only")
-        builder = _rmsnorm_linear(2, 64, 96, True) if small else _rmsnorm_linear(2, 4096, 6144, True)
+        builder = (_rmsnorm_linear(2, 64, 96, True) if small
+                   else _rmsnorm_linear(2, 4096, 6144, True))
     return builder(batch, dtype)

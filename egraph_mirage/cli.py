@@ -3,6 +3,7 @@
     egraph-mirage list
     egraph-mirage oracle NAME [--batch B] [--small] [--query SEXPR ...] [--svg PATH]
     egraph-mirage bench oracle [--json] [--small] [--targets NAME ...] [--seconds S] [--repeats N]
+    egraph-mirage bench verify [--json] [--small] [--targets NAME ...] [--mutants N] [--seed S]
 
 Errors raised on purpose by egraph-mirage (``EMError``) print as one ``error: ...`` line on
 stderr and exit with status 2.
@@ -47,6 +48,15 @@ def _parser() -> argparse.ArgumentParser:
     bo.add_argument("--targets", nargs="+", metavar="NAME", help="benchmarks (default: all)")
     bo.add_argument("--seconds", type=float, default=0.3, help="length of each timed loop")
     bo.add_argument("--repeats", type=int, default=5, help="oracle builds timed per target")
+    bv = bsub.add_parser("verify", help="false accepts / rejects of the verifier on mutants")
+    bv.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    bv.add_argument("--small", action="store_true", help="reduced shapes")
+    bv.add_argument("--targets", nargs="+", metavar="NAME", help="benchmarks (default: all)")
+    bv.add_argument("--mutants", type=int, default=1000, metavar="N",
+                    help="non-equivalent mutants to check per benchmark (default 1000)")
+    bv.add_argument("--seed", type=int, default=0, help="seed of mutants, inputs and tests")
+    bv.add_argument("--mode", choices=("numpy", "eager", "jit"), default="numpy",
+                    help="how candidates are evaluated (verdicts are the same; default numpy)")
     return p
 
 
@@ -61,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list()
         if args.command == "oracle":
             return _oracle(args.name, args.batch, args.small, args.query, args.svg)
+        if args.bench == "verify":
+            return _bench_verify(args)
         return _bench_oracle(args)
     except EMError as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # always one line
@@ -85,6 +97,18 @@ def _bench_oracle(args: argparse.Namespace) -> int:
                         repeats=args.repeats)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 0
+
+
+def _bench_verify(args: argparse.Namespace) -> int:
+    from .bench.verify_bench import bench_verify, format_table
+
+    if args.mutants < 1:
+        print("error: --mutants must be at least 1", file=sys.stderr)
+        return 2
+    rows = bench_verify(args.targets, small=args.small, min_mutants=args.mutants,
+                        seed=args.seed, mode=args.mode)
+    print(json.dumps(rows, indent=2, default=str) if args.json else format_table(rows))
+    return 1 if any(r["false_accepts"] or r["crashes"] for r in rows) else 0
 
 
 # --- the oracle demo ---------------------------------------------------------------------------

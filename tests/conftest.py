@@ -10,7 +10,7 @@ def _has_gpu() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - no torch, or a broken CUDA install: no GPU
+    except Exception:
         return False
 
 

@@ -1,4 +1,5 @@
-"""Every notebook under notebooks/ runs without a cell error, and is committed small, widget-free."""
+"""Every notebook under notebooks/ runs without a cell error, and is committed small and
+widget-free."""
 
 from __future__ import annotations
 

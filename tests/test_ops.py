@@ -50,7 +50,8 @@ def test_opspec_rejects_none(field: str) -> None:
         dataclasses.replace(OPS["add"], **{field: None})
 
 
-@pytest.mark.parametrize("levels", [frozenset(), frozenset({"warp"}), frozenset({"kernel", "grid"})])
+@pytest.mark.parametrize("levels", [frozenset(), frozenset({"warp"}),
+                                    frozenset({"kernel", "grid"})])
 def test_opspec_rejects_bad_levels(levels: frozenset) -> None:
     with pytest.raises(TypeError, match="levels"):
         dataclasses.replace(OPS["add"], levels=levels)

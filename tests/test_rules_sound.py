@@ -99,7 +99,8 @@ class Signature:
 
 
 def read_signature(paths: list[Path]) -> Signature:
-    """Collect ``(datatype Expr (Op sort ...) ...)`` and ``(relation R (sort ...))`` declarations."""
+    """Collect ``(datatype Expr (Op sort ...) ...)`` and ``(relation R (sort ...))``
+    declarations."""
     sig = Signature()
     for path in paths:
         for s in (read_sexp(f.text) for f in split_forms(path.read_text(), str(path))):
@@ -122,7 +123,8 @@ class Equivalence:
 
 
 def classify(path: Path) -> tuple[list[Equivalence], list[str], list[str]]:
-    """Split a rule file into (equivalences, reachability rules, unrecognised forms) by file:line."""
+    """Split a rule file into (equivalences, reachability rules, unrecognised forms) by
+    file:line."""
     eqs: list[Equivalence] = []
     reach: list[str] = []
     unknown: list[str] = []

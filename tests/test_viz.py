@@ -1,4 +1,5 @@
-"""Drawing e-graphs and expressions (needs the Graphviz ``dot`` program, a declared test dependency)."""
+"""Drawing e-graphs and expressions (needs the Graphviz ``dot`` program, a declared test
+dependency)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def test_edges_end_at_the_child_cluster(oracle: em.Oracle) -> None:
 
 
 def test_literal_arguments_are_in_the_labels(oracle: em.Oracle) -> None:
-    labels = set(re.findall(r'^\s+n\d+_\d+ \[label="((?:[^"\\]|\\.)*)"\]', egraph_dot(oracle), re.MULTILINE))
+    pattern = r'^\s+n\d+_\d+ \[label="((?:[^"\\]|\\.)*)"\]'
+    labels = set(re.findall(pattern, egraph_dot(oracle), re.MULTILINE))
     assert {"Sum 64", "Sum 16", "Rms 64", "Num 64", 'Var \\"v0\\"', 'Var \\"v1\\"', "Mul",
             "Div"} <= labels
 
@@ -94,7 +96,8 @@ def test_unreachable_classes_are_grey_and_snapshot_accepted() -> None:
 def test_dot_is_deterministic(oracle: em.Oracle) -> None:
     snap = oracle.snapshot
     shuffled = Snapshot(nodes=dict(reversed(list(snap.nodes.items()))),
-                        classes={c: tuple(reversed(ks)) for c, ks in reversed(snap.classes.items())},
+                        classes={c: tuple(reversed(ks))
+                                 for c, ks in reversed(snap.classes.items())},
                         reachable=snap.reachable, roots=snap.roots,
                         **({"signatures": snap.signatures} if hasattr(snap, "signatures") else {}))
     assert egraph_dot(oracle) == egraph_dot(oracle) == egraph_dot(shuffled)

@@ -114,7 +114,8 @@ ACCUMULATORS: dict[str, Accumulator] = {a.name: a for a in [
                                   if n * tile[-1] > 1 else t),
         lambda x, n, dimx: _sum_ref(x, n, dimx) / (n * x.shape[-1]),
         lambda x, dimx: x.sum(-1, keepdims=True), lambda s, count: s / count,
-        lambda f, x, n, dimx: f.mul(_ff_sum(f, x, n, dimx), f.constant(Fraction(1, n * x.shape[-1]), x)),
+        lambda f, x, n, dimx: f.mul(_ff_sum(f, x, n, dimx),
+                                    f.constant(Fraction(1, n * x.shape[-1]), x)),
         "mean over iterations and the last dimension"),
     Accumulator(
         "rms", _last_dim_shape,

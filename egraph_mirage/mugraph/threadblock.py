@@ -66,7 +66,8 @@ class ThreadBlockGraph:
                                                for b in self.block_dim):
             raise BlockGraphError(f"block_dim must be three positive integers, got {block_dim!r}")
         if not isinstance(reduction_dimx, int) or reduction_dimx < 1:
-            raise BlockGraphError(f"reduction_dimx must be a positive integer, got {reduction_dimx!r}")
+            raise BlockGraphError(
+                f"reduction_dimx must be a positive integer, got {reduction_dimx!r}")
         self.reduction_dimx = reduction_dimx
         if not isinstance(smem_bytes, int) or isinstance(smem_bytes, bool) or smem_bytes < 1:
             raise BlockGraphError(f"smem_bytes must be a positive integer, got {smem_bytes!r}")
@@ -79,12 +80,14 @@ class ThreadBlockGraph:
         self.outputs: list[tuple[BlockTensor, tuple[int, ...]]] = []
 
     # --- loaders ----------------------------------------------------------------------------
-    def new_input(self, dtensor: Any, input_map: Sequence[int], forloop_dim: int = -1) -> BlockTensor:
+    def new_input(self, dtensor: Any, input_map: Sequence[int],
+                  forloop_dim: int = -1) -> BlockTensor:
         """Load tiles of kernel-graph tensor ``dtensor`` (see ``partition`` for the maps)."""
         from ..graph import Tensor
 
         if not isinstance(dtensor, Tensor):
-            raise GraphError(f"new_input: expected a kernel-graph Tensor, got {type(dtensor).__name__}")
+            raise GraphError(
+                f"new_input: expected a kernel-graph Tensor, got {type(dtensor).__name__}")
         what = f"new_input #{len(self.inputs)} (dims {dtensor.dims})"
         imap = tuple(input_map)
         tile = pt.tile_dims(what, dtensor.dims, self.grid_dim, self.forloop_range, imap,

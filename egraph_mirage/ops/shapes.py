@@ -17,9 +17,11 @@ def same_dtype(op: str, dtypes: Sequence[DType], params: Params) -> DType:
     """All operands share one dtype, which the result keeps."""
     for d in dtypes:
         if not isinstance(d, DType):
-            raise DTypeError(f"{op}: unsupported dtype {d!r}; use em.float16, em.bfloat16, em.float32")
+            raise DTypeError(
+                f"{op}: unsupported dtype {d!r}; use em.float16, em.bfloat16, em.float32")
     if len(set(dtypes)) > 1:
-        raise DTypeError(f"{op}: operands have different dtypes {', '.join(d.value for d in dtypes)}")
+        names = ", ".join(d.value for d in dtypes)
+        raise DTypeError(f"{op}: operands have different dtypes {names}")
     return dtypes[0]
 
 
@@ -92,7 +94,8 @@ def normalized_size(op: str, shape: Shape, normalized_shape: object) -> int:
         normalized_shape = (normalized_shape,)
     ns = tuple(normalized_shape)  # type: ignore[arg-type]
     if not ns or len(ns) > len(shape) or tuple(shape[-len(ns):]) != ns:
-        raise ShapeError(f"{op}: normalized_shape {ns} is not the trailing part of shape {tuple(shape)}")
+        raise ShapeError(
+            f"{op}: normalized_shape {ns} is not the trailing part of shape {tuple(shape)}")
     size = 1
     for s in ns:
         size *= s

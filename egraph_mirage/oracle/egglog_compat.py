@@ -1,6 +1,7 @@
 """The few calls egraph-mirage makes into egglog's raw bindings, for egglog 13.x and 14.x alike.
 
-egglog is imported lazily so that code which never builds an e-graph (the GPU side) does not need it.
+egglog is imported lazily so that code which never builds an e-graph (the GPU side) does not
+need it.
 """
 
 from __future__ import annotations

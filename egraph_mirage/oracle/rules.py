@@ -25,7 +25,8 @@ class Form:
 
 
 def split_forms(text: str, path: str) -> list[Form]:
-    """Top-level forms of ``text`` with the line each starts on; unbalanced parens are a RuleError."""
+    """Top-level forms of ``text`` with the line each starts on; unbalanced parens are a
+    RuleError."""
     forms: list[Form] = []
     depth, start, start_line, line = 0, -1, 0, 1
     i, n = 0, len(text)
