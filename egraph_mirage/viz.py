@@ -3,9 +3,9 @@
 ``egraph_dot(oracle)`` turns the oracle's frozen ``Snapshot`` into DOT text: one cluster per
 e-class, one box per e-node (its operator and literal arguments, e.g. ``Sum 64``), and an edge
 from every e-node to the e-class of each of its term arguments. Reachable e-classes are light
-green, the target's e-classes have a bold border, other e-classes are grey. ``egraph_svg`` and ``expr_svg``
-render with the ``dot`` program (``apt-get install graphviz``); a missing ``dot`` is a
-``RenderError``.
+green, the target's e-classes have a bold border, other e-classes are grey. ``egraph_svg`` and
+``expr_svg`` render with the ``dot`` program (``apt-get install graphviz``); a missing ``dot``
+is a ``RenderError``.
 """
 
 from __future__ import annotations
