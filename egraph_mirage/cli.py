@@ -55,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     bv.add_argument("--mutants", type=int, default=1000, metavar="N",
                     help="non-equivalent mutants to check per benchmark (default 1000)")
     bv.add_argument("--seed", type=int, default=0, help="seed of mutants, inputs and tests")
-    bv.add_argument("--mode", choices=("numpy", "eager", "jit"), default="numpy",
-                    help="how candidates are evaluated (verdicts are the same; default numpy)")
+    bv.add_argument("--mode", choices=("auto", "numpy", "jit"), default="auto",
+                    help="how candidates are evaluated (same verdicts; default: numpy, or jit "
+                    "for big inputs)")
     return p
 
 

@@ -38,7 +38,7 @@ def _ff_loop(f: Any, x: Any, iters: int) -> Any:
 
     shape = list(x.shape)
     shape[LOOP] = iters
-    return FFArrays().broadcast_to(x, shape)
+    return FFArrays(f.xp).broadcast_to(x, shape)
 
 
 def _ff_sum(f: Any, x: Any, iters: int, dimx: int) -> Any:
@@ -49,7 +49,7 @@ def _ff_todimx(f: Any, x: Any, iters: int, dimx: int) -> Any:
     from ..verify.field import FFArrays
 
     y = _ff_loop(f, x, iters)
-    y = FFArrays().reshape(y, (*y.shape[:-1], y.shape[-1] // dimx, dimx))
+    y = FFArrays(f.xp).reshape(y, (*y.shape[:-1], y.shape[-1] // dimx, dimx))
     return f.sum(f.sum(y, axis=len(y.shape) - 2, keepdims=False), axis=LOOP)
 
 

@@ -44,14 +44,16 @@ def tile_dims(what: str, dims: Dims, grid: Dims, forloop_range: int, imap: Seque
     if len(imap) != NUM_AXES:
         raise MapError(f"{what}: input_map needs one entry per grid axis (x, y, z), got {imap!r}")
     parts = [1] * len(dims)
+    named: set[int] = set()
     for axis, d in enumerate(imap):
         if d == -1:
             continue
         if not isinstance(d, int) or not 0 <= d < len(dims):
             raise MapError(f"{what}: input_map {imap} names dimension {d}, "
                            f"but the input has dims {dims}")
-        if parts[d] != 1:
+        if d in named:  # even on an axis of one block: the map would be ambiguous
             raise MapError(f"{what}: input_map {imap} splits dimension {d} on two grid axes")
+        named.add(d)
         parts[d] = grid[axis]
     if forloop_dim != -1:
         if not isinstance(forloop_dim, int) or not 0 <= forloop_dim < len(dims):

@@ -66,11 +66,10 @@ def rms_norm(f: Any, xs: FFs, p: Params) -> Any:
 def concat(f: Any, xs: FFs, p: Params) -> Any:
     from ..verify.field import FFArrays
 
-    arrays = FFArrays()
+    arrays = FFArrays(f.xp)
     a, b = xs
     d = p["dim"] % len(a.shape)
-    jnp = f.jnp
-    common = jnp.broadcast_shapes(a.shape[:d] + (1,) + a.shape[d + 1:],
+    common = f.xp.broadcast_shapes(a.shape[:d] + (1,) + a.shape[d + 1:],
                                   b.shape[:d] + (1,) + b.shape[d + 1:])
     a = arrays.broadcast_to(a, common[:d] + (a.shape[d],) + common[d + 1:])
     b = arrays.broadcast_to(b, common[:d] + (b.shape[d],) + common[d + 1:])
@@ -83,6 +82,6 @@ def customized(f: Any, xs: FFs, p: Params) -> Any:
     from . import lookup
 
     return p["kernel"].run_vectorised(
-        xs, xp=FFArrays(), apply_op=lambda op, ys, q: lookup(op).ff(f, ys, q),
+        xs, xp=FFArrays(f.xp), apply_op=lambda op, ys, q: lookup(op).ff(f, ys, q),
         accumulate=lambda acc, x, n, dimx: lookup_accumulator(acc).ff(f, x, n, dimx),
     )[p["output"]]

@@ -60,30 +60,33 @@ class Field:
     """Z_p x Z_q with per-test random function tables; pass it to the op table's ``ff``."""
 
     def __init__(self, key: Any, exp_table: Any, tables: dict[str, Any] | None = None,
-                 p: int = P, q: int = Q) -> None:
+                 p: int = P, q: int = Q, xp: Any = None) -> None:
         import jax
 
-        self.jnp, self.p, self.q = _jnp(), p, q
+        #: the array module: jax.numpy (default; jit-compilable) or numpy (no compile step)
+        self.xp = _jnp() if xp is None else xp
+        self.p, self.q = p, q
         self._key = key
         self._tables: dict[str, Any] = dict(tables or {})
         self.exp_table = exp_table
         self._jax = jax
         #: set when a division by zero happened; the test is then redrawn
-        self.zero_division = self.jnp.asarray(False)
+        self.zero_division = self.xp.asarray(False)
 
     # --- elementary -----------------------------------------------------------------------
     def mod(self, x: Any, m: int) -> Any:
         """x mod m for float64 integers below 2**53. x / m may round across an integer when x is
         large, leaving the remainder off by one m: correct it."""
-        r = x - self.jnp.floor(x / m) * m
-        r = self.jnp.where(r < 0, r + m, r)
-        return self.jnp.where(r >= m, r - m, r)
+        r = x - self.xp.floor(x / m) * m
+        r = self.xp.where(r < 0, r + m, r)
+        return self.xp.where(r >= m, r - m, r)
 
     def table(self, name: str, domain: str = "p") -> Any:
         """The random function ``name`` over Z_p or Z_q (fixed by the field's key and the name)."""
         key = table_key(name, domain)
         if key not in self._tables:
-            self._tables[key] = random_table(self._key, key, self.p if domain == "p" else self.q)
+            table = random_table(self._key, key, self.p if domain == "p" else self.q)
+            self._tables[key] = self.xp.asarray(table)
         return self._tables[key]
 
     def lift(self, p_part: Any, q_part: Any | None, why: str = "") -> FF:
@@ -94,7 +97,7 @@ class Field:
         fr = Fraction(c)
         vp = fr.numerator % self.p * pow(fr.denominator % self.p, -1, self.p) % self.p
         vq = fr.numerator % self.q * pow(fr.denominator % self.q, -1, self.q) % self.q
-        return FF(self.jnp.asarray(float(vp)), self.jnp.asarray(float(vq)))
+        return FF(self.xp.asarray(float(vp)), self.xp.asarray(float(vq)))
 
     # --- arithmetic -----------------------------------------------------------------------
     def add(self, a: FF, b: FF) -> FF:
@@ -107,7 +110,7 @@ class Field:
 
     def inverse(self, x: Any, m: int) -> Any:
         """x ** (m - 2) mod m (Fermat), elementwise; 0 maps to 0."""
-        result = self.jnp.ones_like(x)
+        result = self.xp.ones_like(x)
         base, e = x, m - 2
         while e:
             if e & 1:
@@ -117,10 +120,10 @@ class Field:
         return result
 
     def div(self, a: FF, b: FF) -> FF:
-        self.zero_division = self.zero_division | self.jnp.any(b.p == 0)
+        self.zero_division = self.zero_division | self.xp.any(b.p == 0)
         q = None
         if a.q is not None and b.q is not None:
-            self.zero_division = self.zero_division | self.jnp.any(b.q == 0)
+            self.zero_division = self.zero_division | self.xp.any(b.q == 0)
             q = self.mod(a.q * self.inverse(b.q, self.q), self.q)
         return FF(self.mod(a.p * self.inverse(b.p, self.p), self.p), q, a.why or b.why)
 
@@ -129,20 +132,20 @@ class Field:
             where = f"already went through {a.why}" if a.why else "has no exponent-domain value"
             raise VerifyError(f"exp of a value that {where}: more than one exp on a path is "
                               "outside the finite-field fragment")
-        idx = a.q.astype(self.jnp.int32)
-        return FF(self.exp_table[idx].astype(self.jnp.float64), None, "exp")
+        idx = a.q.astype(self.xp.int32)
+        return FF(self.exp_table[idx].astype(self.xp.float64), None, "exp")
 
     def apply_table(self, name: str, a: FF) -> FF:
         """A random function, drawn independently over Z_p and over Z_q."""
-        f64, i32 = self.jnp.float64, self.jnp.int32
+        f64, i32 = self.xp.float64, self.xp.int32
         q = None if a.q is None else self.table(name, "q")[a.q.astype(i32)].astype(f64)
         return FF(self.table(name, "p")[a.p.astype(i32)].astype(f64), q, a.why)
 
     def sum(self, a: FF, axis: int | Sequence[int], keepdims: bool = True) -> FF:
         # a sum of n residues stays below n * p < 2**53 for any realistic n
-        q = None if a.q is None else self.mod(self.jnp.sum(a.q, axis=axis, keepdims=keepdims),
+        q = None if a.q is None else self.mod(self.xp.sum(a.q, axis=axis, keepdims=keepdims),
                                               self.q)
-        return FF(self.mod(self.jnp.sum(a.p, axis=axis, keepdims=keepdims), self.p), q, a.why)
+        return FF(self.mod(self.xp.sum(a.p, axis=axis, keepdims=keepdims), self.p), q, a.why)
 
     def matmul(self, a: FF, b: FF) -> FF:
         return FF(self._matmul(a.p, b.p, self.p),
@@ -153,24 +156,23 @@ class Field:
         k = x.shape[-1]
         chunk = max(1, int(EXACT // ((m - 1) ** 2)) - 1)
         if k <= chunk:
-            return self.mod(self.jnp.matmul(x, y), m)
+            return self.mod(self.xp.matmul(x, y), m)
         acc = None
         for s in range(0, k, chunk):
-            part = self.mod(self.jnp.matmul(x[..., s:s + chunk], y[..., s:s + chunk, :]), m)
+            part = self.mod(self.xp.matmul(x[..., s:s + chunk], y[..., s:s + chunk, :]), m)
             acc = part if acc is None else self.mod(acc + part, m)
         return acc
 
 
 def numpy_input(rng: np.random.Generator, shape: tuple[int, ...], p: int = P, q: int = Q) -> FF:
-    """A uniformly random tensor over Z_p x Z_q."""
-    jnp = _jnp()
-    return FF(jnp.asarray(rng.integers(0, p, shape).astype(np.float64)),
-              jnp.asarray(rng.integers(0, q, shape).astype(np.float64)))
+    """A uniformly random tensor over Z_p x Z_q (numpy arrays)."""
+    return FF(rng.integers(0, p, shape).astype(np.float64),
+              rng.integers(0, q, shape).astype(np.float64))
 
 
-def numpy_table(rng: np.random.Generator, size: int) -> Any:
+def numpy_table(rng: np.random.Generator, size: int) -> np.ndarray:
     """A random function on 0..size-1 with values in the same range (float32, exact)."""
-    return _jnp().asarray(rng.integers(0, size, size).astype(np.float32))
+    return rng.integers(0, size, size).astype(np.float32)
 
 
 def table_key(name: str, domain: str) -> str:
@@ -187,7 +189,7 @@ def random_table(key: Any, name: str, p: int = P) -> Any:
 
 
 def exp_table(p: int = P, q: int = Q, omega: int = OMEGA) -> Any:
-    """``omega ** k mod p`` for k in [0, q), as a float32 JAX array (build once, pass around;
+    """``omega ** k mod p`` for k in [0, q), as a float32 numpy array (build once, pass around;
     residues below 2**24 are exact in float32, and the table is half the size)."""
     if pow(omega, q, p) != 1 or (p - 1) % q:
         raise VerifyError(f"omega={omega} has no order q={q} modulo p={p}")
@@ -198,27 +200,27 @@ def exp_table(p: int = P, q: int = Q, omega: int = OMEGA) -> Any:
         pw = np.where(k & 1, pw * base % p, pw)
         base = base * base % p
         k >>= 1
-    return _jnp().asarray(pw.astype(np.float32))  # residues < 2**20: exact in float32
+    return pw.astype(np.float32)  # residues < 2**20: exact in float32
 
 
 class FFArrays:
     """The array functions the partition layout needs, applied to both parts of an ``FF``."""
 
-    def __init__(self) -> None:
-        self.jnp = _jnp()
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
 
     def reshape(self, x: FF, shape: Sequence[int]) -> FF:
-        return self._map(x, lambda a: self.jnp.reshape(a, shape))
+        return self._map(x, lambda a: self.xp.reshape(a, shape))
 
     def transpose(self, x: FF, perm: Sequence[int]) -> FF:
-        return self._map(x, lambda a: self.jnp.transpose(a, perm))
+        return self._map(x, lambda a: self.xp.transpose(a, perm))
 
     def broadcast_to(self, x: FF, shape: Sequence[int]) -> FF:
-        return self._map(x, lambda a: self.jnp.broadcast_to(a, shape))
+        return self._map(x, lambda a: self.xp.broadcast_to(a, shape))
 
     def concatenate(self, xs: Sequence[FF], axis: int) -> FF:
-        q = None if any(x.q is None for x in xs) else self.jnp.concatenate([x.q for x in xs], axis)
-        return FF(self.jnp.concatenate([x.p for x in xs], axis), q, xs[0].why or xs[1].why)
+        q = None if any(x.q is None for x in xs) else self.xp.concatenate([x.q for x in xs], axis)
+        return FF(self.xp.concatenate([x.p for x in xs], axis), q, xs[0].why or xs[1].why)
 
     @staticmethod
     def _map(x: FF, f: Any) -> FF:

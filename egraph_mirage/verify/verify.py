@@ -97,24 +97,33 @@ def _check_interfaces(a: KernelGraph, b: KernelGraph) -> str:
     return ""
 
 
+#: how candidates are evaluated: "jit" compiles each program with JAX (slow first call, fast
+#: after: for big shapes or repeated checks), "numpy" runs the same code eagerly in numpy (no
+#: compile step: for many small candidates). The arithmetic, and so the verdict, is the same.
+BACKENDS = ("jit", "numpy")
+
+
 class Verifier:
     """Random finite-field tests of candidates against one target program.
 
-    Each program is evaluated by one jit-compiled JAX function (inputs, field key -> output
-    values mod p, division-by-zero flag); its first call compiles it.
+    Each program is evaluated by one function (inputs, field key -> output values mod p,
+    division-by-zero flag); with the "jit" backend its first call compiles it.
     """
 
     def __init__(self, target: KernelGraph, tests: int = 2, seed: int = 0,
-                 max_redraws: int = 8) -> None:
+                 max_redraws: int = 8, backend: str = "jit") -> None:
         import jax
 
         if not target.outputs:
             raise GraphError("verify: the target has no outputs")
         if tests < 1:
             raise GraphError(f"verify: tests must be >= 1, got {tests}")
-        self.target, self.tests = target, tests
+        if backend not in BACKENDS:
+            raise GraphError(f"verify: backend must be one of {BACKENDS}, got {backend!r}")
+        self.target, self.tests, self.backend = target, tests, backend
         self._jax = jax
-        self._exp_table = ff.exp_table()
+        self._xp = np if backend == "numpy" else ff._jnp()
+        self._exp_table = self._xp.asarray(ff.exp_table())
         self._compiled: weakref.WeakKeyDictionary[KernelGraph, Any] = weakref.WeakKeyDictionary()
         base = jax.random.PRNGKey(seed)
         run = self._compile(target)
@@ -128,10 +137,12 @@ class Verifier:
             rng = np.random.default_rng([seed, draw])  # numpy: far faster than JAX's on a CPU
             field_key = jax.random.fold_in(base, draw)
             draw += 1
-            tables = {ff.table_key(name, dom): ff.numpy_table(rng, ff.P if dom == "p" else ff.Q)
+            xp = self._xp
+            tables = {ff.table_key(name, dom):
+                      xp.asarray(ff.numpy_table(rng, ff.P if dom == "p" else ff.Q))
                       for name in sorted(TABLES) for dom in ("p", "q")}
             xs = [ff.numpy_input(rng, t.dims) for t in target.inputs]
-            ins = ([x.p for x in xs], [x.q for x in xs], field_key, tables)
+            ins = ([xp.asarray(x.p) for x in xs], [xp.asarray(x.q) for x in xs], field_key, tables)
             outs, zero = run(*ins, self._exp_table)
             if bool(zero):
                 self.redrawn += 1
@@ -145,11 +156,11 @@ class Verifier:
 
         def run(in_p: list[Any], in_q: list[Any], key: Any, tables: dict[str, Any],
                 exp_table: Any) -> Any:
-            f = ff.Field(key, exp_table, tables)
+            f = ff.Field(key, exp_table, tables, xp=self._xp)
             outs = evaluate_ff(graph, f, [ff.FF(p, q) for p, q in zip(in_p, in_q)])
             return [o.p for o in outs], f.zero_division
 
-        self._compiled[graph] = self._jax.jit(run)
+        self._compiled[graph] = self._jax.jit(run) if self.backend == "jit" else run
         return self._compiled[graph]
 
     def bound_for(self, candidate: KernelGraph) -> float:
@@ -167,7 +178,6 @@ class Verifier:
             return VerifyResult(False, 0, per_test, ff.combined_bound(per_test, self.tests), None,
                                 mismatch, seconds=time.perf_counter() - t0)
         run = self._compile(candidate)
-        jnp = ff._jnp()
         redrawn, done = 0, 0
         for ins, expected in self._cases:
             got, zero = run(*ins, self._exp_table)
@@ -176,7 +186,7 @@ class Verifier:
                 continue
             done += 1
             for i, (x, y) in enumerate(zip(got, expected)):
-                if not bool(jnp.array_equal(x, y)):
+                if not bool(self._xp.array_equal(x, y)):
                     return VerifyResult(False, done, per_test, ff.combined_bound(per_test, done),
                                         i, f"output {i} differs", redrawn,
                                         time.perf_counter() - t0)
