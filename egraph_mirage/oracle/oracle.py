@@ -60,20 +60,33 @@ class OracleStats:
 def sizes(terms: Iterable[ex.Term]) -> list[int]:
     """The sizes the rules may use: every sum size of the terms, the sum of any two of them
     (a contraction over a concatenation), and all their divisors (partial sums)."""
-    sizes: set[int] = set()
+    found: set[int] = set()
     for t in terms:
         for s in t.walk():
             if s.op in ("Sum", "Rms"):
-                sizes.add(s.args[0])
+                found.add(s.args[0])
             elif s.op == "Concat":
-                sizes.update((s.args[0], s.args[1], s.args[0] + s.args[1]))
-    sizes |= {a + b for a in sizes for b in sizes}
-    return sorted({d for n in sizes for d in range(2, n + 1) if n % d == 0})
+                found.update((s.args[0], s.args[1], s.args[0] + s.args[1]))
+    found |= {a + b for a in found for b in found}
+    return sorted({d for n in found for d in range(2, n + 1) if n % d == 0})
 
 
 def split_pairs(sizes: Iterable[int]) -> list[tuple[int, int]]:
     """The ``(n, d)`` facts for sum splitting: d divides n, 1 < d < n."""
     return [(n, d) for n in sorted(sizes) for d in range(2, n) if n % d == 0]
+
+
+def target_facts(targets: Sequence[ex.Term]) -> list[str]:
+    """The facts the rule files expect from the oracle (see rules/00_datatype.egg): the sizes
+    that may be split (``SplitBy``), the joined sizes of two written sums (``Size``), the written
+    subterms (``Written``), and each target, named ``$target<i>``, reachable (``Reach``)."""
+    written = sorted({t.args[0] for tt in targets for t in tt.walk() if t.op == "Sum"})
+    facts = [f"(Size {a + b})" for a in written for b in written if a < b]
+    facts += [f"(Written {t.to_sexpr()})" for tt in targets for t in tt.walk()]
+    facts += [f"(SplitBy {n} {d})" for n, d in split_pairs(sizes(targets))]
+    for i, t in enumerate(targets):
+        facts += [f"(let $target{i} {t.to_sexpr()})", f"(Reach $target{i})"]
+    return facts
 
 
 def _as_term(x: Tensor | ex.Term | str) -> ex.Term:
@@ -106,16 +119,10 @@ class Oracle:
         self._egraph = eg.new_egraph()
         load_rules(self._egraph, self.rule_paths)
         self._constructors = self._term_constructors()
+        #: the sizes the rules may split sums by (see ``sizes``)
         self.sizes = sizes(self.targets)
-        written = {t.args[0] for tt in self.targets for t in tt.walk() if t.op == "Sum"}
-        facts = [f"(Size {a + b})" for a in sorted(written) for b in sorted(written) if a < b]
-        facts += [f"(Written {t.to_sexpr()})" for tt in self.targets for t in tt.walk()]
-        facts += [f"(SplitBy {n} {d})" for n, d in split_pairs(self.sizes)]
-        for i, t in enumerate(self.targets):
-            facts.append(f"(let $target{i} {t.to_sexpr()})")
-            facts.append(f"(Reach $target{i})")
         try:
-            eg.run_text(self._egraph, "\n".join(facts))
+            eg.run_text(self._egraph, "\n".join(target_facts(self.targets)))
         except eg.egglog_error_types() as exc:
             raise OracleError(f"Oracle: the rules do not declare the target's operators: {exc}")
         self.iterations, self.complete = self._saturate(t0)
