@@ -76,14 +76,14 @@ def split_pairs(sizes: Iterable[int]) -> list[tuple[int, int]]:
     return [(n, d) for n in sorted(sizes) for d in range(2, n) if n % d == 0]
 
 
-def target_facts(targets: Sequence[ex.Term]) -> list[str]:
+def target_facts(targets: Sequence[ex.Term], split_sizes: Iterable[int]) -> list[str]:
     """The facts the rule files expect from the oracle (see rules/00_datatype.egg): the sizes
     that may be split (``SplitBy``), the joined sizes of two written sums (``Size``), the written
     subterms (``Written``), and each target, named ``$target<i>``, reachable (``Reach``)."""
     written = sorted({t.args[0] for tt in targets for t in tt.walk() if t.op == "Sum"})
     facts = [f"(Size {a + b})" for a in written for b in written if a < b]
     facts += [f"(Written {t.to_sexpr()})" for tt in targets for t in tt.walk()]
-    facts += [f"(SplitBy {n} {d})" for n, d in split_pairs(sizes(targets))]
+    facts += [f"(SplitBy {n} {d})" for n, d in split_pairs(split_sizes)]
     for i, t in enumerate(targets):
         facts += [f"(let $target{i} {t.to_sexpr()})", f"(Reach $target{i})"]
     return facts
@@ -122,7 +122,7 @@ class Oracle:
         #: the sizes the rules may split sums by (see ``sizes``)
         self.sizes = sizes(self.targets)
         try:
-            eg.run_text(self._egraph, "\n".join(target_facts(self.targets)))
+            eg.run_text(self._egraph, "\n".join(target_facts(self.targets, self.sizes)))
         except eg.egglog_error_types() as exc:
             raise OracleError(f"Oracle: the rules do not declare the target's operators: {exc}")
         self.iterations, self.complete = self._saturate(t0)
