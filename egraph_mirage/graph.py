@@ -21,6 +21,7 @@ from . import expr as ex
 from .dtypes import DType, float16
 from .errors import GraphError, ShapeError
 from .ops import lookup
+from .ops.shorthands import OpShorthands
 
 
 class Tensor:
@@ -52,7 +53,7 @@ class Tensor:
         return f"<Tensor t{self.index} {what} dims={self.dims} {self.dtype.value}>"
 
 
-class KernelGraph:
+class KernelGraph(OpShorthands[Tensor]):
     """A program: inputs, operators applied in order, and marked outputs."""
 
     def __init__(self) -> None:
@@ -97,51 +98,12 @@ class KernelGraph:
         self.tensors.append(out)
         return out
 
-    def matmul(self, A: Tensor, B: Tensor) -> Tensor:
-        return self.apply("matmul", (A, B))
-
-    def add(self, A: Tensor, B: Tensor) -> Tensor:
-        return self.apply("add", (A, B))
-
-    def mul(self, A: Tensor, B: Tensor) -> Tensor:
-        return self.apply("mul", (A, B))
-
-    def div(self, A: Tensor, B: Tensor) -> Tensor:
-        return self.apply("div", (A, B))
-
-    def exp(self, A: Tensor) -> Tensor:
-        return self.apply("exp", (A,))
-
-    def sqrt(self, A: Tensor) -> Tensor:
-        return self.apply("sqrt", (A,))
-
-    def square(self, A: Tensor) -> Tensor:
-        return self.apply("square", (A,))
-
-    def silu(self, A: Tensor) -> Tensor:
-        return self.apply("silu", (A,))
-
-    def gelu(self, A: Tensor) -> Tensor:
-        return self.apply("gelu", (A,))
-
-    def relu(self, A: Tensor) -> Tensor:
-        return self.apply("relu", (A,))
-
-    def mul_scalar(self, A: Tensor, scalar: float) -> Tensor:
-        return self.apply("mul_scalar", (A,), scalar=scalar)
-
-    def reduction(self, A: Tensor, dim: int) -> Tensor:
-        return self.apply("reduction", (A,), dim=dim)
-
     def rms_norm(self, A: Tensor, normalized_shape: int | Sequence[int],
                  gain: Tensor | None = None) -> Tensor:
         if not isinstance(normalized_shape, int):
             normalized_shape = tuple(normalized_shape)
         operands = (A,) if gain is None else (A, gain)
         return self.apply("rms_norm", operands, normalized_shape=normalized_shape)
-
-    def concat(self, A: Tensor, B: Tensor, dim: int) -> Tensor:
-        return self.apply("concat", (A, B), dim=dim)
 
     def customized(self, inputs: Sequence[Tensor], tb: Any) -> list[Tensor]:
         """Add a graph-defined kernel whose body is thread-block graph ``tb``; returns its outputs.

@@ -21,6 +21,7 @@ from ..dtypes import DType
 from ..errors import BlockGraphError, GraphError, ResourceError
 from ..ops import BLOCK, lookup
 from ..ops import shapes as sh
+from ..ops.shorthands import OpShorthands
 from . import partition as pt
 from .accumulators import lookup_accumulator
 
@@ -54,7 +55,7 @@ class BlockTensor:
         return f"<BlockTensor b{self.index} {self.op} tile={self.dims} ({self.side})>"
 
 
-class ThreadBlockGraph:
+class ThreadBlockGraph(OpShorthands[BlockTensor]):
     """The per-block program of a graph-defined kernel."""
 
     def __init__(self, grid_dim: Sequence[int] = (1, 1, 1), block_dim: Sequence[int] = (128, 1, 1),
@@ -122,48 +123,9 @@ class ThreadBlockGraph:
         dtype = spec.dtype(op, [t.dtype for t in operands], params)
         return self._add(tuple(dims), dtype, op, operands, params, side)
 
-    def matmul(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
-        return self.apply("matmul", (A, B))
-
-    def add(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
-        return self.apply("add", (A, B))
-
-    def mul(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
-        return self.apply("mul", (A, B))
-
-    def div(self, A: BlockTensor, B: BlockTensor) -> BlockTensor:
-        return self.apply("div", (A, B))
-
-    def exp(self, A: BlockTensor) -> BlockTensor:
-        return self.apply("exp", (A,))
-
-    def sqrt(self, A: BlockTensor) -> BlockTensor:
-        return self.apply("sqrt", (A,))
-
-    def square(self, A: BlockTensor) -> BlockTensor:
-        return self.apply("square", (A,))
-
-    def silu(self, A: BlockTensor) -> BlockTensor:
-        return self.apply("silu", (A,))
-
-    def gelu(self, A: BlockTensor) -> BlockTensor:
-        return self.apply("gelu", (A,))
-
-    def relu(self, A: BlockTensor) -> BlockTensor:
-        return self.apply("relu", (A,))
-
-    def mul_scalar(self, A: BlockTensor, scalar: float) -> BlockTensor:
-        return self.apply("mul_scalar", (A,), scalar=scalar)
-
-    def reduction(self, A: BlockTensor, dim: int) -> BlockTensor:
-        return self.apply("reduction", (A,), dim=dim)
-
     def rms_norm(self, A: BlockTensor) -> BlockTensor:
         """Normalise over the tile's last dimension."""
         return self.apply("rms_norm", (A,), normalized_shape=(A.dims[-1],))
-
-    def concat(self, A: BlockTensor, B: BlockTensor, dim: int) -> BlockTensor:
-        return self.apply("concat", (A, B), dim=dim)
 
     def forloop_accum(self, A: BlockTensor, acc: str | None = None) -> BlockTensor:
         """Combine ``A`` across the loop's iterations; the result lives after the loop."""

@@ -1,0 +1,59 @@
+"""Named methods for the op-table operators, shared by kernel graphs and thread-block graphs.
+
+``g.matmul(A, B)`` is ``g.apply("matmul", (A, B))``; both builders inherit these methods and
+define ``apply`` (and their own ``rms_norm``, whose parameters differ by level).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class OpShorthands(Generic[T]):
+    """Mixin: one method per operator, each a call of ``self.apply``."""
+
+    def apply(self, op: str, operands: Any, **params: Any) -> T:
+        raise NotImplementedError
+
+    def matmul(self, A: T, B: T) -> T:
+        """Matrix product over the last two dimensions."""
+        return self.apply("matmul", (A, B))
+
+    def add(self, A: T, B: T) -> T:
+        return self.apply("add", (A, B))
+
+    def mul(self, A: T, B: T) -> T:
+        return self.apply("mul", (A, B))
+
+    def div(self, A: T, B: T) -> T:
+        return self.apply("div", (A, B))
+
+    def exp(self, A: T) -> T:
+        return self.apply("exp", (A,))
+
+    def sqrt(self, A: T) -> T:
+        return self.apply("sqrt", (A,))
+
+    def square(self, A: T) -> T:
+        return self.apply("square", (A,))
+
+    def silu(self, A: T) -> T:
+        return self.apply("silu", (A,))
+
+    def gelu(self, A: T) -> T:
+        return self.apply("gelu", (A,))
+
+    def relu(self, A: T) -> T:
+        return self.apply("relu", (A,))
+
+    def mul_scalar(self, A: T, scalar: float) -> T:
+        return self.apply("mul_scalar", (A,), scalar=scalar)
+
+    def reduction(self, A: T, dim: int) -> T:
+        """Sum over ``dim``, kept with size 1."""
+        return self.apply("reduction", (A,), dim=dim)
+
+    def concat(self, A: T, B: T, dim: int) -> T:
+        return self.apply("concat", (A, B), dim=dim)
