@@ -35,9 +35,6 @@ from ..oracle import Oracle
 KEYS = ("target", "saturate_s", "enodes", "eclasses", "complete", "op_queries_per_s",
         "term_queries_per_s")
 
-_SIGNATURES: dict[tuple[str, ...], dict[str, tuple[bool, ...]]] = {}
-
-
 # --- terms -------------------------------------------------------------------------------------
 
 def copy_term(t: Term) -> Term:
@@ -107,26 +104,9 @@ def mutate(t: Term, inputs: Sequence[str], sizes: Sequence[int], rng: random.Ran
 
 # --- the saturated e-graph ---------------------------------------------------------------------
 
-def signatures(oracle: Oracle) -> dict[str, tuple[bool, ...]]:
-    """For each term constructor, which arguments are e-classes (True) rather than literals.
-
-    Taken from the snapshot; where it does not record them, from a fresh e-graph loaded with
-    the oracle's rule files."""
-    sigs = getattr(oracle.snapshot, "signatures", None)
-    if sigs and all(op in sigs for op, _ in oracle.snapshot.nodes):
-        return sigs
-    key = tuple(str(p) for p in oracle.rule_paths)
-    if key not in _SIGNATURES:
-        from ..oracle import egglog_compat as eg
-        from ..oracle.rules import load_rules
-
-        egraph = eg.new_egraph()
-        load_rules(egraph, oracle.rule_paths)
-        _SIGNATURES[key] = {
-            name: tuple(s == "Expr" for s in f.input_sorts)
-            for name, f in egraph.freeze().functions.items()
-            if f.output_sort == "Expr" and not f.is_let_binding and not name.startswith("$")}
-    return _SIGNATURES[key]
+def signatures(oracle: Oracle) -> Mapping[str, tuple[bool, ...]]:
+    """For each term constructor, which arguments are e-classes (True) rather than literals."""
+    return oracle.snapshot.signatures
 
 
 def random_terms(oracle: Oracle, rng: random.Random, max_depth: int = 6) -> dict[int, Term]:
