@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -21,3 +23,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def no_dot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A PATH with no Graphviz ``dot`` on it; returns an empty folder to write into."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    out = tmp_path / "out"
+    out.mkdir()
+    return out

@@ -140,16 +140,13 @@ def test_path_variant_and_to_svg(tmp_path: Path) -> None:
     assert h.to_svg() == svg
 
 
-def test_missing_dot_raises_render_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_dot_raises_render_error(no_dot: Path) -> None:
     h = fused("rmsnorm_linear")
-    empty = tmp_path / "empty-bin"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
-    path = tmp_path / "out.svg"
+    path = no_dot / "out.svg"
     with pytest.raises(RenderError, match="apt-get install graphviz") as info:
         mugraph_svg(h, path=path)
     assert isinstance(info.value, em.EMError)
-    assert not path.exists() and os.listdir(tmp_path) == ["empty-bin"]
+    assert not path.exists() and os.listdir(no_dot) == []
     with pytest.raises(RenderError):
         h.to_svg()
     assert "digraph mugraph" in mugraph_dot(h)  # the DOT text needs no Graphviz

@@ -135,17 +135,13 @@ def test_path_variant_writes_the_file(oracle: em.Oracle, tmp_path: Path) -> None
     assert "truncated" not in path.read_text(encoding="utf-8")
 
 
-def test_missing_dot_raises_render_error(oracle: em.Oracle, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    empty = tmp_path / "empty-bin"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
-    path = tmp_path / "out.svg"
+def test_missing_dot_raises_render_error(oracle: em.Oracle, no_dot: Path) -> None:
+    path = no_dot / "out.svg"
     with pytest.raises(RenderError, match="apt-get install graphviz") as info:
         egraph_svg(oracle, path=path)
     assert isinstance(info.value, em.EMError)
     assert info.value.__cause__ is None and info.value.__suppress_context__
-    assert not path.exists() and os.listdir(tmp_path) == ["empty-bin"]
+    assert not path.exists() and os.listdir(no_dot) == []
     with pytest.raises(RenderError, match="graphviz"):
         expr_svg(oracle.targets[0])
 
