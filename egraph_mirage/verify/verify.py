@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,6 @@ class VerifyResult:
     reason: str = ""
     redrawn: int = 0
     seconds: float = 0.0
-    details: dict[str, Any] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return self.equivalent
