@@ -10,9 +10,7 @@ is a ``RenderError``.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 from .errors import EMError
 from .expr import Term, parse
+from .files import write_atomic
 
 __all__ = ["RenderError", "egraph_dot", "egraph_svg", "expr_dot", "expr_svg"]
 
@@ -223,37 +222,12 @@ def _render(dot: str) -> str:
                           f"{(err or '').strip()[:400]}") from None
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def egraph_svg(oracle: Any, path: str | Path | None = None,
                max_classes: int | None = None) -> str:
     """SVG text of the e-graph drawing (see ``egraph_dot``); also written to ``path`` if given."""
     svg = _render(egraph_dot(oracle, max_classes))
     if path is not None:
-        _write_atomic(path, svg)
+        write_atomic(path, svg)
     return svg
 
 

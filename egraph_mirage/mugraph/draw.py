@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GraphError
+from ..files import write_atomic
 from ..ops import lookup
-from ..viz import RenderError, _render, _write_atomic
+from ..viz import RenderError, _render
 from .threadblock import EPILOGUE, INVARIANT, LOOP_SIDE, BlockTensor, ThreadBlockGraph
 
 __all__ = ["RenderError", "mugraph_dot", "mugraph_svg"]
@@ -312,5 +313,5 @@ def mugraph_svg(g: Any, path: str | Path | None = None) -> str:
     """SVG text of ``mugraph_dot(g)``; also written (atomically) to ``path`` if given."""
     svg = _render(mugraph_dot(g))
     if path is not None:
-        _write_atomic(path, svg)
+        write_atomic(path, svg)
     return svg

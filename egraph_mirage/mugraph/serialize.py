@@ -16,12 +16,12 @@ import json
 import os
 import re
 import reprlib
-import secrets
 from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
 from ..dtypes import DType
 from ..errors import EMError, SerializationError
+from ..files import write_atomic
 from ..graph import KernelGraph, Tensor, new_kernel_graph
 from ..ops import BLOCK, lookup
 from .threadblock import ThreadBlockGraph, new_threadblock_graph
@@ -90,19 +90,7 @@ def _dump_kernel(tb: ThreadBlockGraph) -> dict[str, Any]:
 
 def save(graph: KernelGraph, path: str | os.PathLike[str]) -> None:
     """Write ``graph`` to ``path`` atomically (a temporary file in the same folder, then rename)."""
-    text, path = dumps(graph), os.fspath(path)
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"  # same folder; unlike mkstemp, keeps the umask
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, dumps(graph) + "\n")
 
 
 def load(path: str | os.PathLike[str]) -> KernelGraph:
