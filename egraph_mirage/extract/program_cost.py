@@ -1,0 +1,59 @@
+"""A cost model for μGraphs: estimated time from bytes through device memory and launches.
+
+Used to rank search results where no GPU can time them. Every kernel pays a launch; a
+graph-defined kernel reads each loader's tiles once per block and loop iteration (a replicated
+input is read by every block) and writes its outputs once; a library operator reads its operands
+and writes its result. A grid of fewer blocks than the GPU has multiprocessors reaches only that
+fraction of the bandwidth, which is why small-batch programs gain from splitting a reduction
+across the grid. Rough by design: the GPU ranking replaces it when a GPU is present.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..graph import KernelGraph
+
+
+@dataclass(frozen=True)
+class ProgramCost:
+    """Constants of the estimate (defaults: about an H100/H200)."""
+
+    bandwidth: float = 3.0e12  # bytes per second
+    launch_seconds: float = 3.0e-6
+    multiprocessors: int = 132
+
+    def kernels(self, g: KernelGraph) -> list[tuple[str, int, int]]:
+        """(kind, bytes, blocks) per kernel launch, in order."""
+        out: list[tuple[str, int, int]] = []
+        for t in g.operators:
+            if t.op == "customized":
+                kernel = t.params["kernel"]
+                if t.params["output"]:
+                    continue  # one launch writes all outputs of a kernel
+                tb = kernel.tb
+                blocks = math.prod(tb.grid_dim)
+                moved = 0
+                for ld in tb.inputs:
+                    reads = tb.forloop_range if ld.params["forloop_dim"] != -1 else 1
+                    moved += math.prod(ld.dims) * ld.dtype.itemsize * blocks * reads
+                for i in range(kernel.num_outputs):
+                    moved += math.prod(kernel.output_dims(i)) * tb.outputs[i][0].dtype.itemsize
+                out.append(("kernel", moved, blocks))
+            else:
+                moved = sum(math.prod(o.dims) * o.dtype.itemsize for o in t.operands)
+                moved += math.prod(t.dims) * t.dtype.itemsize
+                out.append((t.op, moved, self.multiprocessors))
+        return out
+
+    def seconds(self, g: KernelGraph) -> float:
+        """Estimated run time of ``g``."""
+        total = 0.0
+        for _, moved, blocks in self.kernels(g):
+            share = min(1.0, blocks / self.multiprocessors)
+            total += self.launch_seconds + moved / (self.bandwidth * share)
+        return total
+
+    def launches(self, g: KernelGraph) -> int:
+        return len(self.kernels(g))

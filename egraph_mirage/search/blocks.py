@@ -1,0 +1,269 @@
+"""Enumerating the thread-block graph of one kernel shape.
+
+States are *sets* of tiles: a new operator (or a for-loop accumulator) is applied to tiles at
+hand, its tile gets the e-class of its abstract expression, and the branch is cut unless that class
+is reachable in the target's e-graph. Two tiles of one class on one side of the loop are the same
+tile, and a set of tiles already seen is not explored again, so no block graph is built twice in
+any order. A state is complete when every tile nobody consumes (a *sink*) lies after the loop;
+the sinks are the block graph's outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import EMError
+from ..mugraph.accumulators import ACCUMULATORS
+from ..mugraph.threadblock import EPILOGUE, INVARIANT, LOOP_SIDE
+from ..ops import BLOCK, OPS
+from .config import SearchConfig
+from .dims import LinkProbe, result_classes
+from .reach import ReachIndex, ref
+from .shapes import KernelShape
+
+Dims = tuple[int, ...]
+#: operators the block level may use, in a fixed order
+BLOCK_OPS = tuple(name for name, spec in OPS.items() if BLOCK in spec.levels)
+
+
+@dataclass(frozen=True)
+class Tile:
+    key: Any  # e-class (or structural key without the oracle) with side and dims
+    cls: int | None
+    dims: Dims
+    itemsize: int
+    side: str
+    dcls: tuple[Any, ...]
+    op: str  # "input", an op-table name, or "accum"
+    args: tuple[int, ...]
+    params: tuple[tuple[str, Any], ...]
+
+
+@dataclass
+class Counters:
+    states: int = 0
+    pruned_oracle: int = 0
+    pruned_other: int = 0
+
+
+@dataclass
+class BlockSearch:
+    """Enumerates block graphs of one kernel shape; ``accept`` decides which sink sets count."""
+
+    shape: KernelShape
+    reach: ReachIndex
+    config: SearchConfig
+    probe: LinkProbe
+    scalars: tuple[float, ...]
+    accept: Callable[[list[Tile], list[int]], bool]
+    counters: Counters = field(default_factory=Counters)
+    stop: Callable[[], bool] = lambda: False
+    #: most sinks a complete state may have
+    max_outputs: int = 1
+    _limit: int = 0
+    _memo: dict = field(default_factory=dict)
+
+    def run(self, ops: int | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
+        """Complete block graphs with exactly ``ops`` operators, or with any number up to
+        ``max_block_ops``, fewest first (iterative deepening)."""
+        tiles = []
+        for i, ld in enumerate(self.shape.loaders):
+            side = LOOP_SIDE if ld.fdim != -1 else INVARIANT
+            cls = ld.tensor.cls
+            ident = (ld.tensor.key, side, ld.tile)
+            tiles.append(Tile(ident, cls, ld.tile, ld.tensor.dtype.itemsize, side,
+                              ld.tile_classes, "input", (), (("position", i),)))
+        moves: list[Tile] = []
+        for k in range(len(tiles)):
+            moves.extend(self._moves_with(tiles[: k + 1], k))
+        done: set[Any] = set()
+        limits = range(1, self.config.max_block_ops + 1) if ops is None else [ops]
+        for limit in limits:
+            self._limit = limit
+            for found in self._dfs(tiles, set(), 0, set(), moves):
+                sig = frozenset(found[0][i].key for i in found[1])
+                if sig not in done:
+                    done.add(sig)
+                    yield found
+
+    # --- the walk ---------------------------------------------------------------------------
+    def _dfs(self, tiles: list[Tile], consumed: set[int], ops: int, seen: set[Any],
+             moves: list[Tile]) -> Iterator[tuple[list[Tile], list[int]]]:
+        if self.stop():
+            return
+        self.counters.states += 1
+        sinks = [i for i, t in enumerate(tiles) if t.op != "input" and i not in consumed]
+        if (ops == self._limit and sinks and all(tiles[i].side == EPILOGUE for i in sinks)
+                and self.accept(tiles, sinks)):
+            yield list(tiles), sinks
+        if ops >= self._limit:
+            return
+        keys = {t.key for t in tiles}
+        for m, new in enumerate(moves):
+            if new.key in keys:
+                continue
+            if not self._fits(tiles, new):
+                self.counters.pruned_other += 1
+                continue
+            nxt = [*tiles, new]
+            used = consumed | set(new.args)
+            state = (frozenset(t.key for t in nxt),
+                     frozenset(nxt[i].key for i in range(len(nxt))
+                               if nxt[i].op != "input" and i not in used))
+            if state in seen:
+                continue
+            seen.add(state)
+            if self._needs(nxt, used) > self._limit - ops - 1:
+                self.counters.pruned_other += 1
+                continue
+            # moves stay valid as tiles are added; only those using the new tile are new
+            child = [t for t in moves if t.key != new.key]
+            child.extend(self._moves_with(nxt, len(nxt) - 1))
+            yield from self._dfs(nxt, used, ops + 1, seen, child)
+
+    def _needs(self, tiles: list[Tile], consumed: set[int]) -> int:
+        """A lower bound on the operators still needed to complete this state."""
+        sinks = [t for i, t in enumerate(tiles) if t.op != "input" and i not in consumed]
+        before = sum(1 for t in sinks if t.side != EPILOGUE)
+        return before + max(0, len(sinks) - self.max_outputs)
+
+    def _fits(self, tiles: list[Tile], new: Tile) -> bool:
+        total = 0
+        for t in (*tiles, new):
+            n = 1
+            for s in t.dims:
+                n *= s
+            total += n * (4 if t.side == EPILOGUE else t.itemsize)
+        return total <= self.config.smem_bytes
+
+    def _moves_with(self, tiles: list[Tile], k: int) -> Iterator[Tile]:
+        """Valid new tiles whose operands include tile ``k`` (and otherwise tiles before it)."""
+        for name in BLOCK_OPS:
+            spec = OPS[name]
+            lo, hi = spec.num_inputs
+            for arity in range(lo, min(hi, 2) + 1):
+                combos: list[tuple[int, ...]]
+                if arity == 1:
+                    combos = [(k,)]
+                elif spec.commutative:
+                    combos = [(i, k) for i in range(k + 1)]
+                else:
+                    combos = [(i, k) for i in range(k + 1)] + [(k, i) for i in range(k)]
+                for args in combos:
+                    operands = [tiles[i] for i in args]
+                    sides = {t.side for t in operands} - {INVARIANT}
+                    if len(sides) > 1:
+                        continue
+                    side = sides.pop() if sides else INVARIANT
+                    for params in self._params(spec.params, operands):
+                        t = self._apply(name, args, operands, params, side)
+                        if t is not None:
+                            yield t
+        t = tiles[k]
+        if t.side == EPILOGUE or (t.side == INVARIANT and self.shape.frange > 1):
+            return
+        for acc in ACCUMULATORS.values():
+            tile = self._accumulate(k, t, acc)
+            if tile is not None:
+                yield tile
+
+    def _params(self, names: Sequence[str], operands: list[Tile]) -> Iterator[dict[str, Any]]:
+        if not names:
+            yield {}
+            return
+        choices: list[list[Any]] = []
+        for p in names:
+            if p == "dim":
+                choices.append([d for d in range(len(operands[0].dims))
+                                if operands[0].dims[d] > 1])
+            elif p == "normalized_shape":
+                choices.append([(operands[0].dims[-1],)])
+            elif p == "scalar":
+                choices.append(list(self.scalars))
+            else:
+                return
+        import itertools
+
+        for combo in itertools.product(*choices):
+            yield dict(zip(names, combo))
+
+    def _apply(self, name: str, args: tuple[int, ...], operands: list[Tile],
+               params: dict[str, Any], side: str) -> Tile | None:
+        memo_key = (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
+        if memo_key in self._memo:
+            hit = self._memo[memo_key]
+            return None if hit is None else Tile(hit.key, hit.cls, hit.dims, hit.itemsize, side,
+                                                 hit.dcls, name, args, hit.params)
+        tile = self._apply_new(name, args, operands, params, side)
+        self._memo[memo_key] = tile
+        return tile
+
+    def _apply_new(self, name: str, args: tuple[int, ...], operands: list[Tile],
+                   params: dict[str, Any], side: str) -> Tile | None:
+        spec = OPS[name]
+        dims_in = [t.dims for t in operands]
+        try:
+            dims = tuple(spec.shape(name, dims_in, params))
+        except EMError:
+            return None
+        cls, ident = self._classify(spec.expr([_leaf(t) for t in operands], dims_in, params),
+                                    name, operands, params)
+        if cls is None and self.config.use_oracle:
+            self.counters.pruned_oracle += 1
+            return None
+        links, _ = self.probe.links(name, dims_in, params)
+        dcls = result_classes(links, [t.dcls for t in operands], len(dims))
+        itemsize = max(t.itemsize for t in operands)
+        return Tile((ident, side, dims), cls, dims, itemsize, side, dcls, name, args,
+                    tuple(sorted(params.items())))
+
+    def _accumulate(self, i: int, t: Tile, acc: Any) -> Tile | None:
+        memo_key = ("accum", acc.name, t.key)
+        if memo_key not in self._memo:
+            self._memo[memo_key] = self._accumulate_new(i, t, acc)
+        hit = self._memo[memo_key]
+        return None if hit is None else Tile(hit.key, hit.cls, hit.dims, hit.itemsize, EPILOGUE,
+                                             hit.dcls, "accum", (i,), hit.params)
+
+    def _accumulate_new(self, i: int, t: Tile, acc: Any) -> Tile | None:
+        try:
+            dims = tuple(acc.shape(t.dims, self._dimx(t)))
+        except EMError:
+            return None
+        if acc.name != "plain" and dims == t.dims:
+            return None
+        cls, ident = self._classify(acc.expr(_leaf(t), t.dims, self.shape.frange, self._dimx(t)),
+                                    "accum:" + acc.name, [t], {})
+        if cls is None and self.config.use_oracle:
+            self.counters.pruned_oracle += 1
+            return None
+        dcls = t.dcls if dims == t.dims else (*t.dcls[:-1], None)
+        return Tile((ident, EPILOGUE, dims), cls, dims, t.itemsize, EPILOGUE, dcls, "accum", (i,),
+                    (("acc", acc.name),))
+
+    def _dimx(self, t: Tile) -> int:
+        return self.reduction_dimx(self.shape)
+
+    @staticmethod
+    def reduction_dimx(shape: KernelShape) -> int:
+        """``sum_todimx`` width: the smallest last dimension among the kernel's tiles."""
+        return min(ld.tile[-1] for ld in shape.loaders)
+
+    def _classify(self, term: Any, name: str, operands: list[Tile], params: dict[str, Any]
+                  ) -> tuple[int | None, Any]:
+        cls = self.reach.classify(term)
+        if cls is not None and not self.reach.is_reachable(cls):
+            cls = None
+        if cls is not None:
+            return cls, cls
+        return None, (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
+
+
+def _leaf(t: Tile) -> Any:
+    from ..expr import Term
+
+    if t.cls is not None:
+        return ref(t.cls)
+    return Term("$opaque", (repr(t.key),))

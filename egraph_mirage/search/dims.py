@@ -1,0 +1,171 @@
+"""Dimension classes: which dimensions of a program are "the same index".
+
+A grid axis or a for-loop splits one *dimension class*: every loaded tensor with a dimension in
+that class is cut along it, the others are replicated. Classes come from the program itself:
+an operator links an operand dimension to the output dimension it becomes, and the dimensions a
+contraction sums over to each other. The links of an operator are found by *probing* its op-table
+float reference (no per-operator table to keep in sync): an operand that varies along one
+dimension only (ones everywhere else) makes the output vary along the dimension it is linked to,
+or along none when that dimension is summed away; the summed-away dimensions of two operands are
+linked when their sizes agree (the contraction of a matmul).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import EMError
+from ..graph import KernelGraph
+from ..ops import lookup
+
+Dims = tuple[int, ...]
+#: per operand, per dimension: the output dimension it becomes (None: summed away or size 1)
+Links = tuple[tuple[int | None, ...], ...]
+#: pairs ((operand, dim), (operand, dim)) summed together
+Contractions = tuple[tuple[tuple[int, int], tuple[int, int]], ...]
+
+
+def _freeze(params: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, v if isinstance(v, Hashable) else repr(v)) for k, v in params.items()))
+
+
+@dataclass
+class LinkProbe:
+    """Cached probing of operator links, keyed by (op, operand dims, params)."""
+
+    cache: dict[tuple, tuple[Links, Contractions]] = field(default_factory=dict)
+
+    def links(self, op: str, dims: Sequence[Dims], params: dict[str, Any]
+              ) -> tuple[Links, Contractions]:
+        key = (op, tuple(dims), _freeze(params))
+        if key not in self.cache:
+            self.cache[key] = _probe(op, [tuple(d) for d in dims], params)
+        return self.cache[key]
+
+
+def _varying(out: np.ndarray) -> list[int]:
+    scale = max(float(np.abs(out).max()), 1e-30)
+    return [j for j in range(out.ndim)
+            if out.shape[j] > 1 and float(np.ptp(out, axis=j).max()) > 1e-9 * scale]
+
+
+def _eval(spec: Any, xs: list[np.ndarray], params: dict[str, Any]) -> np.ndarray | None:
+    try:
+        return np.asarray(spec.reference(xs, params), dtype=np.float64)
+    except (ArithmeticError, ValueError, EMError):
+        return None
+
+
+def _probe_one(spec: Any, dims: list[Dims], params: dict[str, Any], i: int, d: int,
+               rng: np.random.Generator) -> int | None:
+    """The output dimension that dimension ``d`` of operand ``i`` becomes, or None."""
+    di = dims[i]
+    # 1. the operand varies along d only, ones elsewhere: the output varies along the linked dim
+    shape = [1] * len(di)
+    shape[d] = di[d]
+    xs = [np.ones(dj) for dj in dims]
+    xs[i] = np.broadcast_to(rng.uniform(1.0, 2.0, shape), di).copy()
+    out = _eval(spec, xs, params)
+    if out is not None and len(v := _varying(out)) == 1:
+        return v[0]
+    # 2. random operands, one slice of d perturbed: only one slice of the linked dim changes
+    # (needed where the operator normalises along another dimension, as rms_norm does)
+    xs = [rng.uniform(1.0, 2.0, dj) for dj in dims]
+    base = _eval(spec, xs, params)
+    index = [slice(None)] * len(di)
+    index[d] = 0
+    xs[i][tuple(index)] += 0.5
+    out = _eval(spec, xs, params)
+    if base is None or out is None:
+        return None
+    changed = np.abs(out - base) > 1e-9 * max(float(np.abs(base).max()), 1e-30)
+    for j in range(out.ndim):
+        if out.shape[j] > 1:
+            rest = tuple(k for k in range(out.ndim) if k != j)
+            along = changed.any(axis=rest) if rest else changed
+            if along[0] and not along[1:].any():
+                return j
+    return None
+
+
+def _probe(op: str, dims: list[Dims], params: dict[str, Any]) -> tuple[Links, Contractions]:
+    spec = lookup(op)
+    rng = np.random.default_rng(0)
+    links: list[tuple[int | None, ...]] = []
+    free: list[tuple[int, int, int]] = []  # (operand, dim, size) summed away
+    for i, di in enumerate(dims):
+        row: list[int | None] = []
+        for d, size in enumerate(di):
+            j = None if size == 1 else _probe_one(spec, dims, params, i, d, rng)
+            row.append(j)
+            if j is None and size > 1:
+                free.append((i, d, size))
+        links.append(tuple(row))
+    pairs = []
+    used: set[tuple[int, int]] = set()
+    for a, (i, d, size) in enumerate(free):
+        for j, e, other in free[a + 1:]:
+            if j != i and other == size and (i, d) not in used and (j, e) not in used:
+                pairs.append(((i, d), (j, e)))
+                used |= {(i, d), (j, e)}
+    return tuple(links), tuple(pairs)
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[Hashable, Hashable] = {}
+
+    def find(self, x: Hashable) -> Hashable:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: Hashable, b: Hashable) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb, key=repr)] = min(ra, rb, key=repr)
+
+
+def input_dim_classes(g: KernelGraph, probe: LinkProbe) -> list[tuple[str | None, ...]]:
+    """The class of every dimension of every input of program ``g`` (None for size-1 dims).
+
+    Class names are ``"d<k>"``, numbered in order of first appearance over the inputs.
+    """
+    uf = _UnionFind()
+    for t in g.operators:
+        ls, pairs = probe.links(t.op, [o.dims for o in t.operands], t.params)  # type: ignore[arg-type]
+        for o, row in zip(t.operands, ls):
+            for d, j in enumerate(row):
+                if j is not None:
+                    uf.union((o.index, d), (t.index, j))
+        for (i, d), (j, e) in pairs:
+            uf.union((t.operands[i].index, d), (t.operands[j].index, e))
+    names: dict[Hashable, str] = {}
+    out = []
+    for x in g.inputs:
+        row: list[str | None] = []
+        for d, size in enumerate(x.dims):
+            if size == 1:
+                row.append(None)
+                continue
+            root = uf.find((x.index, d))
+            row.append(names.setdefault(root, f"d{len(names)}"))
+        out.append(tuple(row))
+    return out
+
+
+def result_classes(links: Links, operand_classes: Sequence[Sequence[Any]], out_rank: int
+                   ) -> tuple[Any, ...]:
+    """Classes of an operator's output dimensions from its operands' (first link wins)."""
+    out: list[Any] = [None] * out_rank
+    for row, classes in zip(links, operand_classes):
+        for j, c in zip(row, classes):
+            if j is not None and out[j] is None:
+                out[j] = c
+    return tuple(out)

@@ -1,0 +1,167 @@
+"""``em.superoptimize``: the pipeline as named stages.
+
+    prepare  — the oracle saturates the target's expressions; dimension classes; the tasks
+    search   — tasks run in worker processes (or any ``concurrent.futures.Executor``), each
+               enumerating kernels under e-graph pruning and verifying what it completes
+    rank     — verified μGraphs sorted by the cost model (estimated time), ties broken by text
+
+A checkpoint file, when given, records every finished task and its results as they arrive; a
+rerun with the same file skips those tasks. Ctrl-C and the time budget end the search early with
+what was found.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..graph import KernelGraph
+from ..mugraph.serialize import loads
+from .checkpoint import Checkpoint
+from .config import SearchConfig, SearchError
+from .dims import LinkProbe, input_dim_classes
+from .reach import ReachIndex
+from .results import SearchResult, SearchResults, SearchStats
+from .shapes import DTensor
+from .tasks import Payload, TaskResult, list_tasks, run_task
+
+
+def prepare(g: KernelGraph, config: SearchConfig) -> Payload:
+    """Stage ``prepare``: saturate the target's e-graph and describe its inputs."""
+    from ..graph import abstract_term
+    from ..oracle import Oracle
+
+    if not isinstance(g, KernelGraph):
+        raise SearchError(f"superoptimize: expected a KernelGraph, got {type(g).__name__}")
+    if len(g.outputs) != 1:
+        raise SearchError(f"superoptimize: the program must have exactly one output, it has "
+                          f"{len(g.outputs)}")
+    if any(t.op == "customized" for t in g.operators):
+        raise SearchError("superoptimize: the input program already has graph-defined kernels;"
+                          " give it as library operators")
+    oracle = Oracle(g, warn_incomplete=False)
+    reach = ReachIndex.from_oracle(oracle)
+    classes = input_dim_classes(g, LinkProbe())
+    inputs = []
+    for i, (t, dcls) in enumerate(zip(g.inputs, classes)):
+        cls = reach.classify(abstract_term(t))
+        inputs.append(DTensor(i, t.dims, t.dtype, cls, dcls, cls if cls is not None else ("v", i)))
+    scalars = sorted({float(t.params["scalar"]) for t in g.operators if "scalar" in t.params}
+                     | set(config.scalars))
+    return Payload(g.to_json(), reach, config, tuple(inputs), tuple(scalars))
+
+
+def _executor(workers: Any) -> tuple[cf.Executor | None, bool]:
+    """(executor, whether we own it). ``workers``: None (all cores), an int, or an Executor."""
+    if isinstance(workers, cf.Executor):
+        return workers, False
+    n = (os.cpu_count() or 1) if workers is None else workers
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise SearchError(f"superoptimize: workers must be a positive integer or an Executor, "
+                          f"got {workers!r}")
+    if n == 1:
+        return None, False
+    import multiprocessing
+
+    return cf.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")), True
+
+
+def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
+                  time_budget: float | None = None, workers: Any = None,
+                  checkpoint: Any = None, seed: int = 0, progress: bool | None = None,
+                  on_result: Callable[[SearchResult], None] | None = None) -> SearchResults:
+    """Search for μGraphs equal to program ``g``; returns them verified, best first.
+
+    ``time_budget`` (seconds) ends the search early; ``workers`` is a process count (default:
+    every core) or a ``concurrent.futures.Executor`` (a Dask ``Client.get_executor()`` runs the
+    search on a cluster); ``checkpoint`` names a file that records progress and lets a rerun
+    resume; ``seed`` seeds the finite-field tests; ``progress`` prints a live status line
+    (default: when stderr is a terminal).
+    """
+    config = config or SearchConfig()
+    if not isinstance(config, SearchConfig):
+        raise SearchError(f"superoptimize: config must be a SearchConfig, got {config!r}")
+    t_start = time.perf_counter()
+    stats = SearchStats()
+    payload = prepare(g, config)
+    stats.seconds["prepare"] = time.perf_counter() - t_start
+    tasks = list_tasks(payload)
+    stats.tasks_total = len(tasks)
+    ck = Checkpoint.open(checkpoint, payload, seed) if checkpoint is not None else None
+    done: dict[str, TaskResult] = dict(ck.done) if ck else {}
+    stats.resumed_tasks = len(done)
+    todo = [t for t in tasks if t.name not in done]
+    deadline = None if time_budget is None else time.time() + time_budget
+    show = sys.stderr.isatty() if progress is None else progress
+    results: dict[str, SearchResult] = {}
+
+    def absorb(res: TaskResult, fresh: bool) -> None:
+        stats.add(res.counts)
+        stats.tasks_done += 1
+        for name, secs in res.seconds.items():
+            stats.seconds[name] = stats.seconds.get(name, 0.0) + secs
+        for text, kernels, est, bound, tests, err, _ in res.found:
+            if text not in results:
+                r = SearchResult(loads(text), kernels, est, bound, tests, err,
+                                 time.perf_counter() - t_start)
+                results[text] = r
+                if stats.seconds_to_first is None:
+                    stats.seconds_to_first = r.found_after
+                if on_result is not None:
+                    on_result(r)
+        if fresh and ck is not None and not res.stopped:
+            ck.record(res)
+        if show:
+            _status(stats, results)
+
+    for res in done.values():
+        absorb(res, fresh=False)
+    executor, owned = _executor(workers)
+    t_search = time.perf_counter()
+    try:
+        if executor is None:
+            for task in todo:
+                if deadline is not None and time.time() > deadline:
+                    stats.budget_exhausted = True
+                    break
+                absorb(run_task(payload, task, deadline), fresh=True)
+        else:
+            futures = [executor.submit(run_task, payload, task, deadline) for task in todo]
+            try:
+                for fut in cf.as_completed(futures):
+                    absorb(fut.result(), fresh=True)
+            finally:
+                for fut in futures:
+                    fut.cancel()
+    except KeyboardInterrupt:
+        stats.interrupted = True
+    finally:
+        if owned and executor is not None:
+            executor.shutdown(wait=not stats.interrupted, cancel_futures=True)
+        if show:
+            sys.stderr.write("\n")
+    stats.seconds["wall"] = time.perf_counter() - t_search
+    if deadline is not None and stats.tasks_done < stats.tasks_total:
+        stats.budget_exhausted = True
+    ranked = sorted(results.values(),
+                    key=lambda r: (r.estimated_seconds, r.num_kernels, r.to_json()))
+    if ranked:
+        stats.seconds_to_best = ranked[0].found_after
+    return SearchResults(ranked, stats)
+
+
+def _status(stats: SearchStats, results: dict[str, SearchResult]) -> None:
+    best = min(results.values(), key=lambda r: r.estimated_seconds, default=None)
+    line = (f"\rtasks {stats.tasks_done}/{stats.tasks_total} | states {stats.states:,} | "
+            f"pruned {stats.pruned_by_oracle:,} by e-graph, {stats.pruned_otherwise:,} other | "
+            f"verified {stats.candidates_verified} ({stats.candidates_rejected} rejected) | "
+            f"found {len(results)}")
+    if best is not None:
+        line += f" | best {best.num_kernels} kernel(s) ~{best.estimated_seconds * 1e6:.1f} µs"
+    sys.stderr.write(line[:200])
+    sys.stderr.flush()
+

@@ -1,0 +1,140 @@
+"""Plans: what the search found, as plain data, and how a plan becomes a μGraph.
+
+A plan is the list of steps after the program's inputs: graph-defined kernels (a kernel shape, the
+tiles of its block graph, its outputs with their output maps) and library operators. ``build``
+replays a plan through the public builder API, so every result is a μGraph like a hand-written
+one (validated, serialisable, drawable, lowerable).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import MapError
+from ..graph import KernelGraph, Tensor, new_kernel_graph
+from ..mugraph import new_threadblock_graph
+from ..mugraph import partition as pt
+from .blocks import Tile
+from .shapes import DTensor, KernelShape
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    shape: KernelShape
+    tiles: tuple[Tile, ...]
+    outputs: tuple[tuple[int, tuple[int, int, int]], ...]  # (tile, output map)
+    dimx: int
+    block_dim: tuple[int, int, int]
+    smem_bytes: int
+
+
+@dataclass(frozen=True)
+class OpStep:
+    op: str
+    args: tuple[int, ...]  # tensor refs
+    params: tuple[tuple[str, Any], ...]
+
+
+Step = KernelStep | OpStep
+
+
+def output_maps(tile: Tile, shape: KernelShape, config_omaps: Sequence[tuple[int, ...]] | None
+                ) -> Iterator[tuple[tuple[int, int, int], tuple[int, ...], tuple[Any, ...]]]:
+    """Output maps for a sink tile: (omap, output dims, output dimension classes).
+
+    A grid axis that split a class the tile still has writes along that dimension; an axis that
+    split a class the tile no longer has (a split reduction) concatenates its partial results
+    along any other dimension, which then gets a class of its own.
+    """
+    forced: dict[int, int] = {}
+    free: list[int] = []
+    for a, g in enumerate(shape.grid):
+        if g == 1:
+            continue
+        c = shape.axis_classes[a]
+        if c is not None and c in tile.dcls:
+            forced[a] = tile.dcls.index(c)
+        else:
+            free.append(a)
+    rest = [d for d in range(len(tile.dims)) if d not in forced.values()]
+    for chosen in itertools.permutations(rest, len(free)):
+        omap = [-1, -1, -1]
+        for a, d in forced.items():
+            omap[a] = d
+        for a, d in zip(free, chosen):
+            omap[a] = d
+        if config_omaps is not None and tuple(omap) not in config_omaps:
+            continue
+        try:
+            dims = pt.output_dims("search", tile.dims, shape.grid, omap)
+        except MapError:
+            continue
+        dcls = list(tile.dcls)
+        for a, d in zip(free, chosen):
+            dcls[d] = ("split", tuple(shape.axis_classes), a, shape.grid)
+        yield tuple(omap), tuple(dims), tuple(dcls)  # type: ignore[misc]
+
+
+def used_tiles(tiles: Sequence[Tile], outputs: Sequence[int]) -> list[int]:
+    """Indices of the tiles the outputs depend on, in order."""
+    need: set[int] = set()
+    stack = list(outputs)
+    while stack:
+        i = stack.pop()
+        if i not in need:
+            need.add(i)
+            stack.extend(tiles[i].args)
+    return sorted(need)
+
+
+def build(target: KernelGraph, steps: Sequence[Step], outputs: Sequence[int]) -> KernelGraph:
+    """The μGraph of a plan: ``outputs`` are tensor refs (inputs first, then step results)."""
+    h = new_kernel_graph()
+    tensors: list[Tensor] = [h.new_input(t.dims, t.dtype) for t in target.inputs]
+    for step in steps:
+        if isinstance(step, OpStep):
+            tensors.append(h.apply(step.op, [tensors[i] for i in step.args], **dict(step.params)))
+            continue
+        tensors.extend(_build_kernel(h, tensors, step))
+    for r in outputs:
+        h.mark_output(tensors[r])
+    return h
+
+
+def _build_kernel(h: KernelGraph, tensors: list[Tensor], step: KernelStep) -> list[Tensor]:
+    shape = step.shape
+    tb = new_threadblock_graph(grid_dim=shape.grid, block_dim=step.block_dim,
+                               forloop_range=shape.frange, reduction_dimx=step.dimx,
+                               smem_bytes=step.smem_bytes)
+    built: dict[int, Any] = {}
+    sources: list[Tensor] = []
+    for i in used_tiles(step.tiles, [o for o, _ in step.outputs]):
+        t = step.tiles[i]
+        params = dict(t.params)
+        if t.op == "input":
+            ld = shape.loaders[params["position"]]
+            built[i] = tb.new_input(tensors[ld.tensor.ref], ld.imap, forloop_dim=ld.fdim)
+            sources.append(tensors[ld.tensor.ref])
+        elif t.op == "accum":
+            acc = None if params["acc"] == "plain" else params["acc"]
+            built[i] = tb.forloop_accum(built[t.args[0]], acc)
+        else:
+            built[i] = tb.apply(t.op, [built[a] for a in t.args], **params)
+    for i, omap in step.outputs:
+        tb.new_output(built[i], omap)
+    return h.customized(sources, tb)
+
+
+def new_tensors(step: KernelStep, first_ref: int, dcls: Sequence[tuple[Any, ...]],
+                dims: Sequence[tuple[int, ...]]) -> list[DTensor]:
+    """The device tensors a kernel step writes."""
+    out = []
+    for k, ((i, _), d, c) in enumerate(zip(step.outputs, dims, dcls)):
+        t = step.tiles[i]
+        ld = step.shape.loaders[0]
+        key = (t.key, d) if t.cls is None else t.cls
+        out.append(DTensor(first_ref + k, tuple(d), ld.tensor.dtype, t.cls, tuple(c), key))
+    return out

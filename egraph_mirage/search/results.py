@@ -1,0 +1,71 @@
+"""What a search returns: verified μGraphs, best first, with statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..graph import KernelGraph
+
+
+@dataclass
+class SearchStats:
+    """Counts and seconds of one search (summed over workers for the counts)."""
+
+    states: int = 0
+    pruned_by_oracle: int = 0
+    pruned_otherwise: int = 0
+    candidates_verified: int = 0
+    candidates_rejected: int = 0
+    tasks_done: int = 0
+    tasks_total: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    #: wall-clock seconds from the start until the first (and the best) result
+    seconds_to_first: float | None = None
+    seconds_to_best: float | None = None
+    interrupted: bool = False
+    budget_exhausted: bool = False
+    resumed_tasks: int = 0
+
+    def add(self, counts: dict[str, int]) -> None:
+        for k, v in counts.items():
+            setattr(self, k, getattr(self, k) + v)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SearchResult:
+    """One verified μGraph."""
+
+    graph: KernelGraph
+    num_kernels: int
+    estimated_seconds: float
+    #: stated probability that the finite-field tests let an unequal program through
+    verify_bound: float
+    verify_tests: int
+    #: largest relative error against the input program on random fp16-rounded inputs
+    numeric_error: float
+    #: seconds into the search when it was found
+    found_after: float
+
+    def to_json(self) -> str:
+        return self.graph.to_json()
+
+    def summary(self) -> str:
+        return (f"{self.num_kernels} kernel(s), estimated {self.estimated_seconds * 1e6:.1f} µs, "
+                f"verified ({self.verify_tests} tests, false-accept bound "
+                f"{self.verify_bound:.1e}), max rel. error {self.numeric_error:.1e}")
+
+
+class SearchResults(list[SearchResult]):
+    """Verified μGraphs, best first (estimated time, then fewer kernels); ``stats`` alongside."""
+
+    def __init__(self, items: list[SearchResult], stats: SearchStats) -> None:
+        super().__init__(items)
+        self.stats = stats
+
+    @property
+    def best(self) -> SearchResult | None:
+        return self[0] if self else None

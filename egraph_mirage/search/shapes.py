@@ -1,0 +1,143 @@
+"""Kernel shapes: the grid, the for-loop and every loader's maps of one graph-defined kernel.
+
+A kernel shape assigns up to three dimension classes to the grid axes (each cut into a number of
+parts by the ``grid_parts`` strategy) and at most one class to the for-loop (``loop_parts``). Each
+available tensor is then loaded with the maps that follow: a grid axis splits the tensor's
+dimension of that class, or replicates it (-1); the loop walks the tensor's dimension of the loop
+class, or loads the same tile every iteration (-1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..dtypes import DType
+from ..errors import MapError
+from ..mugraph import partition as pt
+from .config import SearchConfig, grid_parts, loop_parts
+
+Dims = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DTensor:
+    """A tensor in device memory during the search."""
+
+    ref: int  # position in the plan's tensor list
+    dims: Dims
+    dtype: DType
+    cls: int | None  # e-class of its abstract expression
+    dcls: tuple[Any, ...]  # dimension classes
+    key: Any  # identity for deduplication: e-class, or a structural key without the oracle
+
+
+@dataclass(frozen=True)
+class Loader:
+    tensor: DTensor
+    imap: tuple[int, int, int]
+    fdim: int
+    tile: Dims
+    tile_classes: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    grid: tuple[int, int, int]
+    axis_classes: tuple[Any, Any, Any]
+    frange: int
+    loop_class: Any
+    loaders: tuple[Loader, ...]
+
+    @property
+    def blocks(self) -> int:
+        return math.prod(self.grid)
+
+
+def _class_sizes(tensors: Sequence[DTensor]) -> dict[Any, list[int]]:
+    sizes: dict[Any, list[int]] = {}
+    for t in tensors:
+        for c, s in zip(t.dcls, t.dims):
+            if c is not None:
+                sizes.setdefault(c, []).append(s)
+    return sizes
+
+
+def _loader(t: DTensor, grid: tuple[int, int, int], axis_classes: Sequence[Any], frange: int,
+            loop_class: Any, config: SearchConfig) -> Loader | None:
+    imap = tuple(t.dcls.index(c) if c is not None and c in t.dcls else -1
+                 for c in axis_classes)
+    fdim = t.dcls.index(loop_class) if loop_class is not None and loop_class in t.dcls else -1
+    if config.imaps is not None and imap not in config.imaps:
+        return None
+    if config.fmaps is not None and fdim not in config.fmaps:
+        return None
+    try:
+        tile = pt.tile_dims("search", t.dims, grid, frange, imap, fdim)
+    except MapError:
+        return None
+    classes = tuple(c if s > 1 else None for c, s in zip(t.dcls, tile))
+    return Loader(t, imap, fdim, tile, classes)  # type: ignore[arg-type]
+
+
+def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[KernelShape]:
+    """Every kernel shape over ``tensors``, best-first by the ``target_blocks`` heuristic."""
+    sizes = _class_sizes(tensors)
+    classes = sorted(sizes, key=repr)
+    options = {c: grid_parts(config, sizes[c]) for c in classes}
+    shapes: list[tuple[float, int, KernelShape]] = []
+    n = 0
+    for k in range(0, 4):
+        for chosen in itertools.combinations(classes, k):
+            for parts in itertools.product(*(options[c] for c in chosen)):
+                grid = tuple(list(parts) + [1] * (3 - k))
+                axis_classes = tuple(list(chosen) + [None] * (3 - k))
+                blocks = math.prod(grid)
+                if blocks > config.max_blocks:
+                    continue
+                if config.griddims is not None and grid not in config.griddims:
+                    continue
+                for loop_class, frange in _loops(sizes, dict(zip(chosen, parts)), config):
+                    loaders = [ld for t in tensors
+                               if (ld := _loader(t, grid, axis_classes, frange, loop_class,
+                                                 config)) is not None]
+                    if not _uses_grid(grid, loaders) or not loaders:
+                        continue
+                    if frange > 1 and all(ld.fdim == -1 for ld in loaders):
+                        continue
+                    ks = KernelShape(grid, axis_classes, frange, loop_class,  # type: ignore
+                                     tuple(loaders))
+                    shapes.append((_score(ks, config), n, ks))
+                    n += 1
+    shapes.sort(key=lambda s: (s[0], s[1]))
+    for _, _, ks in shapes:
+        yield ks
+
+
+def _score(ks: KernelShape, config: SearchConfig) -> float:
+    """Heuristic order of kernel shapes: little re-reading of inputs across blocks and loop
+    iterations, and a block count near ``target_blocks``."""
+    traffic = sum(math.prod(ld.tile) * ks.blocks * (ks.frange if ld.fdim != -1 else 1)
+                  for ld in ks.loaders)
+    needed = sum(math.prod(ld.tensor.dims) for ld in ks.loaders)
+    return math.log2(traffic / needed) + 0.5 * abs(math.log2(ks.blocks / config.target_blocks))
+
+
+def _loops(sizes: dict[Any, list[int]], grid: dict[Any, int], config: SearchConfig
+           ) -> Iterator[tuple[Any, int]]:
+    if config.fmaps is None or -1 in config.fmaps:
+        if config.franges is None or 1 in config.franges:
+            yield None, 1
+    for c in sorted(sizes, key=repr):
+        per_block = [s // grid.get(c, 1) for s in sizes[c] if s % grid.get(c, 1) == 0]
+        if len(per_block) != len(sizes[c]):
+            continue
+        for f in loop_parts(config, per_block):
+            yield c, f
+
+
+def _uses_grid(grid: Sequence[int], loaders: Sequence[Loader]) -> bool:
+    return all(g == 1 or any(ld.imap[a] != -1 for ld in loaders) for a, g in enumerate(grid))

@@ -1,0 +1,273 @@
+"""Search tasks: independent pieces of the search space, run in any process.
+
+The space is cut by the program's first step. A task of depth 1 is one kernel shape over the
+inputs whose block graph must produce the target directly; a task of depth 2 is one kernel shape
+(or one library operator) producing intermediate tensors, followed by every final kernel over
+them. Tasks depend only on the ``Payload`` (plain, picklable data), so their results are the same
+in any process, in any order: the search's result does not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..graph import KernelGraph
+from ..mugraph.serialize import loads
+from .blocks import BlockSearch, Counters, Tile
+from .config import SearchConfig
+from .dims import LinkProbe
+from .plan import KernelStep, OpStep, Step, build, new_tensors, output_maps, used_tiles
+from .reach import ReachIndex, ref
+from .shapes import DTensor, KernelShape, kernel_shapes
+
+FINAL, INTERMEDIATE, LIBRARY = "final", "intermediate", "library"
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Everything a task needs, as plain data."""
+
+    target_json: str
+    reach: ReachIndex
+    config: SearchConfig
+    inputs: tuple[DTensor, ...]
+    scalars: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str
+    index: int
+    #: exactly this many block operators in the task's first kernel
+    ops: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.index}:{self.ops}"
+
+
+@dataclass
+class TaskResult:
+    task: str
+    #: (μGraph JSON, num_kernels, estimated seconds, bound, tests, numeric error, seconds in task)
+    found: list[tuple[str, int, float, float, int, float, float]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    stopped: bool = False
+
+
+class _Context:
+    """Per-process state built from a payload: the target, its verifier, cached shapes."""
+
+    def __init__(self, payload: Payload) -> None:
+        from ..verify import Verifier
+
+        self.payload = payload
+        self.target: KernelGraph = loads(payload.target_json)
+        self.verifier = Verifier(self.target, tests=payload.config.verify_tests,
+                                 backend="numpy")
+        self.probe = LinkProbe()
+        self.first_shapes: list[KernelShape] = list(kernel_shapes(payload.inputs,
+                                                                  payload.config))
+
+
+_CONTEXTS: dict[int, _Context] = {}  # one per payload, per process (the verifier is costly)
+
+
+def _context(payload: Payload) -> _Context:
+    key = hash((payload.target_json, repr(payload.config)))
+    if key not in _CONTEXTS:
+        _CONTEXTS.clear()
+        _CONTEXTS[key] = _Context(payload)
+    return _CONTEXTS[key]
+
+
+def list_tasks(payload: Payload) -> list[Task]:
+    """The tasks of a search, in the order they should run (shallow first)."""
+    ctx = _context(payload)
+    n, most = len(ctx.first_shapes), payload.config.max_block_ops
+    tasks = [Task(FINAL, i, k) for k in range(1, most + 1) for i in range(n)]
+    if payload.config.max_kernels >= 2:
+        tasks += [Task(INTERMEDIATE, i, k) for k in range(1, most + 1) for i in range(n)]
+    if payload.config.max_kernel_ops >= 1:
+        tasks += [Task(LIBRARY, i, 0) for i in range(len(_library_moves(ctx, payload.inputs)))]
+    return tasks
+
+
+def run_task(payload: Payload, task: Task, deadline: float | None = None) -> TaskResult:
+    """Run one task to the end (or to ``deadline``, a ``time.time()`` value)."""
+    ctx = _context(payload)
+    run = _Run(ctx, deadline)
+    t0 = time.perf_counter()
+    inputs = list(payload.inputs)
+    if task.kind == FINAL:
+        run.final(ctx.first_shapes[task.index], inputs, [], ops=task.ops)
+    elif task.kind == INTERMEDIATE:
+        for tensors, steps in run.intermediates(ctx.first_shapes[task.index], inputs, [],
+                                                task.ops):
+            run.finals(tensors, steps, must_use=len(inputs))
+    else:
+        tensors, steps = _library_moves(ctx, inputs)[task.index]
+        run.finals(tensors, steps, must_use=len(inputs))
+    res = run.result
+    res.task = task.name
+    res.counts.update(states=run.counters.states, pruned_by_oracle=run.counters.pruned_oracle,
+                      pruned_otherwise=run.counters.pruned_other)
+    res.seconds["search"] = time.perf_counter() - t0 - res.seconds.get("verify", 0.0)
+    res.stopped = run.stopped()
+    return res
+
+
+def _library_moves(ctx: _Context, inputs: list[DTensor]) -> list[tuple[list[DTensor], list[Step]]]:
+    """Library operators on the inputs whose result is reachable and new."""
+    from ..errors import EMError
+    from ..ops import KERNEL, OPS
+
+    payload = ctx.payload
+    out = []
+    have = {t.cls for t in inputs}
+    for name, spec in OPS.items():
+        if KERNEL not in spec.levels or name == "customized" or spec.elementwise:
+            continue
+        n = len(inputs)
+        combos = [(i,) for i in range(n)] + [(i, j) for i in range(n) for j in range(n)]
+        for args in combos:
+            if not spec.num_inputs[0] <= len(args) <= spec.num_inputs[1]:
+                continue
+            ops = [inputs[i] for i in args]
+            for d in range(max(len(t.dims) for t in ops)):
+                params = {"dim": d} if "dim" in spec.params else {}
+                if set(params) != set(spec.params):
+                    break
+                try:
+                    dims = tuple(spec.shape(name, [t.dims for t in ops], params))
+                except EMError:
+                    continue
+                cls = payload.reach.classify(spec.expr([ref(t.cls) for t in ops],  # type: ignore
+                                                       [t.dims for t in ops], params))
+                if not payload.reach.is_reachable(cls) or cls in have:
+                    continue
+                links, _ = ctx.probe.links(name, [t.dims for t in ops], params)
+                from .dims import result_classes
+
+                dcls = result_classes(links, [t.dcls for t in ops], len(dims))
+                new = DTensor(n, dims, ops[0].dtype, cls, dcls, cls)
+                out.append(([*inputs, new], [OpStep(name, args, tuple(sorted(params.items())))]))
+                if not params:
+                    break
+    return out
+
+
+class _Run:
+    def __init__(self, ctx: _Context, deadline: float | None) -> None:
+        self.ctx, self.deadline = ctx, deadline
+        self.config = ctx.payload.config
+        self.counters = Counters()
+        self.result = TaskResult("")
+        self.t0 = time.perf_counter()
+        self._seen: set[Any] = set()
+        self._checked: set[str] = set()
+
+    def stopped(self) -> bool:
+        return self.deadline is not None and time.time() > self.deadline
+
+    def _search(self, shape: KernelShape, accept: Any, max_outputs: int) -> BlockSearch:
+        return BlockSearch(shape, self.ctx.payload.reach, self.config, self.ctx.probe,
+                           self.ctx.payload.scalars, accept, self.counters, self.stopped,
+                           max_outputs)
+
+    def _step(self, shape: KernelShape, tiles: Sequence[Tile],
+              outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:
+        return KernelStep(shape, tuple(tiles), tuple(outputs), BlockSearch.reduction_dimx(shape),
+                          self.config.blockdims, self.config.smem_bytes)
+
+    # --- the last kernel: it must produce the target ------------------------------------------
+    def finals(self, tensors: list[DTensor], steps: list[Step], must_use: int) -> None:
+        for shape in kernel_shapes(tensors, self.config):
+            if self.stopped():
+                return
+            self.final(shape, tensors, steps, must_use)
+
+    def final(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
+              must_use: int | None = None, ops: int | None = None) -> None:
+        target = self.ctx.target
+        roots = self.ctx.payload.reach.roots
+        want = target.outputs[0].dims
+
+        def accept(tiles: list[Tile], sinks: list[int]) -> bool:
+            return (len(sinks) == 1 and (tiles[sinks[0]].cls == roots[0]
+                                         or not self.config.use_oracle))
+
+        if len(target.outputs) != 1:
+            return
+        for tiles, sinks in self._search(shape, accept, 1).run(ops):
+            tile = tiles[sinks[0]]
+            if must_use is not None and not any(
+                    shape.loaders[dict(tiles[i].params)["position"]].tensor.ref >= must_use
+                    for i in used_tiles(tiles, sinks) if tiles[i].op == "input"):
+                continue
+            for omap, dims, _ in output_maps(tile, shape, self.config.omaps):
+                if dims == want:
+                    step = self._step(shape, tiles, [(sinks[0], omap)])
+                    self._check([*steps, step], len(tensors))
+
+    # --- a kernel whose outputs a later kernel reads --------------------------------------------
+    def intermediates(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
+                      ops: int):
+        have = {t.key for t in tensors}
+        roots = set(self.ctx.payload.reach.roots)
+
+        def accept(tiles: list[Tile], sinks: list[int]) -> bool:
+            return (len(sinks) <= self.config.max_block_outputs
+                    and all(tiles[i].cls not in roots and tiles[i].key[0] not in have
+                            for i in sinks))
+
+        for tiles, sinks in self._search(shape, accept, self.config.max_block_outputs).run(ops):
+            options = [list(output_maps(tiles[i], shape, self.config.omaps)) for i in sinks]
+            for combo in _product(options):
+                omaps = [o for o, _, _ in combo]
+                step = self._step(shape, tiles, list(zip(sinks, omaps)))
+                new = new_tensors(step, len(tensors), [c for _, _, c in combo],
+                                  [d for _, d, _ in combo])
+                state = frozenset((t.key, t.dims, t.dcls) for t in new)
+                if state in self._seen:
+                    continue
+                self._seen.add(state)
+                yield [*tensors, *new], [*steps, step]
+
+    # --- verification ------------------------------------------------------------------------
+    def _check(self, steps: list[Step], out_ref: int) -> None:
+        from ..extract.program_cost import ProgramCost
+        from ..verify import check_numerics
+
+        t0 = time.perf_counter()
+        g = build(self.ctx.target, steps, [out_ref])
+        text = g.to_json()
+        if text in self._checked:
+            return
+        self._checked.add(text)
+        counts = self.result.counts
+        verdict = self.ctx.verifier.check(g)
+        ok = bool(verdict.equivalent)
+        err = float("nan")
+        if ok:
+            err = check_numerics(g, self.ctx.target)
+            ok = err <= self.config.numeric_tolerance
+        counts["candidates_verified"] = counts.get("candidates_verified", 0) + 1
+        if not ok:
+            counts["candidates_rejected"] = counts.get("candidates_rejected", 0) + 1
+        else:
+            cost = ProgramCost()
+            self.result.found.append((text, cost.launches(g), cost.seconds(g), verdict.bound,
+                                      verdict.tests, err, time.perf_counter() - self.t0))
+        self.result.seconds["verify"] = (self.result.seconds.get("verify", 0.0)
+                                         + time.perf_counter() - t0)
+
+
+def _product(options: list[list[Any]]) -> list[tuple[Any, ...]]:
+    import itertools
+
+    return list(itertools.product(*options))
