@@ -63,11 +63,12 @@ class BlockSearch:
     #: most sinks a complete state may have
     max_outputs: int = 1
     _limit: int = 0
-    _memo: dict = field(default_factory=dict)
+    #: results of applying operators to tiles, shared by the searches of one process
+    memo: dict = field(default_factory=dict)
 
-    def run(self, ops: int | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
-        """Complete block graphs with exactly ``ops`` operators, or with any number up to
-        ``max_block_ops``, fewest first (iterative deepening)."""
+    def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
+        """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
+        ``max_block_ops``), fewest first (iterative deepening)."""
         tiles = []
         for i, ld in enumerate(self.shape.loaders):
             side = LOOP_SIDE if ld.fdim != -1 else INVARIANT
@@ -79,8 +80,8 @@ class BlockSearch:
         for k in range(len(tiles)):
             moves.extend(self._moves_with(tiles[: k + 1], k))
         done: set[Any] = set()
-        limits = range(1, self.config.max_block_ops + 1) if ops is None else [ops]
-        for limit in limits:
+        lo, hi = (1, self.config.max_block_ops) if ops is None else ops
+        for limit in range(lo, hi + 1):
             self._limit = limit
             for found in self._dfs(tiles, set(), 0, set(), moves):
                 sig = frozenset(found[0][i].key for i in found[1])
@@ -191,13 +192,14 @@ class BlockSearch:
 
     def _apply(self, name: str, args: tuple[int, ...], operands: list[Tile],
                params: dict[str, Any], side: str) -> Tile | None:
-        memo_key = (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
-        if memo_key in self._memo:
-            hit = self._memo[memo_key]
+        memo_key = (name, tuple((t.key, t.dcls) for t in operands),
+                    tuple(sorted(params.items())), self.shape.frange)
+        if memo_key in self.memo:
+            hit = self.memo[memo_key]
             return None if hit is None else Tile(hit.key, hit.cls, hit.dims, hit.itemsize, side,
                                                  hit.dcls, name, args, hit.params)
         tile = self._apply_new(name, args, operands, params, side)
-        self._memo[memo_key] = tile
+        self.memo[memo_key] = tile
         return tile
 
     def _apply_new(self, name: str, args: tuple[int, ...], operands: list[Tile],
@@ -220,10 +222,10 @@ class BlockSearch:
                     tuple(sorted(params.items())))
 
     def _accumulate(self, i: int, t: Tile, acc: Any) -> Tile | None:
-        memo_key = ("accum", acc.name, t.key)
-        if memo_key not in self._memo:
-            self._memo[memo_key] = self._accumulate_new(i, t, acc)
-        hit = self._memo[memo_key]
+        memo_key = ("accum", acc.name, t.key, t.dcls, self.shape.frange, self._dimx(t))
+        if memo_key not in self.memo:
+            self.memo[memo_key] = self._accumulate_new(i, t, acc)
+        hit = self.memo[memo_key]
         return None if hit is None else Tile(hit.key, hit.cls, hit.dims, hit.itemsize, EPILOGUE,
                                              hit.dcls, "accum", (i,), hit.params)
 

@@ -30,7 +30,7 @@ from .shapes import DTensor
 from .tasks import Payload, TaskResult, list_tasks, run_task
 
 
-def prepare(g: KernelGraph, config: SearchConfig) -> Payload:
+def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0) -> Payload:
     """Stage ``prepare``: saturate the target's e-graph and describe its inputs."""
     from ..graph import abstract_term
     from ..oracle import Oracle
@@ -52,7 +52,7 @@ def prepare(g: KernelGraph, config: SearchConfig) -> Payload:
         inputs.append(DTensor(i, t.dims, t.dtype, cls, dcls, cls if cls is not None else ("v", i)))
     scalars = sorted({float(t.params["scalar"]) for t in g.operators if "scalar" in t.params}
                      | set(config.scalars))
-    return Payload(g.to_json(), reach, config, tuple(inputs), tuple(scalars))
+    return Payload(g.to_json(), reach, config, tuple(inputs), tuple(scalars), seed)
 
 
 def _executor(workers: Any) -> tuple[cf.Executor | None, bool]:
@@ -87,7 +87,7 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
         raise SearchError(f"superoptimize: config must be a SearchConfig, got {config!r}")
     t_start = time.perf_counter()
     stats = SearchStats()
-    payload = prepare(g, config)
+    payload = prepare(g, config, seed)
     stats.seconds["prepare"] = time.perf_counter() - t_start
     tasks = list_tasks(payload)
     stats.tasks_total = len(tasks)
@@ -98,6 +98,7 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     deadline = None if time_budget is None else time.time() + time_budget
     show = sys.stderr.isatty() if progress is None else progress
     results: dict[str, SearchResult] = {}
+    enough = [False]  # set once max_results are found
 
     def absorb(res: TaskResult, fresh: bool) -> None:
         stats.add(res.counts)
@@ -113,6 +114,8 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
                     stats.seconds_to_first = r.found_after
                 if on_result is not None:
                     on_result(r)
+        if config.max_results is not None and len(results) >= config.max_results:
+            enough[0] = True
         if fresh and ck is not None and not res.stopped:
             ck.record(res)
         if show:
@@ -125,6 +128,8 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     try:
         if executor is None:
             for task in todo:
+                if enough[0]:
+                    break
                 if deadline is not None and time.time() > deadline:
                     stats.budget_exhausted = True
                     break
@@ -134,6 +139,8 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
             try:
                 for fut in cf.as_completed(futures):
                     absorb(fut.result(), fresh=True)
+                    if enough[0]:
+                        break
             finally:
                 for fut in futures:
                     fut.cancel()

@@ -24,6 +24,8 @@ from .reach import ReachIndex, ref
 from .shapes import DTensor, KernelShape, kernel_shapes
 
 FINAL, INTERMEDIATE, LIBRARY = "final", "intermediate", "library"
+#: block graphs up to this many operators are searched before larger ones
+SHALLOW = 5
 
 
 @dataclass(frozen=True)
@@ -35,18 +37,19 @@ class Payload:
     config: SearchConfig
     inputs: tuple[DTensor, ...]
     scalars: tuple[float, ...]
+    seed: int = 0
 
 
 @dataclass(frozen=True)
 class Task:
     kind: str
     index: int
-    #: exactly this many block operators in the task's first kernel
-    ops: int
+    #: the task's first kernel has from ``ops[0]`` to ``ops[1]`` block operators
+    ops: tuple[int, int]
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.index}:{self.ops}"
+        return f"{self.kind}:{self.index}:{self.ops[0]}-{self.ops[1]}"
 
 
 @dataclass
@@ -63,15 +66,23 @@ class _Context:
     """Per-process state built from a payload: the target, its verifier, cached shapes."""
 
     def __init__(self, payload: Payload) -> None:
-        from ..verify import Verifier
-
         self.payload = payload
         self.target: KernelGraph = loads(payload.target_json)
-        self.verifier = Verifier(self.target, tests=payload.config.verify_tests,
-                                 backend="numpy")
+        self._verifier: Any = None
+        self.memo: dict[Any, Any] = {}
         self.probe = LinkProbe()
         self.first_shapes: list[KernelShape] = list(kernel_shapes(payload.inputs,
                                                                   payload.config))
+
+
+    @property
+    def verifier(self) -> Any:
+        if self._verifier is None:
+            from ..verify import Verifier
+
+            self._verifier = Verifier(self.target, tests=self.payload.config.verify_tests,
+                                      seed=self.payload.seed, backend="numpy")
+        return self._verifier
 
 
 _CONTEXTS: dict[int, _Context] = {}  # one per payload, per process (the verifier is costly)
@@ -89,11 +100,14 @@ def list_tasks(payload: Payload) -> list[Task]:
     """The tasks of a search, in the order they should run (shallow first)."""
     ctx = _context(payload)
     n, most = len(ctx.first_shapes), payload.config.max_block_ops
-    tasks = [Task(FINAL, i, k) for k in range(1, most + 1) for i in range(n)]
+    # small block graphs of every shape first, then the larger ones
+    bands = [(1, min(SHALLOW, most))] + ([(SHALLOW + 1, most)] if most > SHALLOW else [])
+    tasks = [Task(FINAL, i, band) for band in bands for i in range(n)]
     if payload.config.max_kernels >= 2:
-        tasks += [Task(INTERMEDIATE, i, k) for k in range(1, most + 1) for i in range(n)]
+        tasks += [Task(INTERMEDIATE, i, band) for band in bands for i in range(n)]
     if payload.config.max_kernel_ops >= 1:
-        tasks += [Task(LIBRARY, i, 0) for i in range(len(_library_moves(ctx, payload.inputs)))]
+        moves = len(_library_moves(ctx, payload.inputs))
+        tasks += [Task(LIBRARY, i, (0, 0)) for i in range(moves)]
     return tasks
 
 
@@ -177,7 +191,7 @@ class _Run:
     def _search(self, shape: KernelShape, accept: Any, max_outputs: int) -> BlockSearch:
         return BlockSearch(shape, self.ctx.payload.reach, self.config, self.ctx.probe,
                            self.ctx.payload.scalars, accept, self.counters, self.stopped,
-                           max_outputs)
+                           max_outputs, memo=self.ctx.memo)
 
     def _step(self, shape: KernelShape, tiles: Sequence[Tile],
               outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:

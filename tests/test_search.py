@@ -1,0 +1,125 @@
+"""The superoptimizer on the small benchmark programs: discovery, determinism, checkpoints."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+
+import pytest
+
+import egraph_mirage as em
+from egraph_mirage.search import SearchConfig, SearchError, superoptimize
+
+#: a search space small enough to enumerate completely in a few seconds
+TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
+
+
+@pytest.fixture(scope="module")
+def rmsnorm():
+    return em.benchmarks.get("rmsnorm_linear", small=True)
+
+
+def _texts(results) -> list[str]:
+    return [r.to_json() for r in results]
+
+
+def test_rmsnorm_linear_is_discovered_as_one_kernel(rmsnorm):
+    results = superoptimize(rmsnorm, TINY, workers=1, progress=False)
+    assert results, "no μGraph found"
+    best = results.best
+    assert best.num_kernels == 1
+    assert [t.op for t in best.graph.operators] == ["customized"]
+    assert em.verify(rmsnorm, best.graph).equivalent
+    assert best.numeric_error < 1e-6
+
+    def moved_division(r) -> bool:  # the paper's form: divide after the matmul, in the epilogue
+        (t,) = r.graph.operators
+        ops = [b.op for b in t.params["kernel"].tb.tensors]
+        return "div" in ops and "matmul" in ops and ops.index("div") > ops.index("matmul")
+
+    assert any(moved_division(r) and r.num_kernels == 1 for r in results)
+    st = results.stats
+    assert st.states > 0 and st.candidates_verified >= 1 and st.pruned_by_oracle > 0
+
+
+def test_every_result_is_verified_and_ranked(rmsnorm):
+    results = superoptimize(rmsnorm, TINY, workers=1, progress=False)
+    assert len(results) >= 2
+    est = [r.estimated_seconds for r in results]
+    assert est == sorted(est)
+    for r in results:
+        assert em.verify(rmsnorm, r.graph, seed=7).equivalent
+        assert em.loads(r.to_json()).to_json() == r.to_json()
+
+
+def test_result_does_not_depend_on_workers(rmsnorm):
+    one = superoptimize(rmsnorm, TINY, workers=1, progress=False)
+    two = superoptimize(rmsnorm, TINY, workers=2, progress=False)
+    assert _texts(one) == _texts(two)
+    with cf.ThreadPoolExecutor(2) as pool:
+        threads = superoptimize(rmsnorm, TINY, workers=pool, progress=False)
+    assert _texts(threads) == _texts(one)
+
+
+def test_dask_executor_runs_the_same_search(rmsnorm):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        results = superoptimize(rmsnorm, TINY, workers=client.get_executor(), progress=False)
+    assert _texts(results) == _texts(superoptimize(rmsnorm, TINY, workers=1, progress=False))
+
+
+def test_checkpoint_resumes_instead_of_starting_over(rmsnorm, tmp_path):
+    path = tmp_path / "search.ckpt"
+    first = superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False)
+    data = json.loads(path.read_text())
+    assert data["format"] == "egraph-mirage-checkpoint"
+    assert len(data["tasks"]) == first.stats.tasks_total
+    again = superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False)
+    assert again.stats.resumed_tasks == first.stats.tasks_total
+    assert again.stats.states == first.stats.states  # counted from the file, nothing re-run
+    assert _texts(again) == _texts(first)
+
+
+def test_partial_checkpoint_finishes_the_rest(rmsnorm, tmp_path):
+    path = tmp_path / "search.ckpt"
+    full = superoptimize(rmsnorm, TINY, workers=1, progress=False)
+    superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False)
+    data = json.loads(path.read_text())
+    data["tasks"] = data["tasks"][: len(data["tasks"]) // 2]
+    path.write_text(json.dumps(data))
+    resumed = superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False)
+    assert 0 < resumed.stats.resumed_tasks < resumed.stats.tasks_total
+    assert _texts(resumed) == _texts(full)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "not a readable checkpoint"),
+    ('{"format": "something-else"}', "not an egraph-mirage checkpoint"),
+    ('{"format": "egraph-mirage-checkpoint", "version": 99}', "version"),
+])
+def test_bad_checkpoints_are_clear_errors(rmsnorm, tmp_path, text, message):
+    path = tmp_path / "bad.ckpt"
+    path.write_text(text)
+    with pytest.raises(SearchError, match=message):
+        superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False)
+
+
+def test_checkpoint_of_another_program_is_refused(rmsnorm, tmp_path):
+    path = tmp_path / "search.ckpt"
+    superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False)
+    other = em.benchmarks.get("rmsnorm_linear", small=True, gain=True)
+    with pytest.raises(SearchError, match="another program"):
+        superoptimize(other, TINY, workers=1, checkpoint=path, progress=False)
+
+
+def test_bad_arguments_are_clear_errors(rmsnorm):
+    with pytest.raises(SearchError, match="workers"):
+        superoptimize(rmsnorm, TINY, workers=0)
+    with pytest.raises(SearchError, match="SearchConfig"):
+        superoptimize(rmsnorm, config={"max_block_ops": 3})
+    with pytest.raises(SearchError, match="max_block_ops"):
+        SearchConfig(max_block_ops=0)
+    with pytest.raises(SearchError, match="KernelGraph"):
+        superoptimize("rmsnorm_linear")
