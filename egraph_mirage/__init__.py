@@ -10,6 +10,7 @@ from .errors import (
                      EMError,
                      ExprError,
                      GraphError,
+                     LowerError,
                      MapError,
                      OracleError,
                      ResourceError,
@@ -24,6 +25,7 @@ from .mugraph.reference import run_reference
 from .mugraph.serialize import load, loads
 from .ops import OPS, OpSpec
 from .oracle import Budget, IncompleteSaturationWarning, Oracle, Reachability
+from .search import SearchConfig, SearchError, superoptimize
 from .verify import Verifier, VerifyError, VerifyResult, check_numerics, verify
 
 __version__ = "0.1.0"
@@ -39,6 +41,7 @@ __all__ = [
                      "GraphError",
                      "IncompleteSaturationWarning",
                      "KernelGraph",
+                     "LowerError",
                      "MapError",
                      "OpSpec",
                      "Oracle",
@@ -46,6 +49,8 @@ __all__ = [
                      "Reachability",
                      "ResourceError",
                      "RuleError",
+                     "SearchConfig",
+                     "SearchError",
                      "SerializationError",
                      "ShapeError",
                      "Tensor",
@@ -68,5 +73,6 @@ __all__ = [
                      "new_threadblock_graph",
                      "parse",
                      "run_reference",
+                     "superoptimize",
                      "verify",
 ]

@@ -4,6 +4,7 @@
     egraph-mirage oracle NAME [--batch B] [--small] [--query SEXPR ...] [--svg PATH]
     egraph-mirage bench oracle [--json] [--small] [--targets NAME ...] [--seconds S] [--repeats N]
     egraph-mirage bench verify [--json] [--small] [--targets NAME ...] [--mutants N] [--seed S]
+    egraph-mirage bench gpu [--json] [--batch B ...] [--programs NAME ...] [--mugraph-dir DIR]
 
 Errors raised on purpose by egraph-mirage (``EMError``) print as one ``error: ...`` line on
 stderr and exit with status 2.
@@ -40,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                    help='s-expressions to ask about, e.g. \'(Sum 64 (Mul (Var "v0") (Var "v1")))\'')
     o.add_argument("--svg", metavar="PATH", help="also draw the saturated e-graph to PATH")
 
+    from .search import command as optimize
+
+    optimize.add_arguments(sub.add_parser("optimize", help="superoptimize a program"))
     b = sub.add_parser("bench", help="benchmarks of egraph-mirage's own machinery")
     bsub = b.add_subparsers(dest="bench", required=True, metavar="WHAT")
     bo = bsub.add_parser("oracle", help="saturation time and query throughput of the oracle")
@@ -58,6 +62,23 @@ def _parser() -> argparse.ArgumentParser:
     bv.add_argument("--mode", choices=("auto", "numpy", "jit"), default="auto",
                     help="how candidates are evaluated (same verdicts; default: numpy, or jit "
                     "for big inputs)")
+    bg = bsub.add_parser("gpu", help="our best μGraphs against PyTorch baselines on a CUDA GPU")
+    bg.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    bg.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16], metavar="B",
+                    help="batch sizes (default 1 8 16)")
+    bg.add_argument("--programs", nargs="+", metavar="NAME", help="benchmarks (default: all)")
+    bg.add_argument("--mugraph-dir", metavar="DIR",
+                    help="μGraphs from the search: DIR/<name>_b<batch>[_*].json (default: the "
+                    "hand-written ones)")
+    bg.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
+    bg.add_argument("--max-autotune", action="store_true",
+                    help="torch.compile in max-autotune mode (slow to compile)")
+    bg.add_argument("--no-tune", action="store_true", help="the lowering's default knobs only")
+    bg.add_argument("--cache-dir", metavar="DIR",
+                    help="tuning cache (default $EGRAPH_MIRAGE_CACHE or ~/.cache/egraph-mirage)")
+    bg.add_argument("--no-cache", action="store_true", help="re-time every tuning trial")
+    bg.add_argument("--markdown", metavar="PATH", help="also write a Markdown report to PATH")
+    bg.add_argument("--plot", metavar="PATH", help="also draw a PNG of the results (matplotlib)")
     return p
 
 
@@ -70,10 +91,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             return _list()
+        if args.command == "optimize":
+            from .search import command as optimize
+
+            return optimize.run(args)
         if args.command == "oracle":
             return _oracle(args.name, args.batch, args.small, args.query, args.svg)
         if args.bench == "verify":
             return _bench_verify(args)
+        if args.bench == "gpu":
+            from .bench.gpu_bench import run_command
+
+            return run_command(args, argv)
         return _bench_oracle(args)
     except EMError as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # always one line

@@ -52,3 +52,7 @@ class ResourceError(EMError, ValueError):
 
 class SerializationError(EMError, ValueError):
     """A μGraph file could not be written or read; names the file and the faulty entry."""
+
+
+class LowerError(EMError, ValueError):
+    """A μGraph cannot be lowered to Triton; names the kernel and the operator."""

@@ -174,6 +174,24 @@ class KernelGraph(OpShorthands[Tensor]):
 
         return mugraph_svg(self, path)
 
+    def generate_triton_program(self, path: Any, **options: Any) -> str:
+        """Write this μGraph as one standalone Triton program (kernels and a host function
+        ``run(*inputs) -> list of outputs``) to ``path``, atomically; returns the source.
+        ``options``: ``num_warps``, ``num_stages``, ``fp32_dots``, ``fp32_precision``
+        (``lower.LowerOptions``)."""
+        from .lower import options_from, write_program
+
+        return write_program(self, path, options_from(options))
+
+    def compile(self, **options: Any) -> Any:
+        """This μGraph as a callable on torch tensors returning the list of outputs (through its
+        generated Triton program; ``lower.compile_graph``). ``options``: ``num_warps``,
+        ``num_stages`` (launch meta-parameters, for a tuner), ``fp32_dots``, ``fp32_precision``,
+        ``interpret`` (default: Triton's interpreter when there is no CUDA device)."""
+        from .lower import compile_graph
+
+        return compile_graph(self, **options)
+
     def __repr__(self) -> str:
         lines = [f"KernelGraph({len(self.inputs)} inputs, {len(self.operators)} operators)"]
         for t in self.tensors:

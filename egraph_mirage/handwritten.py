@@ -98,6 +98,33 @@ def attention(g: KernelGraph) -> KernelGraph:
     return h
 
 
+def flash_attention(g: KernelGraph) -> KernelGraph:
+    """Attention as one kernel with online softmax (FlashAttention's running max).
+
+    Grid (heads, query tiles, 1); the loop walks the KV tiles. Iteration i computes
+    ``s_i = q k_i``, the running row max ``m_i`` (``forloop_max``) and ``p_i = exp(s_i - m_i)``;
+    the accumulators rescale their totals by ``exp(m_(i-1) - m_i)`` each step, so after the loop
+    they hold ``sum_i exp(s_i - m_last) v_i`` and ``sum_i exp(s_i - m_last)``, whose quotient is
+    the attention output: the max cancels, and every exponent is <= 0."""
+    h, (Q, K, V) = _same_inputs(g)
+    heads, lq, _ = Q.dims
+    lk = K.dims[2]
+    tq, tk = _tile(lq), _tile(lk)
+    tb = new_threadblock_graph(grid_dim=(heads, lq // tq, 1), forloop_range=lk // tk)
+    q = tb.new_input(Q, (0, 1, -1), forloop_dim=-1)  # (1, tq, d), the same every iteration
+    k = tb.new_input(K, (0, -1, -1), forloop_dim=2)  # (1, d, tk)
+    v = tb.new_input(V, (0, -1, -1), forloop_dim=1)  # (1, tk, d)
+    s = tb.matmul(q, k)
+    m = tb.forloop_max(s)  # (1, tq, 1): max over the keys of iterations 0..i
+    p = tb.exp(tb.add(s, tb.mul_scalar(m, -1.0)))
+    o = tb.forloop_accum(tb.matmul(p, v), rescale=m)
+    rowsum = tb.forloop_accum(p, "sum", rescale=m)
+    tb.new_output(tb.div(o, rowsum), (0, 1, -1))
+    (O,) = h.customized([Q, K, V], tb)
+    h.mark_output(O)
+    return h
+
+
 def qknorm(g: KernelGraph) -> KernelGraph:
     """Attention with the rms_norm of Q and V done inside kernel 1."""
     h, (Q, K, V) = _same_inputs(g)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import egraph_mirage as em
 from egraph_mirage.ops import LEVELS, THREAD
+from egraph_mirage.ops.spec import TileDims, TritonEmission
 
 OPS = em.OPS
 ELEMENTWISE_UNARY = ("exp", "sqrt", "square", "silu", "gelu", "relu")
@@ -38,6 +39,18 @@ def test_entry_complete(name: str) -> None:
     assert isinstance(spec.doc, str) and spec.doc
     for rule in ("shape", "dtype", "expr", "reference"):
         assert callable(getattr(spec, rule)), f"{name}.{rule} is not callable"
+    # the Triton emission: tile (in a kernel), host (torch, between kernels), dimension rule
+    assert isinstance(spec.triton, TritonEmission), f"{name}.triton"
+    for part in ("tile", "host", "dims"):
+        assert callable(getattr(spec.triton, part)), f"{name}.triton.{part} is not callable"
+    assert isinstance(spec.triton.keeps_zero, bool)
+    if name != "customized":  # a graph-defined kernel is lowered as a whole
+        shapes = [(4, 4)] * spec.num_inputs[0]
+        params = {k: v for k, v in {"dim": 1, "scalar": 2.0, "normalized_shape": (4,)}.items()
+                  if k in spec.params}
+        rel = spec.triton.dims(shapes, params)
+        assert isinstance(rel, TileDims) and len(rel.out) == 2
+        assert isinstance(spec.triton.host(["a", "b"][:len(shapes)], shapes, params), str)
 
 
 def test_levels_constant() -> None:

@@ -1,6 +1,36 @@
-"""Lowering of μGraphs to Triton kernels.
+"""Lowering of μGraphs to Triton: every graph-defined kernel becomes one ``@triton.jit`` kernel,
+library operators become torch calls, and a host function ``run`` launches them in order.
 
-This package is where every graph-defined kernel becomes one ``@triton.jit`` kernel; it is built on
-top of the μGraph IR and is not populated yet. Nothing here imports egglog or JAX, so the GPU side
-can run without them.
+    source = generate_source(graph)                  # the program's Python source
+    write_program(graph, "program.py")               # the same, written atomically
+    fn = compile_graph(graph, num_warps=4, num_stages=2)
+    outputs = fn(*torch_tensors)                     # a list of tensors
+
+``KernelGraph.generate_triton_program`` and ``KernelGraph.compile`` delegate here. Nothing in this
+package imports egglog or JAX, and triton / torch are imported only when a program is compiled.
+See ``docs/lowering.md`` for the mapping.
 """
+
+from __future__ import annotations
+
+from .accumulate import ACCUMULATOR_EMISSIONS, AccumulatorEmission
+from .compile import CompiledGraph, compile_graph, use_interpreter
+from .kernel_codegen import DotConfig, kernel_source
+from .program import KNOBS, LowerOptions, generate_source, options_from, write_program
+from .tile_context import TileContext
+
+__all__ = [
+    "ACCUMULATOR_EMISSIONS",
+    "KNOBS",
+    "AccumulatorEmission",
+    "CompiledGraph",
+    "DotConfig",
+    "LowerOptions",
+    "TileContext",
+    "compile_graph",
+    "generate_source",
+    "kernel_source",
+    "options_from",
+    "use_interpreter",
+    "write_program",
+]

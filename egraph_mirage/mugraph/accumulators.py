@@ -4,6 +4,12 @@ One entry per accumulator kind, each holding its shape rule, abstract expression
 semantics on the vectorised layout ``(gx, gy, gz, F, *tile)`` (axis ``LOOP`` is the iteration).
 A tensor that does not change across iterations (size 1 on the loop axis) is accumulated
 ``forloop_range`` times, exactly as a block running the loop would.
+
+Online softmax adds two pieces (``docs/mugraph.md`` section 6): the running max of a tile
+(``forloop_max``: a loop-side tile, the max over the last dimension and the iterations so far)
+and the rescaled form of the linear kinds (``forloop_accum(x, acc, rescale=m)``: each
+iteration's contribution weighted by ``exp(m_i - m_last)``). Their semantics are the functions
+at the end of this module.
 """
 
 from __future__ import annotations
@@ -93,6 +99,8 @@ class Accumulator:
     #: ``ff(field, x, iterations, dimx)``: the same over Z_p x Z_q, on the vectorised layout
     ff: Callable[[Any, Any, int, int], Any]
     doc: str
+    #: a sum of per-iteration terms (so ``rescale=`` may weight the terms)
+    linear: bool = True
 
 
 ACCUMULATORS: dict[str, Accumulator] = {a.name: a for a in [
@@ -122,7 +130,8 @@ ACCUMULATORS: dict[str, Accumulator] = {a.name: a for a in [
         lambda t, tile, n, dimx: app("Rms", n * tile[-1], t),
         lambda x, n, dimx: np.sqrt(_sum_ref(x * x, n, dimx) / (n * x.shape[-1])),
         lambda x, dimx: (x * x).sum(-1, keepdims=True), lambda s, count: np.sqrt(s / count),
-        _ff_rms, "sqrt(sum of squares / count) over iterations and the last dimension"),
+        _ff_rms, "sqrt(sum of squares / count) over iterations and the last dimension",
+        linear=False),
     Accumulator(
         "sum_todimx", _todimx_shape,
         lambda t, tile, n, dimx: sum_(n * tile[-1] // dimx, t),
@@ -140,3 +149,74 @@ def lookup_accumulator(acc: str | None) -> Accumulator:
         raise BlockGraphError(f"forloop_accum: unknown accumulator {acc!r}; known: None, "
                               + ", ".join(repr(k) for k in ACCUMULATORS if k != "plain"))
     return ACCUMULATORS[name]
+
+
+# --- online softmax: the running max and rescaled accumulation ---------------------------------
+
+def running_max_shape(tile: Dims) -> Dims:
+    """A running max reduces the last dimension to 1."""
+    return (*tile[:-1], 1)
+
+
+def running_max_expr(t: Term, tile: Dims, count: int) -> Term:
+    """``(Max n e)``: the max of n instances of ``e`` (n = iterations x last dimension for a
+    loop-side operand, the last dimension for an invariant one); just ``e`` when n is 1."""
+    return app("Max", count, t) if count > 1 else t
+
+
+def running_max_ref(x: np.ndarray) -> np.ndarray:
+    """Float running max on the vectorised layout: row max, then cumulative over the loop."""
+    return np.maximum.accumulate(np.max(x, axis=-1, keepdims=True), axis=LOOP)
+
+
+def running_max_ff(f: Any, x: Any) -> Any:
+    """Over Z_p x Z_q the max is an uninterpreted function of the multiset of values seen so far:
+    ``max_hash`` (a random function) of every value, summed over the row and the iterations so
+    far, then ``max`` (another random function) of that sum. Any tiling of the same row gives
+    the same multiset, hence the same value; see ``docs/mugraph.md`` section 11."""
+    h = f.sum(f.apply_table("max_hash", x), axis=len(x.shape) - 1)
+    if h.shape[LOOP] > 1:
+        h = f.cumsum(h, axis=LOOP)
+    return f.apply_table("max", h)
+
+
+def rescale_ref(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``x_i * exp(m_i - m_last)``: the weights of a rescaled accumulator (float)."""
+    return x * np.exp(m - np.take(m, [-1], axis=LOOP))
+
+
+def rescale_ff(f: Any, x: Any, m: Any) -> Any:
+    """``x_i * exp(m_i - m_last)`` over Z_p x Z_q (exp of the q-parts: needs m's q-part)."""
+    from ..verify.field import FFArrays
+
+    last = FFArrays(f.xp).take(m, -1, LOOP)
+    return f.mul(x, f.exp(f.add(m, f.mul(last, f.constant(-1, last)))))
+
+
+def rescale_step(total: np.ndarray | None, step: np.ndarray, m_prev: np.ndarray | None,
+                 m: np.ndarray) -> np.ndarray:
+    """One iteration of a rescaled accumulator in the per-block interpreter: the running total
+    is multiplied by ``exp(m_prev - m)`` before this iteration's term is added."""
+    return step if total is None else total * np.exp(m_prev - m) + step
+
+
+# --- a fast path for the verifier ---------------------------------------------------------------
+
+def matmul_loop_sum_ff(f: Any, a: Any, b: Any) -> Any | None:
+    """The plain accumulator of ``matmul(a, b)`` over Z_p x Z_q as one product: the loop axis
+    joins the contraction (``sum_i a_i @ b_i = [a_0 .. a_F-1] @ [b_0; ..; b_F-1]``), so the
+    per-iteration products are never stored. The same residues as the plain accumulator of the
+    products; None (use the plain path) when an operand does not change with the loop."""
+    from ..verify.field import FFArrays
+
+    if a.shape[LOOP] == 1 or b.shape[LOOP] == 1 or a.shape[LOOP] != b.shape[LOOP]:
+        return None
+    arrays, r, iters = FFArrays(f.xp), len(a.shape), a.shape[LOOP]
+    rest = list(range(LOOP + 1, r - 2))
+    a = arrays.transpose(a, [0, 1, 2, *rest, r - 2, LOOP, r - 1])
+    a = arrays.reshape(a, (*a.shape[:LOOP], 1, *a.shape[LOOP:r - 3], a.shape[r - 3],
+                           iters * a.shape[r - 1]))
+    b = arrays.transpose(b, [0, 1, 2, *rest, LOOP, r - 2, r - 1])
+    b = arrays.reshape(b, (*b.shape[:LOOP], 1, *b.shape[LOOP:r - 3], iters * b.shape[r - 2],
+                           b.shape[r - 1]))
+    return f.matmul(a, b)

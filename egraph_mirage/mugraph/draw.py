@@ -40,7 +40,15 @@ from ..errors import GraphError
 from ..files import write_atomic
 from ..ops import lookup
 from ..viz import RenderError, _render
-from .threadblock import EPILOGUE, INVARIANT, LOOP_SIDE, BlockTensor, ThreadBlockGraph
+from .threadblock import (
+    ACCUMULATOR_OPS,
+    BUILDER_OPS,
+    EPILOGUE,
+    INVARIANT,
+    LOOP_SIDE,
+    BlockTensor,
+    ThreadBlockGraph,
+)
 
 __all__ = ["RenderError", "mugraph_dot", "mugraph_svg"]
 
@@ -122,10 +130,14 @@ def _tile_node(k: int, t: BlockTensor) -> str:
         label = _html(f"b{t.index} load input {t.params['position']}",
                       f"imap={_dims(imap)}, forloop_dim={fdim}", f"tile {_dims(t.dims)}")
         fill, shape, extra = LOADER_FILL, "box", ""
-    elif t.op == "forloop_accum":
+    elif t.op in ACCUMULATOR_OPS:
         acc = t.params["acc"]
-        label = _html(f"b{t.index} accum {acc}", f"tile {_dims(t.dims)}")
+        rescaled = f", rescaled by b{t.operands[1].index}" if len(t.operands) > 1 else ""
+        label = _html(f"b{t.index} accum {acc}{rescaled}", f"tile {_dims(t.dims)}")
         fill, shape, extra = ACCUM_FILL, "box", ", peripheries=2"
+    elif t.op == "forloop_max":
+        label = _html(f"b{t.index} running max", f"tile {_dims(t.dims)}")
+        fill, shape, extra = OP_FILL, "box", ""
     else:
         ps = _param_text(t.op, t.params)
         label = _html(f"b{t.index} {t.op}" + (f" {ps}" if ps else ""), f"tile {_dims(t.dims)}")
@@ -207,7 +219,7 @@ def _kernel_cluster(k: int, tb: ThreadBlockGraph, outs: list[Any]) -> list[str]:
         out.append(f"    k{k}_s{i} [label={label}, fillcolor={_q(SAVER_FILL)}];")
     out.append("  }")
     # loaders on one row, accumulators on one row, savers on one row
-    for group in ([t for t in tb.inputs], [t for t in tb.tensors if t.op == "forloop_accum"]):
+    for group in ([t for t in tb.inputs], [t for t in tb.tensors if t.op in ACCUMULATOR_OPS]):
         if len(group) > 1:
             out.append("  {rank=same; " + " ".join(f"k{k}_b{t.index};" for t in group) + "}")
     if len(tb.outputs) > 1:
@@ -215,12 +227,13 @@ def _kernel_cluster(k: int, tb: ThreadBlockGraph, outs: list[Any]) -> list[str]:
                    + "}")
     # edges inside the block graph
     for t in tb.tensors:
-        numbered = len(t.operands) > 1 and t.op not in ("input", "forloop_accum") and \
-            _ordered(t.op)
+        numbered = len(t.operands) > 1 and t.op not in BUILDER_OPS and _ordered(t.op)
         for pos, o in enumerate(t.operands):
             attrs = [_position(pos)] if numbered else []
-            if t.op == "forloop_accum":
+            if t.op in ACCUMULATOR_OPS:
                 attrs.append(f"color={_q(EPILOGUE_BORDER)}")
+            if t.op == "forloop_accum_rescale" and pos == 1:
+                attrs += ['label="rescale"', 'style="dashed"', "fontsize=8"]
             out.append(f"  k{k}_b{o.index} -> k{k}_b{t.index}"
                        + (f" [{', '.join(attrs)}]" if attrs else "") + ";")
     for i, (t, _) in enumerate(tb.outputs):

@@ -20,9 +20,13 @@ import numpy as np
 from ..errors import GraphError
 from ..expr import Term
 from ..ops import lookup
+from . import accumulators as accs
 from . import partition as pt
 from .accumulators import lookup_accumulator
-from .threadblock import EPILOGUE, INVARIANT, ThreadBlockGraph
+from .threadblock import EPILOGUE, INVARIANT, LOOP_SIDE, ThreadBlockGraph
+
+#: the block graph on loader tiles (index -> tile): the saved tiles, in saver order
+Body = Callable[[dict[int, Any]], list[Any]]
 
 
 class GraphKernel:
@@ -46,11 +50,17 @@ class GraphKernel:
         for t in tb.tensors:
             if t.op == "input":
                 terms[t.index] = input_terms[t.params["position"]]
-            elif t.op == "forloop_accum":
-                (a,) = t.operands
+            elif t.op in ("forloop_accum", "forloop_accum_rescale"):
+                # rescaled: exp(m_i - m_last) is 1 once indices are abstracted away, so the
+                # expression is the plain accumulator's (docs/mugraph.md, section 6)
+                a = t.operands[0]
                 acc = lookup_accumulator(t.params["acc"])
                 terms[t.index] = acc.expr(terms[a.index], a.dims, tb.forloop_range,
                                           tb.reduction_dimx)
+            elif t.op == "forloop_max":
+                (a,) = t.operands
+                count = a.dims[-1] * (tb.forloop_range if a.side == LOOP_SIDE else 1)
+                terms[t.index] = accs.running_max_expr(terms[a.index], a.dims, count)
             else:
                 terms[t.index] = lookup(t.op).expr([terms[o.index] for o in t.operands],
                                                    [o.dims for o in t.operands], t.params)
@@ -63,25 +73,85 @@ class GraphKernel:
     # --- evaluation -------------------------------------------------------------------------
     def run_vectorised(self, inputs: Sequence[Any], xp: Any = np,
                        apply_op: Callable[[str, list[Any], dict[str, Any]], Any] | None = None,
-                       accumulate: Callable[[str, Any, int, int], Any] | None = None
+                       accumulate: Callable[[str, Any, int, int], Any] | None = None,
+                       running_max: Callable[[Any], Any] | None = None,
+                       rescale: Callable[[Any, Any], Any] | None = None,
+                       matmul_loop_sum: Callable[[Any, Any], Any] | None = None,
+                       split: Callable[[Body, dict[int, Any]], list[Any]] | None = None
                        ) -> list[Any]:
-        """All blocks at once. ``apply_op`` / ``accumulate`` default to float semantics."""
+        """All blocks at once. The hooks default to float semantics (numpy); another ``xp``
+        must bring ``running_max`` / ``rescale`` for graphs that use them. Optional:
+        ``matmul_loop_sum`` computes the plain accumulator of a matmul in one step (or returns
+        None; tiles only such accumulators use are then not computed at all), and
+        ``split(body, loaded)`` runs ``body`` (loader tiles by index -> saved tiles) on parts
+        of the grid (the blocks are independent) and joins the results."""
         tb = self.tb
         apply_op = apply_op or (lambda op, xs, p: lookup(op).reference(xs, p))
         accumulate = accumulate or (lambda acc, x, n, dimx:
                                     lookup_accumulator(acc).reference(x, n, dimx))
-        vals: dict[int, Any] = {}
-        for t in tb.tensors:
-            if t.op == "input":
-                x = inputs[t.params["position"]]
-                vals[t.index] = pt.to_blocks(xp, x, tb.grid_dim, tb.forloop_range,
-                                             t.params["input_map"], t.params["forloop_dim"])
-            elif t.op == "forloop_accum":
-                vals[t.index] = accumulate(t.params["acc"], vals[t.operands[0].index],
-                                           tb.forloop_range, tb.reduction_dimx)
-            else:
-                vals[t.index] = apply_op(t.op, [vals[o.index] for o in t.operands], t.params)
-        return [pt.from_blocks(xp, vals[t.index], tb.grid_dim, omap) for t, omap in tb.outputs]
+        if xp is np:
+            running_max = running_max or accs.running_max_ref
+            rescale = rescale or accs.rescale_ref
+        fused = self._fused_matmuls() if matmul_loop_sum else {}
+        needed = self._needed(fused)
+
+        def body(loaded: dict[int, Any]) -> list[Any]:
+            vals = dict(loaded)
+            for t in tb.tensors:
+                if t.index not in needed or t.op == "input":
+                    continue
+                if t.index in fused:
+                    a, b = tb.tensors[fused[t.index]].operands
+                    got = matmul_loop_sum(vals[a.index], vals[b.index])  # type: ignore[misc]
+                    if got is not None:
+                        vals[t.index] = got
+                        continue
+                    if fused[t.index] not in vals:  # the product was skipped: compute it now
+                        vals[fused[t.index]] = apply_op("matmul", [vals[a.index],
+                                                                   vals[b.index]], {})
+                args = [vals[o.index] for o in t.operands]
+                if t.op in ("forloop_max", "forloop_accum_rescale") and (
+                        running_max is None or rescale is None):
+                    raise GraphError(f"{t.op}: this evaluator has no semantics for online "
+                                     "softmax")
+                if t.op == "forloop_accum":
+                    vals[t.index] = accumulate(t.params["acc"], args[0], tb.forloop_range,
+                                               tb.reduction_dimx)
+                elif t.op == "forloop_accum_rescale":
+                    vals[t.index] = accumulate(t.params["acc"], rescale(args[0], args[1]),
+                                               tb.forloop_range, tb.reduction_dimx)
+                elif t.op == "forloop_max":
+                    vals[t.index] = running_max(args[0])
+                else:
+                    vals[t.index] = apply_op(t.op, args, t.params)
+            return [vals[t.index] for t, _ in tb.outputs]
+
+        loaded = {t.index: pt.to_blocks(xp, inputs[t.params["position"]], tb.grid_dim,
+                                        tb.forloop_range, t.params["input_map"],
+                                        t.params["forloop_dim"])
+                  for t in tb.inputs if t.index in needed}
+        saved = split(body, loaded) if split else body(loaded)
+        return [pt.from_blocks(xp, y, tb.grid_dim, omap) for y, (_, omap) in
+                zip(saved, tb.outputs)]
+
+    def _fused_matmuls(self) -> dict[int, int]:
+        """Plain accumulators of a loop-side matmul: accumulator index -> matmul index."""
+        return {t.index: t.operands[0].index for t in self.tb.tensors
+                if t.op == "forloop_accum" and t.params["acc"] == "plain"
+                and t.operands[0].op == "matmul" and t.operands[0].side == LOOP_SIDE}
+
+    def _needed(self, fused: dict[int, int]) -> set[int]:
+        """Tiles the outputs depend on, a fused accumulator reading its matmul's operands."""
+        tb, needed = self.tb, set()
+        todo = [t.index for t, _ in tb.outputs]
+        while todo:
+            i = todo.pop()
+            if i in needed:
+                continue
+            needed.add(i)
+            uses = (tb.tensors[fused[i]].operands if i in fused else tb.tensors[i].operands)
+            todo += [o.index for o in uses]
+        return needed
 
     def run_blocks(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Literal semantics: loop over blocks and iterations (float64 numpy)."""
@@ -90,6 +160,7 @@ class GraphKernel:
         gx, gy, gz = tb.grid_dim
         for block in np.ndindex(gx, gy, gz):
             sums: dict[int, np.ndarray] = {}
+            prev: dict[int, np.ndarray] = {}  # the rescale tile's value in the last iteration
             for it in range(tb.forloop_range):
                 vals: dict[int, np.ndarray] = {}
                 for t in tb.tensors:
@@ -97,6 +168,10 @@ class GraphKernel:
                         continue
                     if t.op == "input":
                         vals[t.index] = _tile(inputs[t.params["position"]], t, block, it)
+                    elif t.op == "forloop_max":  # running: combined with the previous value
+                        row = np.max(vals[t.operands[0].index], axis=-1, keepdims=True)
+                        vals[t.index] = row if it == 0 else np.maximum(sums[t.index], row)
+                        sums[t.index] = vals[t.index]
                     else:
                         vals[t.index] = lookup(t.op).reference(
                             [vals[o.index] for o in t.operands], t.params)
@@ -105,11 +180,17 @@ class GraphKernel:
                         step = lookup_accumulator(t.params["acc"]).step(
                             vals[t.operands[0].index], tb.reduction_dimx)
                         sums[t.index] = sums.get(t.index, 0) + step
+                    elif t.op == "forloop_accum_rescale":
+                        x, m = (vals[o.index] for o in t.operands)
+                        step = lookup_accumulator(t.params["acc"]).step(x, tb.reduction_dimx)
+                        sums[t.index] = accs.rescale_step(sums.get(t.index), step,
+                                                          prev.get(t.index), m)
+                        prev[t.index] = m
             vals = {i: v for i, v in vals.items() if tb.tensors[i].side == INVARIANT}
             for t in tb.tensors:
                 if t.side != EPILOGUE:
                     continue
-                if t.op == "forloop_accum":
+                if t.op in ("forloop_accum", "forloop_accum_rescale"):
                     a = t.operands[0]
                     count = tb.forloop_range * a.dims[-1]
                     vals[t.index] = lookup_accumulator(t.params["acc"]).finish(sums[t.index], count)

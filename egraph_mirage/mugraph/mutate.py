@@ -129,9 +129,12 @@ def _build_tb(ks: KernelSpec, sources: list[Tensor]) -> ThreadBlockGraph:
             p = n.params
             bt.append(tb.new_input(sources[len(tb.inputs)], tuple(p["input_map"]),
                                    p["forloop_dim"]))
-        elif n.op == "forloop_accum":
+        elif n.op in ("forloop_accum", "forloop_accum_rescale"):
             acc = n.params["acc"]
-            bt.append(tb.forloop_accum(args[0], None if acc == "plain" else acc))
+            bt.append(tb.forloop_accum(args[0], None if acc == "plain" else acc,
+                                       rescale=args[1] if len(args) > 1 else None))
+        elif n.op == "forloop_max":
+            bt.append(tb.forloop_max(args[0]))
         elif n.op == "rms_norm" and len(args) == 1:  # normalises the (maybe new) last tile dim
             bt.append(tb.rms_norm(args[0]))
         else:
@@ -234,10 +237,11 @@ def _kernel_edits(spec: GraphSpec, k: int) -> list[Edit]:
             out += [("imap", _put(lambda s, p=p: p(s)["input_map"], a, v))
                     for a in range(3) for v in range(-1, len(n.dims)) if v != imap[a]]
             out += [("fmap", _put(p, "forloop_dim", v)) for v in range(-1, len(n.dims)) if v != fd]
-        elif n.op == "forloop_accum":
+        elif n.op in ("forloop_accum", "forloop_accum_rescale"):
             out += [("accumulator", _put(p, "acc", acc))
                     for acc in ACCUMULATORS if acc != n.params["acc"]]
-        if n.op in ("input", "forloop_accum"):
+            out += _rescale_edits(at, ks, j)
+        if n.op in ("input", "forloop_accum", "forloop_accum_rescale"):
             out += _extra_edits(at, j, n.dims)
         else:
             out += _op_edits(at, ks, j, block=True)
@@ -255,6 +259,23 @@ def _kernel_edits(spec: GraphSpec, k: int) -> list[Edit]:
         kind = "forloop_range" if attr == "forloop_range" else "reduction_dimx"
         out += [(kind, _put(at, attr, x)) for x in (n_ * 2, n_ // 2) if x > n_ or n_ % 2 == 0]
     return out
+
+
+def _rescale_edits(at: Getter, ks: KernelSpec, j: int) -> list[Edit]:
+    """An accumulator's rescale dropped, or its rescale tile replaced by another running max
+    (or, for an accumulator without one, a running max added): online-softmax mistakes."""
+    n, out = ks.nodes[j], []
+    node: Getter = lambda s: at(s).nodes[j]  # noqa: E731
+
+    def set_rescale(s: GraphSpec, m: int | None) -> None:
+        nd = node(s)
+        nd.op = "forloop_accum" if m is None else "forloop_accum_rescale"
+        nd.operands = nd.operands[:1] + ([] if m is None else [m])
+    if n.op == "forloop_accum_rescale":
+        out.append(("rescale", lambda s: set_rescale(s, None)))
+    maxes = [i for i, m in enumerate(ks.nodes[:j])
+             if m.op == "forloop_max" and i not in n.operands[1:]]
+    return out + [("rescale", lambda s, i=i: set_rescale(s, i)) for i in maxes]
 
 
 def _grid_splits(ks: KernelSpec, k: int, a: int) -> list[Edit]:

@@ -7,6 +7,8 @@ params}], outputs [{tensor, output_map}]}], operators [{op, operands, params}] a
 are numbered inputs first, then operators; block tensors as in ``tb.tensors``. A customized op has
 params {kernel, output}; a kernel's outputs are consecutive operators 0, 1, ... (one customized
 call). A loader (op "input") reads the operand of its position; accumulator "plain" is acc=None.
+Online softmax: op "forloop_max" (one operand, no params) is ``tb.forloop_max``; op
+"forloop_accum_rescale" (operands [x, m], params {acc}) is ``tb.forloop_accum(x, acc, rescale=m)``.
 """
 
 from __future__ import annotations
@@ -264,12 +266,19 @@ class _Reader:
                                   f"the customized operator, which has {len(sources)}")
                     tb.new_input(sources[n], self.as_ints(p["input_map"], f"{wi}.params.input_map"),
                                  self.as_int(p["forloop_dim"], f"{wi}.params.forloop_dim"))
-                elif op == "forloop_accum":
+                elif op in ("forloop_accum", "forloop_accum_rescale"):
                     acc = self.typed(self.params(v, wi, ("acc",))["acc"], f"{wi}.params.acc",
                                      str, "an accumulator name")
+                    want = 1 if op == "forloop_accum" else 2
+                    if len(args) != want:
+                        self.fail(wi, f"{op} takes {want} operand(s), got {len(args)}")
+                    tb.forloop_accum(args[0], None if acc == "plain" else acc,
+                                     rescale=args[1] if want == 2 else None)
+                elif op == "forloop_max":
+                    self.params(v, wi, ())
                     if len(args) != 1:
-                        self.fail(wi, f"forloop_accum takes 1 operand, got {len(args)}")
-                    tb.forloop_accum(args[0], None if acc == "plain" else acc)
+                        self.fail(wi, f"forloop_max takes 1 operand, got {len(args)}")
+                    tb.forloop_max(args[0])
                 else:
                     if BLOCK not in lookup(op).levels:
                         self.fail(f"{wi}.op", f"{op} is not allowed in a thread-block graph")

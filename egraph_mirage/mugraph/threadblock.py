@@ -9,7 +9,9 @@
     (O,) = g.customized([X, W], tb)
 
 Operators before a ``forloop_accum`` run every iteration; operators after it run once, after the
-loop (the epilogue). Every output passes through an accumulator.
+loop (the epilogue). Every output passes through an accumulator. For online softmax,
+``tb.forloop_max(s)`` is the running max of ``s`` (a loop-side tile) and
+``tb.forloop_accum(x, rescale=m)`` rescales earlier iterations' sums by ``exp(m_old - m_new)``.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from ..ops import BLOCK, lookup
 from ..ops import shapes as sh
 from ..ops.shorthands import OpShorthands
 from . import partition as pt
-from .accumulators import lookup_accumulator
+from .accumulators import lookup_accumulator, running_max_shape
 
 #: shared memory a block may use for its tiles, in bytes (the original system's default)
 DEFAULT_SMEM_BYTES = 96 * 1024
 #: where a tile lives: in the loop, after it, or either (loaded once, the same every iteration)
 LOOP_SIDE, EPILOGUE, INVARIANT = "loop", "epilogue", "invariant"
+#: block ops that are not op-table entries: loaders, accumulators and the running max
+ACCUMULATOR_OPS = ("forloop_accum", "forloop_accum_rescale")
+BUILDER_OPS = ("input", "forloop_max", *ACCUMULATOR_OPS)
 
 
 def _join_sides(op: str, operands: Sequence[BlockTensor]) -> str:
@@ -127,15 +132,49 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
         """Normalise over the tile's last dimension."""
         return self.apply("rms_norm", (A,), normalized_shape=(A.dims[-1],))
 
-    def forloop_accum(self, A: BlockTensor, acc: str | None = None) -> BlockTensor:
-        """Combine ``A`` across the loop's iterations; the result lives after the loop."""
-        if not isinstance(A, BlockTensor) or A.graph is not self:
-            raise BlockGraphError("forloop_accum: operand is not a tile of this block graph")
+    def forloop_accum(self, A: BlockTensor, acc: str | None = None,
+                      rescale: BlockTensor | None = None) -> BlockTensor:
+        """Combine ``A`` across the loop's iterations; the result lives after the loop.
+
+        ``rescale=m`` (a loop-side tile, usually ``forloop_max``'s) weights iteration i's term by
+        ``exp(m_i - m_last)``: each step multiplies the running total by ``exp(m_prev - m_i)``
+        before adding (linear kinds only: plain, sum, mean, sum_todimx)."""
+        what = "forloop_accum"
+        self._check_tile(what, A)
         if A.side == EPILOGUE:
-            raise BlockGraphError(f"forloop_accum: b{A.index} is already after an accumulator")
+            raise BlockGraphError(f"{what}: b{A.index} is already after an accumulator")
         kind = lookup_accumulator(acc)
         dims = kind.shape(A.dims, self.reduction_dimx)
-        return self._add(dims, A.dtype, "forloop_accum", (A,), {"acc": kind.name}, EPILOGUE)
+        if rescale is None:
+            return self._add(dims, A.dtype, "forloop_accum", (A,), {"acc": kind.name}, EPILOGUE)
+        self._check_tile(f"{what} rescale", rescale)
+        if not kind.linear:
+            raise BlockGraphError(f"{what} {kind.name!r}: only the linear accumulators (plain, "
+                                  "sum, mean, sum_todimx) can be rescaled")
+        if rescale.side == EPILOGUE:
+            raise BlockGraphError(f"{what}: rescale tile b{rescale.index} is after an "
+                                  "accumulator; it must change with the loop (e.g. forloop_max)")
+        for target, role in ((A.dims, "operand"), (dims, "result")):
+            if (len(rescale.dims) != len(target)
+                    or any(m not in (1, d) for m, d in zip(rescale.dims, target))):
+                raise BlockGraphError(
+                    f"{what}: rescale tile b{rescale.index} {rescale.dims} does not broadcast to "
+                    f"the {role} dims {target} (accumulator {kind.name!r})")
+        return self._add(dims, A.dtype, "forloop_accum_rescale", (A, rescale),
+                         {"acc": kind.name}, EPILOGUE)
+
+    def forloop_max(self, A: BlockTensor) -> BlockTensor:
+        """The running max of ``A``: in iteration i, the max over the last dimension of the tiles
+        of iterations 0..i (last dimension 1). A loop-side tile (invariant if ``A`` is)."""
+        self._check_tile("forloop_max", A)
+        if A.side == EPILOGUE:
+            raise BlockGraphError(f"forloop_max: b{A.index} is after an accumulator; the running "
+                                  "max is taken inside the loop")
+        return self._add(running_max_shape(A.dims), A.dtype, "forloop_max", (A,), {}, A.side)
+
+    def _check_tile(self, what: str, A: Any) -> None:
+        if not isinstance(A, BlockTensor) or A.graph is not self:
+            raise BlockGraphError(f"{what}: operand is not a tile of this block graph")
 
     def new_output(self, A: BlockTensor, output_map: Sequence[int]) -> None:
         """Save ``A`` (after an accumulator); blocks are placed by ``output_map``."""
@@ -185,7 +224,7 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
         for t, _ in self.outputs:  # a saved tile must be stored: it ends its chain
             consumers[t.index] = consumers.get(t.index, 0) + 1
         elementwise = {t.index for t in self.tensors
-                       if t.op not in ("input", "forloop_accum") and lookup(t.op).elementwise}
+                       if t.op not in BUILDER_OPS and lookup(t.op).elementwise}
         chains: list[list[BlockTensor]] = []
         placed: set[int] = set()
         for t in self.tensors:

@@ -23,6 +23,47 @@ ShapeRule = Callable[[str, Sequence[Shape], Params], Shape]
 DTypeRule = Callable[[str, Sequence[DType], Params], DType]
 ExprRule = Callable[[Sequence[Term], Sequence[Shape], Params], Term]
 Reference = Callable[[Sequence[np.ndarray], Params], np.ndarray]
+#: an operand dimension: (operand position, dimension)
+OperandDim = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TileDims:
+    """How an operator's output dimensions relate to its operands' (used by the Triton lowering
+    to pad tiles consistently; see ``docs/lowering.md``).
+
+    ``out[j]`` lists the operand dimensions aligned with output dimension ``j`` (equal size, or
+    size 1 and broadcast); an empty entry is a new dimension, of size 1 if ``j`` is in
+    ``reduced`` and built at full size by the emission otherwise. ``joined`` lists groups of
+    operand dimensions aligned with each other only (a contraction); ``dot`` the operand
+    dimensions that a ``tl.dot`` uses, which the lowering pads to at least 16.
+    """
+
+    out: tuple[tuple[OperandDim, ...], ...]
+    reduced: tuple[int, ...] = ()
+    joined: tuple[tuple[OperandDim, ...], ...] = ()
+    dot: tuple[OperandDim, ...] = ()
+
+
+@dataclass(frozen=True)
+class TritonEmission:
+    """How the lowering (``egraph_mirage.lower``) writes an operator as code.
+
+    - ``tile(args, ctx, params) -> str``: the Triton expression of the operator on tiles inside
+      a kernel. ``args`` are the operands' variable names (fp32 values); ``ctx`` is the lowering's
+      ``TileContext`` (operand shapes, masking of padded elements, ``tl.dot``, concatenation).
+    - ``host(args, shapes, params) -> str``: the torch expression of the operator as a library
+      call between kernels, on fp32 tensors named ``args`` of the given shapes.
+    - ``dims(shapes, params) -> TileDims``: how output dimensions relate to operand dimensions
+      (``shapes``: the operands' shapes).
+    - ``keeps_zero``: whether the tile expression maps zero padding to zero padding (then the
+      lowering need not mask the result before a reduction).
+    """
+
+    tile: Callable[[Sequence[str], Any, Params], str]
+    host: Callable[[Sequence[str], Sequence[Shape], Params], str]
+    dims: Callable[[Sequence[Shape], Params], TileDims]
+    keeps_zero: bool
 
 
 @dataclass(frozen=True)
@@ -52,6 +93,9 @@ class OpSpec:
     levels: frozenset[str]
     #: Whether the two tensor operands may be swapped without changing the result.
     commutative: bool
+    #: How the Triton lowering writes the operator: in a kernel (Triton) and between kernels
+    #: (torch).
+    triton: TritonEmission
     #: One-line description for documentation and error messages.
     doc: str
 

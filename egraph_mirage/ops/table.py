@@ -11,31 +11,53 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import LowerError, ShapeError
 from ..expr import Term, app, sum_
 from . import field_ops as ff
 from . import shapes as sh
-from .spec import BLOCK, KERNEL, THREAD, OpSpec, Params, Shape
+from .spec import BLOCK, KERNEL, THREAD, OpSpec, Params, Shape, TileDims, TritonEmission
 
 ALL_LEVELS = frozenset({KERNEL, BLOCK, THREAD})
 GRAPH_LEVELS = frozenset({KERNEL, BLOCK})
+#: 2 * sqrt(2 / pi): the tanh form of GELU is x * sigmoid(GELU_K * (x + 0.044715 x^3))
+GELU_K = 2.0 * math.sqrt(2.0 / math.pi)
 
 
-def _unary(name: str, ctor: str, fn, field, doc: str) -> OpSpec:
+# --- Triton emission helpers (see ``TritonEmission``) ------------------------------------------
+
+def _aligned(shapes: Sequence[Shape], p: Params) -> TileDims:
+    """Element-wise: every output dimension aligned with the same dimension of each operand."""
+    rank = len(shapes[0])
+    return TileDims(out=tuple(tuple((o, j) for o in range(len(shapes))) for j in range(rank)))
+
+
+def _elementwise(tile: str, host: str, keeps_zero: bool) -> TritonEmission:
+    """An element-wise emission from format strings over ``{x}`` (unary) or ``{a}``, ``{b}``."""
+    def fmt(text: str, args: Sequence[str]) -> str:
+        return text.format(x=args[0], a=args[0], b=args[-1], k=repr(GELU_K))
+
+    return TritonEmission(tile=lambda args, ctx, p: fmt(tile, args),
+                          host=lambda args, shapes, p: fmt(host, args),
+                          dims=_aligned, keeps_zero=keeps_zero)
+
+
+def _unary(name: str, ctor: str, fn, field, doc: str, triton: TritonEmission) -> OpSpec:
     return OpSpec(
         name=name, num_inputs=(1, 1), params=(), shape=sh.same_shape, dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app(ctor, ts[0]),
         reference=lambda xs, p: fn(xs[0]), ff=field,
-        levels=ALL_LEVELS, commutative=False, doc=doc,
+        levels=ALL_LEVELS, commutative=False, triton=triton, doc=doc,
     )
 
 
-def _binary(name: str, ctor: str, fn, commutative: bool, doc: str) -> OpSpec:
+def _binary(name: str, ctor: str, fn, commutative: bool, sign: str, keeps_zero: bool,
+            doc: str) -> OpSpec:
     return OpSpec(
         name=name, num_inputs=(2, 2), params=(), shape=sh.broadcast, dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app(ctor, ts[0], ts[1]),
         reference=lambda xs, p: fn(xs[0], xs[1]), ff=ff.binary(name),
-        levels=ALL_LEVELS, commutative=commutative, doc=doc,
+        levels=ALL_LEVELS, commutative=commutative,
+        triton=_elementwise(f"{{a}} {sign} {{b}}", f"{{a}} {sign} {{b}}", keeps_zero), doc=doc,
     )
 
 
@@ -126,46 +148,131 @@ def _kernel(p: Params):
     return p["kernel"]
 
 
+def _matmul_dims(shapes: Sequence[Shape], p: Params) -> TileDims:
+    r = len(shapes[0])
+    batch = tuple(((0, j), (1, j)) for j in range(r - 2))
+    return TileDims(out=(*batch, ((0, r - 2),), ((1, r - 1),)),
+                    joined=(((0, r - 1), (1, r - 2)),),
+                    dot=((0, r - 2), (0, r - 1), (1, r - 2), (1, r - 1)))
+
+
+def _reduction_dims(shapes: Sequence[Shape], p: Params) -> TileDims:
+    d = sh.normalize_dim("reduction", shapes[0], p["dim"])
+    return TileDims(out=tuple(() if j == d else ((0, j),) for j in range(len(shapes[0]))),
+                    reduced=(d,))
+
+
+def _rms_norm_axes(shape: Shape, p: Params) -> tuple[int, ...]:
+    """The (non-negative) trailing dimensions that rms_norm normalises over."""
+    n = sh.normalized_size("rms_norm", shape, p["normalized_shape"])
+    k = sh._trailing_count(shape, n)
+    return tuple(range(len(shape) - k, len(shape)))
+
+
+def _rms_norm_tile(args: Sequence[str], ctx, p: Params) -> str:
+    x = args[0]
+    axes = _rms_norm_axes(ctx.real(0), p)
+    n = math.prod(ctx.real(0)[d] for d in axes)
+    normed = f"{x} / tl.sqrt({ctx.sum(f'{x} * {x}', 0, axes)} / {float(n)!r})"
+    return f"{normed} * {args[1]}" if len(args) == 2 else normed
+
+
+def _rms_norm_host(args: Sequence[str], shapes: Sequence[Shape], p: Params) -> str:
+    x = args[0]
+    dims = tuple(d - len(shapes[0]) for d in _rms_norm_axes(shapes[0], p))
+    normed = f"{x} / torch.sqrt(torch.mean({x} * {x}, dim={dims}, keepdim=True))"
+    return f"{normed} * {args[1]}" if len(args) == 2 else normed
+
+
+def _concat_dims(shapes: Sequence[Shape], p: Params) -> TileDims:
+    d = sh.normalize_dim("concat", shapes[0], p["dim"])
+    return TileDims(out=tuple(() if j == d else ((0, j), (1, j)) for j in range(len(shapes[0]))))
+
+
+def _concat_host(args: Sequence[str], shapes: Sequence[Shape], p: Params) -> str:
+    d = sh.normalize_dim("concat", shapes[0], p["dim"])
+    a, b = shapes
+    joint = [max(x, y) for x, y in zip(a, b)]
+    parts = []
+    for name, s in zip(args, shapes):
+        want = tuple(s[j] if j == d else joint[j] for j in range(len(s)))
+        parts.append(name if want == tuple(s) else f"{name}.expand({want})")
+    return f"torch.cat(({parts[0]}, {parts[1]}), dim={d})"
+
+
+def _not_an_expression(*args: object) -> str:
+    raise LowerError("customized: a graph-defined kernel is lowered as a whole (one Triton "
+                     "kernel, egraph_mirage.lower), not as an expression")
+
+
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec(
         name="matmul", num_inputs=(2, 2), params=(), shape=sh.matmul, dtype=sh.same_dtype,
         expr=_matmul_expr, reference=lambda xs, p: np.matmul(xs[0], xs[1]), ff=ff.binary("matmul"),
         levels=GRAPH_LEVELS, commutative=False,
+        triton=TritonEmission(tile=lambda args, ctx, p: ctx.dot(0, 1),
+                              host=lambda args, shapes, p: f"torch.matmul({args[0]}, {args[1]})",
+                              dims=_matmul_dims, keeps_zero=True),
         doc="matrix product over the last two dimensions, batched over the leading ones",
     ),
-    _binary("add", "Add", np.add, True, "element-wise sum with size-1 broadcasting"),
-    _binary("mul", "Mul", np.multiply, True, "element-wise product with size-1 broadcasting"),
-    _binary("div", "Div", np.divide, False, "element-wise quotient with size-1 broadcasting"),
-    _unary("exp", "Exp", np.exp, ff.exp, "element-wise e**x"),
-    _unary("sqrt", "Sqrt", np.sqrt, ff.table("sqrt"), "element-wise square root"),
-    _unary("square", "Square", np.square, ff.square, "element-wise x*x"),
-    _unary("silu", "Silu", _silu, ff.table("silu"), "element-wise x * sigmoid(x)"),
-    _unary("gelu", "Gelu", _gelu, ff.table("gelu"), "element-wise GELU, tanh form"),
+    _binary("add", "Add", np.add, True, "+", True, "element-wise sum with size-1 broadcasting"),
+    _binary("mul", "Mul", np.multiply, True, "*", True,
+            "element-wise product with size-1 broadcasting"),
+    _binary("div", "Div", np.divide, False, "/", False,
+            "element-wise quotient with size-1 broadcasting"),
+    _unary("exp", "Exp", np.exp, ff.exp, "element-wise e**x",
+           _elementwise("tl.exp({x})", "torch.exp({x})", False)),
+    _unary("sqrt", "Sqrt", np.sqrt, ff.table("sqrt"), "element-wise square root",
+           _elementwise("tl.sqrt({x})", "torch.sqrt({x})", True)),
+    _unary("square", "Square", np.square, ff.square, "element-wise x*x",
+           _elementwise("{x} * {x}", "{x} * {x}", True)),
+    _unary("silu", "Silu", _silu, ff.table("silu"), "element-wise x * sigmoid(x)",
+           _elementwise("{x} * tl.sigmoid({x})", "{x} * torch.sigmoid({x})", True)),
+    # tanh form: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+    _unary("gelu", "Gelu", _gelu, ff.table("gelu"), "element-wise GELU, tanh form",
+           _elementwise("{x} * tl.sigmoid({k} * ({x} + 0.044715 * {x} * {x} * {x}))",
+                        "torch.nn.functional.gelu({x}, approximate='tanh')", True)),
     _unary("relu", "Relu", lambda x: np.maximum(x, 0.0), ff.table("relu"),
-           "element-wise max(x, 0)"),
+           "element-wise max(x, 0)", _elementwise("tl.maximum({x}, 0.0)", "torch.relu({x})",
+                                                  True)),
     OpSpec(
         name="mul_scalar", num_inputs=(1, 1), params=("scalar",), shape=_mul_scalar_shape,
         dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app("Mul", ts[0], app("Const", _scalar_text(p["scalar"]))),
         reference=lambda xs, p: xs[0] * float(p["scalar"]), ff=ff.mul_scalar,
-        levels=ALL_LEVELS, commutative=False, doc="multiply every element by a constant",
+        levels=ALL_LEVELS, commutative=False,
+        triton=TritonEmission(
+            tile=lambda args, ctx, p: f"{args[0]} * {_scalar_text(p['scalar'])}",
+            host=lambda args, shapes, p: f"{args[0]} * {_scalar_text(p['scalar'])}",
+            dims=_aligned, keeps_zero=True),
+        doc="multiply every element by a constant",
     ),
     OpSpec(
         name="reduction", num_inputs=(1, 1), params=("dim",), shape=sh.reduction,
         dtype=sh.same_dtype, expr=_reduction_expr, reference=_reduction_ref, ff=ff.reduction,
         levels=GRAPH_LEVELS, commutative=False,
+        triton=TritonEmission(
+            tile=lambda args, ctx, p: ctx.sum(args[0], 0, (p["dim"] % len(ctx.real(0)),)),
+            host=lambda args, shapes, p: f"torch.sum({args[0]}, dim={p['dim']}, keepdim=True)",
+            dims=_reduction_dims, keeps_zero=True),
         doc="sum over one dimension, kept with size 1",
     ),
     OpSpec(
         name="rms_norm", num_inputs=(1, 2), params=("normalized_shape",), shape=_rms_norm_shape,
         dtype=sh.same_dtype, expr=_rms_norm_expr, reference=_rms_norm_ref, ff=ff.rms_norm,
         levels=GRAPH_LEVELS, commutative=False,
+        triton=TritonEmission(tile=_rms_norm_tile, host=_rms_norm_host, dims=_aligned,
+                              keeps_zero=False),
         doc="x / sqrt(mean(x**2)) over the trailing normalized_shape, times an optional gain",
     ),
     OpSpec(
         name="concat", num_inputs=(2, 2), params=("dim",), shape=sh.concat, dtype=sh.same_dtype,
         expr=_concat_expr, reference=_concat_ref, ff=ff.concat,
-        levels=GRAPH_LEVELS, commutative=False, doc="join two tensors along one dimension",
+        levels=GRAPH_LEVELS, commutative=False,
+        triton=TritonEmission(
+            tile=lambda args, ctx, p: ctx.concat(args[0], args[1], p["dim"] % len(ctx.real(0))),
+            host=_concat_host, dims=_concat_dims, keeps_zero=False),
+        doc="join two tensors along one dimension",
     ),
     OpSpec(
         name="customized", num_inputs=(1, 64), params=("kernel", "output"),
@@ -173,6 +280,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
         expr=lambda ts, shapes, p: _kernel(p).exprs(ts)[p["output"]],
         reference=lambda xs, p: _kernel(p).run_vectorised(xs)[p["output"]], ff=ff.customized,
         levels=frozenset({KERNEL}), commutative=False,
+        triton=TritonEmission(tile=_not_an_expression, host=_not_an_expression,
+                              dims=_not_an_expression, keeps_zero=False),  # type: ignore[arg-type]
         doc="output number `output` of a graph-defined kernel (a thread-block graph)",
     ),
 ]}

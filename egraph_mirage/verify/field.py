@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EMError
+from .fold import folded_matmul
 
 #: p is a safe prime below 2**20 (p = 2q + 1), omega = 9 has order q modulo p.
 P, Q, OMEGA = 1048343, 524171, 9
@@ -72,6 +73,9 @@ class Field:
         self._jax = jax
         #: set when a division by zero happened; the test is then redrawn
         self.zero_division = self.xp.asarray(False)
+        #: results of graph-defined kernels already evaluated with this field (a kernel with
+        #: several outputs is one operator per output, but runs once)
+        self.memo: dict[Any, Any] = {}
 
     # --- elementary -----------------------------------------------------------------------
     def mod(self, x: Any, m: int) -> Any:
@@ -147,6 +151,11 @@ class Field:
                                               self.q)
         return FF(self.mod(self.xp.sum(a.p, axis=axis, keepdims=keepdims), self.p), q, a.why)
 
+    def cumsum(self, a: FF, axis: int) -> FF:
+        """Running sums along ``axis`` (a running sum of n residues stays below n * p)."""
+        q = None if a.q is None else self.mod(self.xp.cumsum(a.q, axis=axis), self.q)
+        return FF(self.mod(self.xp.cumsum(a.p, axis=axis), self.p), q, a.why)
+
     def matmul(self, a: FF, b: FF) -> FF:
         return FF(self._matmul(a.p, b.p, self.p),
                   None if a.q is None or b.q is None else self._matmul(a.q, b.q, self.q),
@@ -156,10 +165,10 @@ class Field:
         k = x.shape[-1]
         chunk = max(1, int(EXACT // ((m - 1) ** 2)) - 1)
         if k <= chunk:
-            return self.mod(self.xp.matmul(x, y), m)
+            return self.mod(folded_matmul(self.xp, x, y), m)
         acc = None
         for s in range(0, k, chunk):
-            part = self.mod(self.xp.matmul(x[..., s:s + chunk], y[..., s:s + chunk, :]), m)
+            part = self.mod(folded_matmul(self.xp, x[..., s:s + chunk], y[..., s:s + chunk, :]), m)
             acc = part if acc is None else self.mod(acc + part, m)
         return acc
 
@@ -217,6 +226,12 @@ class FFArrays:
 
     def broadcast_to(self, x: FF, shape: Sequence[int]) -> FF:
         return self._map(x, lambda a: self.xp.broadcast_to(a, shape))
+
+    def take(self, x: FF, index: int, axis: int) -> FF:
+        """The slice at ``index`` of ``axis``, kept with size 1."""
+        i = index % x.shape[axis]
+        where = (slice(None),) * axis + (slice(i, i + 1),)
+        return self._map(x, lambda a: a[where])
 
     def concatenate(self, xs: Sequence[FF], axis: int) -> FF:
         q = None if any(x.q is None for x in xs) else self.xp.concatenate([x.q for x in xs], axis)

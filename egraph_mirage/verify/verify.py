@@ -76,7 +76,7 @@ def degree(term: Term) -> tuple[int, int]:
             r = (max(d for d, _ in kids), k)
         elif t.op == "Square":
             r = (2 * kids[0][0], k)
-        else:  # Sqrt, Silu, Gelu, Relu, Rms, user functions: a fresh random value
+        else:  # Sqrt, Silu, Gelu, Relu, Rms, Max, user functions: a fresh random value
             r = (1, k)
         memo[t] = r
         return r

@@ -1,0 +1,168 @@
+"""Timing of programs on a CUDA GPU: plain launches and CUDA-graph replay, on random inputs.
+
+A program is any ``fn(*inputs) -> list of outputs`` (a lowered μGraph, a PyTorch baseline).
+Two measurements, both the median of many runs after a warm-up, in microseconds:
+
+* ``plain``: ``triton.testing.do_bench(..., return_mode="median")``, which flushes the L2 cache
+  before every run; launch overhead is part of the figure.
+* ``graph``: the calls are captured into one CUDA graph and its replays are timed with events;
+  launch gaps shrink to what the graph leaves.
+
+Inputs are normal random numbers times ``std`` (0.1 by default: ``exp(Q @ K)`` over 64-long dot
+products then stays far from fp16's range), never zeros. When one set of inputs fits in the L2
+cache, several copies are made and the runs cycle through them, so no run finds its inputs in
+the cache that the previous run left (``rotation_count``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..dtypes import DType
+from ..graph import KernelGraph
+
+Program = Callable[..., Sequence[torch.Tensor]]
+InputSet = list[torch.Tensor]
+
+TORCH_DTYPES: dict[DType, torch.dtype] = {
+    DType.float16: torch.float16, DType.bfloat16: torch.bfloat16, DType.float32: torch.float32,
+}
+#: L2 size assumed where the device does not report one (an H200 has 60 MB)
+DEFAULT_L2_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """Knobs of the measurements (times in milliseconds, like ``do_bench``'s arguments)."""
+
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    #: device time one CUDA-graph replay should take; the graph holds that many calls
+    graph_replay_ms: float = 20.0
+    graph_replays: int = 15
+    max_graph_calls: int = 2000
+    #: rotated input sets together cover this many times the L2 size...
+    rotate_factor: float = 3.0
+    #: ...with at most this many sets and this many bytes
+    max_sets: int = 1024
+    max_rotation_bytes: int = 2 << 30
+
+
+class Timer(Protocol):
+    """What the benchmark harness and the tuner need from a timer (a fake one in CPU tests)."""
+
+    def plain(self, fn: Program, input_sets: Sequence[InputSet]) -> float:
+        """Median µs of one call with plain launches."""
+        ...
+
+    def graph(self, fn: Program, input_sets: Sequence[InputSet]) -> float:
+        """Median µs of one call under CUDA-graph replay."""
+        ...
+
+
+def graph_bytes(g: KernelGraph) -> int:
+    """Bytes of one set of ``g``'s inputs."""
+    return sum(math.prod(t.dims) * t.dtype.itemsize for t in g.inputs)
+
+
+def rotation_count(set_bytes: int, l2_bytes: int, config: TimingConfig = TimingConfig()) -> int:
+    """How many input sets to cycle through: enough that they cover ``rotate_factor`` × L2."""
+    if set_bytes <= 0:
+        return 1
+    want = math.ceil(config.rotate_factor * l2_bytes / set_bytes)
+    cap = max(1, min(config.max_sets, config.max_rotation_bytes // set_bytes))
+    return max(1, min(want, cap))
+
+
+def random_inputs(g: KernelGraph, device: str | torch.device = "cuda", seed: int = 0,
+                  std: float = 0.1) -> InputSet:
+    """One set of ``g``'s inputs: normal random numbers times ``std``, in each input's dtype."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return [(torch.randn(t.dims, generator=gen, device=device, dtype=torch.float32) * std)
+            .to(TORCH_DTYPES[t.dtype]) for t in g.inputs]
+
+
+def input_sets(g: KernelGraph, count: int, device: str | torch.device = "cuda", seed: int = 0,
+               std: float = 0.1) -> list[InputSet]:
+    """``count`` independent input sets (seeds ``seed``, ``seed + 1``, ...)."""
+    return [random_inputs(g, device, seed + i, std) for i in range(count)]
+
+
+def l2_bytes(device: torch.device | int | None = None) -> int:
+    if not torch.cuda.is_available():
+        return DEFAULT_L2_BYTES
+    props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0)) or DEFAULT_L2_BYTES
+
+
+def device_name(device: torch.device | int | None = None) -> str:
+    if not torch.cuda.is_available():
+        return "cpu"
+    return torch.cuda.get_device_name(device or torch.cuda.current_device())
+
+
+class _Cycle:
+    """Calls ``fn`` on the next input set each time."""
+
+    def __init__(self, fn: Program, input_sets: Sequence[InputSet]) -> None:
+        self.fn, self.sets, self.i = fn, list(input_sets), 0
+
+    def __call__(self) -> None:
+        xs = self.sets[self.i % len(self.sets)]
+        self.i += 1
+        self.fn(*xs)
+
+
+class CudaTimer:
+    """Events on the current CUDA device; see the module docstring."""
+
+    def __init__(self, config: TimingConfig = TimingConfig()) -> None:
+        self.config = config
+
+    def plain(self, fn: Program, input_sets: Sequence[InputSet]) -> float:
+        import triton.testing
+
+        with torch.no_grad():
+            ms = triton.testing.do_bench(_Cycle(fn, input_sets), warmup=self.config.warmup_ms,
+                                         rep=self.config.rep_ms, return_mode="median")
+        return float(ms) * 1e3
+
+    def graph(self, fn: Program, input_sets: Sequence[InputSet]) -> float:
+        c = self.config
+        call = _Cycle(fn, input_sets)
+        with torch.no_grad():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up off the capture (compiles, autotunes)
+                for _ in range(max(3, len(input_sets))):
+                    call()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            estimate = _event_ms(lambda: [call() for _ in range(5)]) / 5
+            calls = int(c.graph_replay_ms / estimate) if estimate > 0 else c.max_graph_calls
+            calls = max(len(input_sets), min(c.max_graph_calls, max(1, calls)))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    call()
+            graph.replay()  # the first replay uploads the graph
+            torch.cuda.synchronize()
+            times = [_event_ms(graph.replay) / calls for _ in range(c.graph_replays)]
+            del graph
+        return statistics.median(times) * 1e3
+
+
+def _event_ms(work: Callable[[], object]) -> float:
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    work()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end))

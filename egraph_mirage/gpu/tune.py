@@ -1,0 +1,228 @@
+"""Tuning lowered μGraphs: try the lowering's knobs, reject wrong kernels, keep the fastest.
+
+``tune(mugraph, program, ...)`` compiles ``mugraph`` once per point of the knob space
+(``num_warps`` × ``num_stages`` unless the lowering names its own), checks each compiled program
+against the PyTorch evaluation of ``program`` in float32 on fresh random inputs (relative error
+above ``tol`` or any NaN: rejected, never timed), times the rest and keeps the best. Every trial
+is cached on disk under a hash of the μGraph's JSON, the device name and the knobs, so a second
+run re-times nothing; the best is compiled again to hand back a callable.
+
+``rank(candidates, program)`` orders μGraphs by measured time where a GPU and the lowering are
+present, and by the bytes their kernels move (``floor.traffic_bytes``) otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..files import write_atomic
+from ..graph import KernelGraph
+from .floor import traffic_bytes
+from .timing import InputSet, Program, Timer
+
+Knobs = dict[str, Any]
+Compiler = Callable[[KernelGraph, Mapping[str, Any]], Program]
+
+#: the knobs tried when the lowering does not name its own (``egraph_mirage.lower.KNOBS``)
+DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {"num_warps": (2, 4, 8), "num_stages": (1, 2, 3, 4)}
+#: relative error (‖out − ref‖ / ‖ref‖) above which an fp16 kernel is wrong
+FP16_TOL = 1e-2
+CACHE_SCHEMA = 1
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("EGRAPH_MIRAGE_CACHE", Path.home() / ".cache" / "egraph-mirage"))
+
+
+def default_compiler() -> Compiler | None:
+    """The lowering's compile entry point, or None while ``egraph_mirage.lower`` has none:
+    ``KernelGraph.compile(**knobs)`` if it exists, else ``egraph_mirage.lower.compile``."""
+    if callable(getattr(KernelGraph, "compile", None)):
+        return lambda g, knobs: g.compile(**knobs)  # type: ignore[attr-defined]
+    lower = importlib.import_module("egraph_mirage.lower")
+    fn = getattr(lower, "compile", None)
+    if callable(fn):
+        return lambda g, knobs: fn(g, **knobs)
+    return None
+
+
+def knob_space(space: Mapping[str, Sequence[Any]] | None = None) -> list[Knobs]:
+    """Every combination of the knob values (the lowering's ``KNOBS`` if it names them)."""
+    if space is None:
+        lower = importlib.import_module("egraph_mirage.lower")
+        space = getattr(lower, "KNOBS", None) or DEFAULT_KNOBS
+    keys = sorted(space)
+    return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
+
+
+def lowering_fingerprint() -> str:
+    """Hash of the lowering's source files: a changed code generator invalidates cached trials."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1] / "lower"
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_key(mugraph_json: str, device: str, knobs: Mapping[str, Any], timing: str,
+              lowering: str = "") -> str:
+    """Hash of what decides a trial's outcome: the μGraph, the device, the knobs, what is timed
+    and the lowering's version (``lowering_fingerprint``)."""
+    blob = json.dumps({"schema": CACHE_SCHEMA, "mugraph": mugraph_json, "device": device,
+                       "knobs": {k: knobs[k] for k in sorted(knobs)}, "timing": timing,
+                       "lowering": lowering}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class TuneCache:
+    """One small JSON file per trial under ``root/tune/``; ``root=None`` keeps nothing."""
+
+    def __init__(self, root: str | os.PathLike[str] | None) -> None:
+        self.dir = None if root is None else Path(root) / "tune"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        if self.dir is None:
+            return None
+        path = self.dir / f"{key}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, record: Mapping[str, Any]) -> None:
+        if self.dir is None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dir / f"{key}.json", json.dumps(dict(record), sort_keys=True))
+
+
+@dataclass
+class Trial:
+    knobs: Knobs
+    status: str  # "ok", "wrong" (numerics) or "failed" (compile or run raised)
+    us: float | None = None
+    error: float | None = None  # relative error against the reference
+    message: str = ""
+    cached: bool = False
+
+
+@dataclass
+class TuneResult:
+    trials: list[Trial] = field(default_factory=list)
+    best: Trial | None = None
+    fn: Program | None = None  # the best configuration, compiled
+
+    @property
+    def us(self) -> float | None:
+        return None if self.best is None else self.best.us
+
+
+def check(fn: Program, program: KernelGraph, inputs: InputSet, tol: float = FP16_TOL,
+          fn_inputs: InputSet | None = None, refs: Sequence[Any] | None = None
+          ) -> tuple[bool, float]:
+    """Run ``fn`` and compare every output with ``program`` evaluated in float32 on ``inputs``
+    (or with ``refs``, that evaluation done before); ``fn`` gets ``fn_inputs`` where given (the
+    same values in another layout)."""
+    import torch
+
+    from .torch_eval import evaluate, relative_error
+
+    with torch.no_grad():
+        outs = list(fn(*(inputs if fn_inputs is None else fn_inputs)))
+        if refs is None:
+            refs = evaluate(program, inputs, torch.float32)
+    if len(outs) != len(refs):
+        return False, math.inf
+    err = max(relative_error(o, r) for o, r in zip(outs, refs))
+    return err <= tol, err
+
+
+def tune(mugraph: KernelGraph, program: KernelGraph, *, compiler: Compiler, timer: Timer,
+         input_sets: Sequence[InputSet], check_inputs: InputSet, device: str,
+         cache: TuneCache | None = None, space: Mapping[str, Sequence[Any]] | None = None,
+         timing: str = "graph", tol: float = FP16_TOL) -> TuneResult:
+    """Compile, check and time ``mugraph`` at every knob setting; see the module docstring.
+
+    ``timing`` picks the measurement that ranks settings: "graph" (CUDA-graph replay, the
+    kernels' own time) or "plain".
+    """
+    cache = cache or TuneCache(None)
+    text, lowering = mugraph.to_json(), lowering_fingerprint()
+    result = TuneResult()
+    refs: list[Any] = []  # the reference outputs, computed at the first trial that needs them
+    for knobs in knob_space(space):
+        key = cache_key(text, device, knobs, timing, lowering)
+        hit = cache.get(key)
+        if hit is not None:
+            trial = Trial(knobs, hit["status"], hit.get("us"), hit.get("error"),
+                          hit.get("message", ""), cached=True)
+        else:
+            if not refs:
+                refs = _reference(program, check_inputs)
+            trial = _trial(mugraph, program, knobs, compiler, timer, input_sets, check_inputs,
+                           refs, timing, tol)
+            cache.put(key, {"status": trial.status, "us": trial.us, "error": trial.error,
+                            "message": trial.message, "knobs": knobs, "device": device})
+        result.trials.append(trial)
+        if trial.status == "ok" and trial.us is not None and (
+                result.best is None or trial.us < result.best.us):  # type: ignore[operator]
+            result.best = trial
+    if result.best is not None:
+        result.fn = compiler(mugraph, result.best.knobs)
+    return result
+
+
+def _reference(program: KernelGraph, inputs: InputSet) -> list[Any]:
+    import torch
+
+    from .torch_eval import evaluate
+
+    return evaluate(program, inputs, torch.float32)
+
+
+def _trial(mugraph: KernelGraph, program: KernelGraph, knobs: Knobs, compiler: Compiler,
+           timer: Timer, input_sets: Sequence[InputSet], check_inputs: InputSet,
+           refs: Sequence[Any], timing: str, tol: float) -> Trial:
+    try:
+        fn = compiler(mugraph, knobs)
+        ok, err = check(fn, program, check_inputs, tol, refs=refs)
+    except Exception as exc:  # a knob the lowering cannot honour: record, go on
+        return Trial(knobs, "failed", message=f"{type(exc).__name__}: {exc}"[:300])
+    if not ok:
+        return Trial(knobs, "wrong", error=err)
+    try:
+        us = timer.graph(fn, input_sets) if timing == "graph" else timer.plain(fn, input_sets)
+    except Exception as exc:
+        return Trial(knobs, "failed", error=err, message=f"{type(exc).__name__}: {exc}"[:300])
+    return Trial(knobs, "ok", us=us, error=err)
+
+
+@dataclass
+class Ranked:
+    mugraph: KernelGraph
+    us: float | None  # measured; None when not timed (no GPU) or every setting failed
+    traffic_bytes: int
+    tuned: TuneResult | None = None
+
+
+def rank(candidates: Sequence[KernelGraph],
+         tuner: Callable[[KernelGraph], TuneResult] | None = None) -> list[Ranked]:
+    """Candidates fastest first. ``tuner`` (e.g. ``lambda h: tune(h, program, compiler=...,
+    timer=..., ...)``) is used where given; without it (no GPU, no lowering) the order is by
+    ``traffic_bytes``. Candidates that failed every setting go last, in traffic order.
+    """
+    out = []
+    for g in candidates:
+        tuned = tuner(g) if tuner is not None else None
+        out.append(Ranked(g, None if tuned is None else tuned.us, traffic_bytes(g), tuned))
+    return sorted(out, key=lambda r: (r.us is None, r.us or 0.0, r.traffic_bytes)
+                  if tuner is not None else r.traffic_bytes)

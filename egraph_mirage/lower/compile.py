@@ -1,0 +1,133 @@
+"""``compile``: a μGraph as a callable on torch tensors, through its generated Triton program.
+
+The program is written to a cache folder (Triton reads kernel sources from files) and imported.
+Without a CUDA device the kernels run in Triton's interpreter, which must be switched on before
+they are decorated: ``compile`` then sets ``TRITON_INTERPRET=1`` for the process (as one would in a
+shell), and stays so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..dtypes import DType
+from ..errors import DTypeError, LowerError, ShapeError
+from ..files import write_atomic
+from ..graph import KernelGraph
+from .program import TORCH_DTYPE, generate_source, options_from
+
+#: where generated programs are written before import (one file per distinct source)
+CACHE_DIR = Path(tempfile.gettempdir()) / "egraph_mirage_triton"
+
+
+def use_interpreter() -> None:
+    """Switch Triton's interpreter on for kernels decorated from now on."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        knobs.runtime.interpret = True
+
+
+#: programs already imported in this process (same source: same module, so Triton's compiled
+#: kernels are reused); a cache only, keyed by the source's hash
+_LOADED: dict[str, tuple[ModuleType, Path]] = {}
+
+
+def _import(source: str, interpret: bool) -> tuple[ModuleType, Path]:
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    if digest in _LOADED:
+        return _LOADED[digest]
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    path = CACHE_DIR / f"program_{digest}.py"
+    if not path.exists() or path.read_text(encoding="utf-8") != source:
+        write_atomic(path, source)
+    name = f"egraph_mirage_program_{digest}_{'interp' if interpret else 'gpu'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _LOADED[digest] = (module, path)
+    return module, path
+
+
+class CompiledGraph:
+    """A lowered μGraph: call it with torch tensors (one per graph input, of the graph's dims and
+    dtypes); it returns the list of outputs, always a list (like ``evaluate`` and
+    ``run_reference``). ``source`` is the generated program, ``path`` its file."""
+
+    def __init__(self, graph: KernelGraph, module: ModuleType, source: str, path: Path,
+                 interpret: bool) -> None:
+        self.inputs = [(t.dims, t.dtype) for t in graph.inputs]
+        self.module, self.source, self.path, self.interpret = module, source, path, interpret
+
+    def __call__(self, *inputs: Any, **launch: int) -> list[Any]:
+        """``launch``: ``num_warps`` / ``num_stages`` overriding the compiled defaults."""
+        import torch
+
+        if len(inputs) != len(self.inputs):
+            raise ShapeError(f"compiled μGraph: takes {len(self.inputs)} inputs, got "
+                             f"{len(inputs)}")
+        for k, (x, (dims, dtype)) in enumerate(zip(inputs, self.inputs)):
+            if not isinstance(x, torch.Tensor):
+                raise DTypeError(f"compiled μGraph: input {k} is {type(x).__name__}, not a "
+                                 "torch.Tensor")
+            if tuple(x.shape) != dims:
+                raise ShapeError(f"compiled μGraph: input {k} has shape {tuple(x.shape)}, "
+                                 f"expected {dims}")
+            if str(x.dtype) != TORCH_DTYPE[dtype]:
+                raise DTypeError(f"compiled μGraph: input {k} is {x.dtype}, expected "
+                                 f"{TORCH_DTYPE[dtype]}")
+        try:
+            if self.interpret:
+                import numpy as np
+
+                with np.errstate(all="ignore"):  # padding may divide 0 by 0; it is never stored
+                    return self.module.run(*inputs, **launch)
+            return self.module.run(*inputs, **launch)
+        except Exception as e:
+            if type(e).__module__.split(".")[0] != "triton":
+                raise
+            raise LowerError(f"Triton failed on the program {self.path}: {type(e).__name__}: "
+                             f"{str(e)[:2000]}") from e
+
+
+def compile_graph(graph: KernelGraph, *, interpret: bool | None = None,
+                  **options: Any) -> CompiledGraph:
+    """Lower ``graph`` and load it. ``options`` are ``LowerOptions`` fields (``num_warps``,
+    ``num_stages``, ``fp32_dots``, ``fp32_precision``). ``interpret``: run in Triton's
+    interpreter (default: when ``TRITON_INTERPRET=1`` or no CUDA device). ``fp32_dots``
+    defaults to True for bfloat16 graphs in the interpreter, whose bf16 ``tl.dot`` is wrong."""
+    import torch
+
+    if interpret is None:
+        interpret = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
+    if interpret:
+        use_interpreter()
+    if options.get("fp32_dots") is None:
+        options["fp32_dots"] = interpret and _has(graph, DType.bfloat16)
+    source = generate_source(graph, options_from(options))
+    module, path = _import(source, interpret)
+    return CompiledGraph(graph, module, source, path, interpret)
+
+
+def _has(graph: KernelGraph, dtype: DType) -> bool:
+    return any(t.dtype == dtype for t in graph.tensors)
+
+
+def compile_source(source: str, interpret: bool) -> ModuleType:
+    """Import a generated program's source (as ``compile_graph`` does)."""
+    if interpret:
+        use_interpreter()
+    return _import(source, interpret)[0]
+
+
+__all__: Sequence[str] = ["CompiledGraph", "compile_graph", "compile_source", "use_interpreter"]

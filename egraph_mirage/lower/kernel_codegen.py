@@ -1,0 +1,313 @@
+"""One graph-defined kernel (a thread-block graph) as the source of one ``@triton.jit`` kernel.
+
+The kernel runs once per block of the grid (``tl.program_id`` gives ``pid_x``, ``pid_y``,
+``pid_z``). Its body has three parts, each tile landing in the part its side says:
+
+- before the loop: loop-invariant loads and operators, accumulator initialisation;
+- the loop ``for i in range(forloop_range)``: loads at the loop offset, loop operators, one
+  accumulation step per accumulator;
+- after the loop: accumulator finishing, epilogue operators, masked stores at the output maps.
+
+Tiles are padded to power-of-two blocks (``padding``); every operator is written by its op-table
+entry's ``triton.tile`` emission, accumulators by ``accumulate``. See ``docs/lowering.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import EMError, LowerError
+from ..mugraph.threadblock import EPILOGUE, INVARIANT, BlockTensor, ThreadBlockGraph
+from ..ops import lookup
+from ..ops.spec import TileDims
+from . import padding
+from .accumulate import accumulator_emission, rescaled_dims, running_max_dims
+from .tile_context import TL_DTYPE, TileContext, Val, arange, broadcast, fmt_shape, pad_mask, shrink
+
+#: the largest block Triton accepts (elements)
+MAX_BLOCK_NUMEL = 1 << 20
+#: offsets are int32: tensors must have fewer elements than this
+MAX_TENSOR_NUMEL = 1 << 31
+AXES = "xyz"
+
+
+@dataclass(frozen=True)
+class DotConfig:
+    """How ``tl.dot`` is written: operands in fp32 (else the storage dtype) and the precision
+    of fp32 dots (``"ieee"``, ``"tf32"``, ``"tf32x3"``)."""
+
+    fp32_dots: bool = False
+    fp32_precision: str = "ieee"
+
+
+def live_tiles(tb: ThreadBlockGraph) -> set[int]:
+    """Tiles that some output depends on."""
+    live: set[int] = set()
+    stack = [t for t, _ in tb.outputs]
+    while stack:
+        t = stack.pop()
+        if t.index not in live:
+            live.add(t.index)
+            stack.extend(t.operands)
+    return live
+
+
+def _scaled(name: str, k: int) -> str:
+    return name if k == 1 else f"{name} * {k}"
+
+
+def _strides(dims: Sequence[int]) -> list[int]:
+    return [math.prod(dims[d + 1:]) for d in range(len(dims))]
+
+
+class KernelWriter:
+    """Writes the Triton source of one thread-block graph."""
+
+    def __init__(self, tb: ThreadBlockGraph, name: str, dots: DotConfig) -> None:
+        self.tb, self.name, self.dots = tb, name, dots
+        self.live = live_tiles(tb)
+        self.pad = padding.solve(tb, self.live)
+        self.vals: dict[int, Val] = {}
+        self.pre: list[str] = []
+        self.loop: list[str] = []
+        self.post: list[str] = []
+        self.loop_tail: list[str] = []  # the end of the loop body (rescale tiles' last values)
+        self._prev: dict[int, str] = {}  # rescale tile -> its previous iteration's variable
+        self._fresh = 0
+        self.looped = tb.forloop_range > 1
+        #: block ops that are not op-table entries; every other op goes through ``_operator``
+        self._builders = {"input": self._load, "forloop_accum": self._accumulate,
+                          "forloop_accum_rescale": self._accumulate,
+                          "forloop_max": self._running_max}
+
+    # --- entry point ------------------------------------------------------------------------
+    def source(self) -> str:
+        tb = self.tb
+        self._check_sizes()
+        for axis, g in enumerate(tb.grid_dim):
+            if g > 1:
+                self.pre.append(f"pid_{AXES[axis]} = tl.program_id({axis})")
+        for t in tb.tensors:
+            if t.index not in self.live:
+                continue
+            try:
+                self._builders.get(t.op, self._operator)(t)
+            except LowerError as e:
+                raise LowerError(f"{self.name}: b{t.index} = {t.op}: {e}") from None
+            except EMError:
+                raise
+            except Exception as e:  # an emission that cannot handle this tile
+                raise LowerError(f"{self.name}: b{t.index} = {t.op} on tiles "
+                                 f"{[o.dims for o in t.operands]}: {type(e).__name__}: {e}"
+                                 ) from e
+        for k, (t, omap) in enumerate(tb.outputs):
+            self._store(k, t, omap)
+        return self._assemble()
+
+    def _assemble(self) -> str:
+        tb = self.tb
+        args = [f"in{k}" for k in range(len(tb.inputs))] + [f"out{k}" for k in
+                                                              range(len(tb.outputs))]
+        head = ["@triton.jit", f"def {self.name}({', '.join(args)}):"]
+        doc = [f"# grid {tb.grid_dim}, forloop_range {tb.forloop_range}; block graph:"]
+        doc += [f"#   {line.strip()}" for line in repr(tb).splitlines()[1:]]
+        body = list(self.pre)
+        if self.looped:
+            body.append(f"for i in range({tb.forloop_range}):")
+            body += [f"    {line}" for line in self.loop + self.loop_tail]
+        else:
+            body += self.loop
+        body += self.post
+        return "\n".join(head + [f"    {line}" for line in doc + body]) + "\n"
+
+    # --- parts ------------------------------------------------------------------------------
+    def _section(self, side: str) -> list[str]:
+        return self.pre if side == INVARIANT else self.post if side == EPILOGUE else self.loop
+
+    def _load(self, t: BlockTensor) -> None:
+        tb, k = self.tb, t.params["position"]
+        src = tb.sources[k]
+        imap, fdim = t.params["input_map"], t.params["forloop_dim"]
+        padded, strides, rank = self.pad[t.index], _strides(src.dims), len(t.dims)
+        terms = []
+        for d in range(rank):
+            start = ""
+            for axis, m in enumerate(imap):
+                if m == d and tb.grid_dim[axis] > 1:
+                    start = _scaled(f"pid_{AXES[axis]}", src.dims[d] // tb.grid_dim[axis])
+            term = arange(padded[d], d, rank, start)
+            terms.append(term if strides[d] == 1 else f"{term} * {strides[d]}")
+        name = f"b{t.index}"
+        self.pre.append(f"# b{t.index}: tile {t.dims} of input {k} {src.dims}, "
+                        f"input_map {imap}, forloop_dim {fdim}; block {padded}")
+        self.pre.append(f"{name}_off = {' + '.join(terms)}")
+        mask = pad_mask(t.dims, padded, range(rank))
+        if mask:
+            self.pre.append(f"{name}_mask = {mask}")
+        ptr = f"in{k} + {name}_off"
+        if fdim != -1 and self.looped:
+            ptr += f" + i * {t.dims[fdim] * strides[fdim]}"
+        load = f"tl.load({ptr}, mask={name}_mask, other=0.0)" if mask else f"tl.load({ptr})"
+        self._section(t.side).append(f"{name} = {load}")
+        self.vals[t.index] = Val(name, t.dims, padded, TL_DTYPE[t.dtype], zero_pad=True)
+
+    def _context(self, t: BlockTensor, operands: Sequence[Val], lines: list[str]) -> TileContext:
+        def bind(expr: str, hint: str) -> str:
+            self._fresh += 1
+            lines.append(f"{hint}{self._fresh} = {expr}")
+            return f"{hint}{self._fresh}"
+
+        dot_dtype = "tl.float32" if self.dots.fp32_dots else TL_DTYPE[t.dtype]
+        return TileContext(operands, t.dims, self.pad[t.index], bind, dot_dtype,
+                           self.dots.fp32_precision)
+
+    def _operator(self, t: BlockTensor) -> None:
+        spec = lookup(t.op)
+        rel = spec.triton.dims([o.dims for o in t.operands], t.params)
+        lines = self._section(t.side)
+        operands = self._shrunk(t, rel, lines)
+        ctx = self._context(t, operands, lines)
+        expr = spec.triton.tile([v.f32 for v in operands], ctx, t.params)
+        self._result(t, rel, operands, expr, spec.triton.keeps_zero, lines)
+
+    def _shrunk(self, t: BlockTensor, rel: TileDims, lines: list[str]) -> list[Val]:
+        """Operands with broadcast dimensions (real size 1 against a larger one) at block size 1."""
+        dims: dict[int, list[int]] = {}
+        for j, group in enumerate(rel.out):
+            for o, d in group:
+                if t.operands[o].dims[d] < t.dims[j]:
+                    dims.setdefault(o, []).append(d)
+        out = []
+        for o, src in enumerate(t.operands):
+            v = self.vals[src.index]
+            small = shrink(v, dims.get(o, []))
+            if small is not v:
+                self._fresh += 1
+                name = f"b{src.index}_row{self._fresh}"
+                lines.append(f"{name} = {small.name}")
+                small = Val(name, small.real, small.padded, small.dtype, small.zero_pad)
+            out.append(small)
+        return out
+
+    def _natural(self, t: BlockTensor, rel: TileDims, operands: Sequence[Val],
+                 keeps_zero: bool) -> tuple[tuple[int, ...], bool]:
+        """The block shape an emission gives for tile ``t``, and whether its padding is zero
+        (the emission keeps zeros, and no operand is broadcast into the padding)."""
+        padded = self.pad[t.index]
+        natural = []
+        for j, group in enumerate(rel.out):
+            if group:
+                natural.append(max(operands[o].padded[d] for o, d in group))
+            else:
+                natural.append(1 if j in rel.reduced else padded[j])
+        zero = keeps_zero and all(v.zero_pad for v in operands) and all(
+            operands[o].padded[d] == padded[j]
+            for j, group in enumerate(rel.out) if padded[j] > t.dims[j] for o, d in group)
+        return tuple(natural), zero
+
+    def _result(self, t: BlockTensor, rel: TileDims, operands: Sequence[Val], expr: str,
+                keeps_zero: bool, lines: list[str]) -> None:
+        """Bind ``expr`` as tile ``t``, broadcast to its block shape where it came out smaller."""
+        natural, zero = self._natural(t, rel, operands, keeps_zero)
+        v = broadcast(Val(expr, t.dims, natural, "tl.float32", zero), self.pad[t.index])
+        lines.append(f"b{t.index} = {v.name}")
+        self.vals[t.index] = Val(f"b{t.index}", t.dims, v.padded, "tl.float32", v.zero_pad)
+
+    def _accumulate(self, t: BlockTensor) -> None:
+        """``forloop_accum`` (one operand) and ``forloop_accum_rescale`` (operand, rescale tile)."""
+        emit = accumulator_emission(t.params["acc"])
+        rel = emit.dims(len(t.dims))
+        if len(t.operands) == 2:
+            rel = rescaled_dims(rel)
+        iters = self.tb.forloop_range
+        name, padded = f"b{t.index}", self.pad[t.index]
+        if all(o.side == INVARIANT for o in t.operands) or not self.looped:
+            # stepped once, times the iterations (a rescale factor is then exp(0) = 1)
+            lines = self.pre if all(o.side == INVARIANT for o in t.operands) else self.loop
+            operands = self._shrunk(t, rel, lines)
+            step = emit.step(operands[0].f32, self._context(t, operands[:1], lines),
+                             self.tb.reduction_dimx)
+            if iters > 1:
+                step = f"({step}) * {float(iters)!r}"
+            self._result(t, rel, operands, step, True, lines)
+        else:
+            operands = self._shrunk(t, rel, self.loop)
+            step = emit.step(operands[0].f32, self._context(t, operands[:1], self.loop),
+                             self.tb.reduction_dimx)
+            self.pre.append(f"{name} = tl.zeros({fmt_shape(padded)}, tl.float32)")
+            if len(t.operands) == 2:
+                m = operands[1]
+                prev = self._previous(t.operands[1], m)
+                self.loop.append(f"{name} = {name} * tl.exp({prev} - {m.f32}) + {step}")
+            else:
+                self.loop.append(f"{name} += {step}")
+            natural, zero = self._natural(t, rel, operands, len(t.operands) == 1)
+            self.vals[t.index] = Val(name, t.dims, padded, "tl.float32",
+                                     zero and natural == padded)
+        done = emit.finish(name, iters * t.operands[0].dims[-1])
+        if done != name:
+            self.post.append(f"{name} = {done}")
+
+    def _previous(self, tile: BlockTensor, m: Val) -> str:
+        """A variable holding rescale tile ``tile``'s value of the previous iteration."""
+        if tile.index not in self._prev:
+            prev = f"b{tile.index}_prev"
+            self.pre.append(f"{prev} = tl.full({fmt_shape(m.padded)}, float('-inf'), "
+                            "tl.float32)")
+            self.loop_tail.append(f"{prev} = {m.name}")
+            self._prev[tile.index] = prev
+        return self._prev[tile.index]
+
+    def _running_max(self, t: BlockTensor) -> None:
+        """``forloop_max``: the max over the last dimension and the iterations so far."""
+        rel = running_max_dims(len(t.dims))
+        lines = self._section(t.side)
+        operands = [self.vals[t.operands[0].index]]
+        row = self._context(t, operands, lines).max(operands[0].f32, 0, (len(t.dims) - 1,))
+        if t.side == INVARIANT or not self.looped:
+            self._result(t, rel, operands, row, False, lines)
+            return
+        name, padded = f"b{t.index}", self.pad[t.index]
+        self.pre.append(f"{name} = tl.full({fmt_shape(padded)}, float('-inf'), tl.float32)")
+        lines.append(f"{name} = tl.maximum({name}, {row})")
+        self.vals[t.index] = Val(name, t.dims, padded, "tl.float32", zero_pad=False)
+
+    def _store(self, k: int, t: BlockTensor, omap: Sequence[int]) -> None:
+        tb = self.tb
+        v = self.vals[t.index]
+        out_dims = tb.output_dims(k)
+        strides, rank = _strides(out_dims), len(out_dims)
+        terms = []
+        for d in range(rank):
+            start = ""
+            for axis, m in enumerate(omap):
+                if m == d and tb.grid_dim[axis] > 1:
+                    start = _scaled(f"pid_{AXES[axis]}", t.dims[d])
+            term = arange(v.padded[d], d, rank, start)
+            terms.append(term if strides[d] == 1 else f"{term} * {strides[d]}")
+        mask = pad_mask(t.dims, v.padded, range(rank))
+        value = f"{v.name}.to({TL_DTYPE[t.dtype]})"
+        self.post.append(f"# output {k}: tile {t.dims} of {out_dims}, output_map {tuple(omap)}")
+        self.post.append(f"out{k}_off = {' + '.join(terms)}")
+        self.post.append(f"tl.store(out{k} + out{k}_off, {value}"
+                         + (f", mask={mask})" if mask else ")"))
+
+    def _check_sizes(self) -> None:
+        tb = self.tb
+        for t in tb.tensors:
+            if t.index in self.live and math.prod(self.pad[t.index]) > MAX_BLOCK_NUMEL:
+                raise LowerError(f"{self.name}: b{t.index} = {t.op}: tile {t.dims} (block "
+                                 f"{self.pad[t.index]}) is over Triton's {MAX_BLOCK_NUMEL} "
+                                 "elements per block")
+        sizes = [s.dims for s in tb.sources] + [tb.output_dims(k) for k in range(len(tb.outputs))]
+        for dims in sizes:
+            if math.prod(dims) >= MAX_TENSOR_NUMEL:
+                raise LowerError(f"{self.name}: tensor of dims {dims} has 2**31 elements or more; "
+                                 "the generated offsets are 32-bit")
+
+
+def kernel_source(tb: ThreadBlockGraph, name: str, dots: DotConfig = DotConfig()) -> str:
+    """The ``@triton.jit`` source of thread-block graph ``tb`` as kernel ``name``."""
+    return KernelWriter(tb, name, dots).source()

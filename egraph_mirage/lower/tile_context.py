@@ -1,0 +1,185 @@
+"""What an op-table entry's Triton emission sees: its operands' shapes and helpers for padding.
+
+Every tile is a Triton block of its padded shape (``padding``). Elements outside the real tile
+(the padding) hold unspecified values unless the tile is known to be zero there (``zero_pad``:
+masked loads, and operators whose emission keeps zeros). Anything that reduces over a padded
+dimension (sums, rms, the contraction of ``tl.dot``) masks the padding to zero first; stores are
+masked. Helpers here write that code; all shapes are constants of the generated kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from ..dtypes import DType
+from ..errors import LowerError
+
+Dims = tuple[int, ...]
+TL_DTYPE = {DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16",
+            DType.float32: "tl.float32"}
+
+
+@dataclass(frozen=True)
+class Val:
+    """A tile held in a variable of the generated kernel."""
+
+    name: str
+    real: Dims
+    padded: Dims
+    #: Triton dtype of the variable: the storage dtype for loaded tiles, else tl.float32
+    dtype: str
+    #: whether every padded element is 0
+    zero_pad: bool
+
+    @property
+    def f32(self) -> str:
+        return self.name if self.dtype == "tl.float32" else f"{self.name}.to(tl.float32)"
+
+
+def arange(size: int, dim: int, rank: int, start: str = "") -> str:
+    """``tl.arange(0, size)`` laid along dimension ``dim`` of a rank-``rank`` block."""
+    r = f"tl.arange(0, {size})"
+    if start:
+        r = f"({start} + {r})"
+    if rank == 1:
+        return r
+    return r + "[" + ", ".join(":" if j == dim else "None" for j in range(rank)) + "]"
+
+
+def pad_mask(real: Dims, padded: Dims, dims: Sequence[int]) -> str | None:
+    """Boolean block, true on the real elements along ``dims`` (None if none is padded)."""
+    parts = [f"({arange(padded[d], d, len(padded))} < {real[d]})" for d in dims
+             if padded[d] > real[d]]
+    return " & ".join(parts) if parts else None
+
+
+def fmt_shape(dims: Sequence[int]) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def broadcast(v: Val, padded: Dims) -> Val:
+    """Grow size-1 block dimensions to ``padded`` (the real size stays as it is)."""
+    if v.padded == padded:
+        return v
+    return replace(v, name=f"tl.broadcast_to({v.name}, {fmt_shape(padded)})", padded=padded,
+                   zero_pad=False)
+
+
+def shrink(v: Val, dims: Sequence[int]) -> Val:
+    """Block dimensions of real size 1 but padded size > 1 brought down to 1 (element 0)."""
+    text, padded = v.f32, list(v.padded)
+    for d in dims:
+        if v.real[d] == 1 and padded[d] > 1:
+            first = f"{arange(padded[d], d, len(padded))} == 0"
+            text = f"tl.sum(tl.where({first}, {text}, 0.0), axis={d}, keep_dims=True)"
+            padded[d] = 1
+    if tuple(padded) == v.padded:
+        return v
+    return replace(v, name=text, padded=tuple(padded), dtype="tl.float32")
+
+
+class TileContext:
+    """The operands of one operator, the shape of its result, and code-writing helpers."""
+
+    def __init__(self, operands: Sequence[Val], out_real: Dims, out_padded: Dims,
+                 bind: Callable[[str, str], str], dot_dtype: str, dot_precision: str) -> None:
+        self.operands = list(operands)
+        self.out_real, self.out_padded = out_real, out_padded
+        self._bind = bind
+        self.dot_dtype, self.dot_precision = dot_dtype, dot_precision
+
+    # --- shapes -----------------------------------------------------------------------------
+    def real(self, i: int) -> Dims:
+        return self.operands[i].real
+
+    def padded(self, i: int) -> Dims:
+        return self.operands[i].padded
+
+    def bind(self, expr: str, hint: str) -> str:
+        """Emit ``name = expr`` before the operator's line; returns the name."""
+        return self._bind(expr, hint)
+
+    # --- padding ----------------------------------------------------------------------------
+    def zero(self, text: str, i: int, dims: Sequence[int]) -> str:
+        """``text`` (an expression of operand ``i`` that is 0 where the operand is 0) with
+        operand ``i``'s padding along ``dims`` set to 0."""
+        v = self.operands[i]
+        mask = None if v.zero_pad else pad_mask(v.real, v.padded, dims)
+        return text if mask is None else f"tl.where({mask}, {text}, 0.0)"
+
+    def sum(self, text: str, i: int, dims: Sequence[int]) -> str:
+        """Sum of ``text`` (shaped like operand ``i``) over ``dims``, padding masked, dims kept."""
+        out = self.zero(text, i, dims)
+        for d in dims:
+            out = f"tl.sum({out}, axis={d}, keep_dims=True)"
+        return out
+
+    def max(self, text: str, i: int, dims: Sequence[int]) -> str:
+        """Max of ``text`` (shaped like operand ``i``) over ``dims``, padding masked to -inf."""
+        v = self.operands[i]
+        mask = pad_mask(v.real, v.padded, dims)
+        out = text if mask is None else f"tl.where({mask}, {text}, float('-inf'))"
+        for d in dims:
+            out = f"tl.max({out}, axis={d}, keep_dims=True)"
+        return out
+
+    # --- structural operators ---------------------------------------------------------------
+    def dot(self, i: int, j: int) -> str:
+        """``tl.dot`` of operands ``i`` @ ``j`` (ranks 2 or 3), contraction padding masked,
+        operands cast to the dot dtype, batch dimensions broadcast."""
+        a, b = self.operands[i], self.operands[j]
+        r = len(a.padded)
+        if r not in (2, 3):
+            raise LowerError(f"tl.dot takes tiles of rank 2 or 3, got {a.real} @ {b.real}")
+        texts = []
+        for v, k, other in ((a, r - 1, b), (b, r - 2, a)):
+            mask = None if v.zero_pad else pad_mask(v.real, v.padded, [k])
+            text = v.name if mask is None else f"tl.where({mask}, {v.name}, 0.0)"
+            if v.dtype != self.dot_dtype:
+                text = f"{text}.to({self.dot_dtype})"
+            if r == 3 and v.padded[0] < other.padded[0]:
+                text = f"tl.broadcast_to({text}, {fmt_shape((other.padded[0], *v.padded[1:]))})"
+            texts.append(text)
+        extra = ""
+        if self.dot_dtype == "tl.float32":
+            extra = f', input_precision="{self.dot_precision}"'
+        return f"tl.dot({texts[0]}, {texts[1]}{extra})"
+
+    def concat(self, a: str, b: str, dim: int) -> str:
+        """Operands ``a`` and ``b`` joined along ``dim`` (by gathering from each)."""
+        pa, pb = self.padded(0), self.padded(1)
+        ra = self.real(0)[dim]
+        out = self.out_padded
+        rank = len(out)
+        texts = []
+        for text, p in ((a, pa), (b, pb)):  # non-joined dims broadcast to the result's
+            want = tuple(p[d] if d == dim else out[d] for d in range(rank))
+            texts.append(text if want == p else f"tl.broadcast_to({text}, {fmt_shape(want)})")
+        pos = arange(out[dim], dim, rank)
+        ia = self.bind(f"tl.broadcast_to(tl.minimum({pos}, {pa[dim] - 1}), {fmt_shape(out)})",
+                       "ia")
+        ib = self.bind(f"tl.broadcast_to(tl.minimum(tl.maximum({pos} - {ra}, 0), "
+                       f"{pb[dim] - 1}), {fmt_shape(out)})", "ib")
+        return (f"tl.where({pos} < {ra}, tl.gather({texts[0]}, {ia}, {dim}), "
+                f"tl.gather({texts[1]}, {ib}, {dim}))")
+
+    def fold(self, x: str, i: int, dimx: int) -> str:
+        """``out[..., j] = sum_k x[..., k * dimx + j]`` (the sum_todimx step)."""
+        v = self.operands[i]
+        rank, last = len(v.padded), len(v.padded) - 1
+        p, width = v.padded[last], self.out_padded[last]
+        x = self.zero(x, i, [last])
+        if width == dimx and p % dimx == 0:  # a reshape into (..., p / dimx, dimx) and a sum
+            shape = fmt_shape((*v.padded[:last], p // dimx, dimx))
+            return f"tl.sum(tl.reshape({x}, {shape}), axis={last})"
+        xs = x if x.isidentifier() else self.bind(x, "fold")
+        shape = fmt_shape((*v.padded[:last], width))
+        terms = []
+        for k in range(v.real[last] // dimx):
+            idx = f"tl.minimum({arange(width, last, rank, str(k * dimx))}, {p - 1})"
+            terms.append(f"tl.gather({xs}, tl.broadcast_to({idx}, {shape}), {last})")
+        total = " + ".join(terms)
+        if width == dimx:
+            return total
+        return f"tl.where({arange(width, last, rank)} < {dimx}, {total}, 0.0)"

@@ -1,0 +1,90 @@
+"""``egraph-mirage optimize NAME|FILE``: superoptimize a benchmark or a program from a file.
+
+A FILE is a Python file that builds a kernel graph: it must define ``graph`` (a ``KernelGraph``)
+or a function ``build()`` returning one. The best μGraph is printed and written to
+``OUT/best.json``, every result to ``OUT/result_<k>.json``; the checkpoint ``OUT/search.ckpt``
+lets a rerun resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+from pathlib import Path
+
+from .. import benchmarks
+from ..errors import EMError
+from ..files import write_atomic
+from ..graph import KernelGraph
+from .config import SearchConfig, SearchError
+from .driver import superoptimize
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", metavar="NAME|FILE",
+                   help="a benchmark name (see `list`) or a Python file that builds a graph")
+    p.add_argument("--batch", type=int, default=1, help="batch size of a benchmark")
+    p.add_argument("--small", action="store_true", help="the benchmark's reduced shapes")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help="stop after S seconds with what was found")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="worker processes (default: every core)")
+    p.add_argument("--out", default="egraph-mirage-out", metavar="DIR",
+                   help="folder for the results and the checkpoint")
+    p.add_argument("--max-results", type=int, default=None,
+                   help="stop after this many verified μGraphs")
+
+
+def load_program(spec: str, batch: int, small: bool) -> KernelGraph:
+    if spec in benchmarks.names():
+        return benchmarks.get(spec, batch=batch, small=small)
+    path = Path(spec)
+    if not path.is_file():
+        raise SearchError(f"{spec}: neither a benchmark ({', '.join(benchmarks.names())}) nor a "
+                          "file")
+    try:
+        ns = runpy.run_path(str(path))
+    except EMError:
+        raise
+    except Exception as exc:  # the user's file failed: say where, not a deep trace
+        raise SearchError(f"{path}: building the program failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    g = ns.get("graph")
+    if g is None and callable(ns.get("build")):
+        g = ns["build"]()
+    if not isinstance(g, KernelGraph):
+        raise SearchError(f"{path}: define `graph` (a KernelGraph) or `build()` returning one")
+    return g
+
+
+def run(args: argparse.Namespace) -> int:
+    g = load_program(args.program, args.batch, args.small)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = SearchConfig(max_results=args.max_results)
+    results = superoptimize(g, config, time_budget=args.budget, workers=args.workers,
+                            checkpoint=out / "search.ckpt")
+    st = results.stats
+    for k, r in enumerate(results):
+        write_atomic(out / f"result_{k}.json", r.to_json())
+    print(f"{len(results)} verified μGraph(s); {st.states:,} states, "
+          f"{st.pruned_by_oracle:,} pruned by the e-graph, {st.pruned_otherwise:,} otherwise; "
+          f"{st.candidates_verified} candidates verified, {st.candidates_rejected} rejected; "
+          f"{st.tasks_done}/{st.tasks_total} tasks"
+          + (" (time budget reached)" if st.budget_exhausted else "")
+          + (" (interrupted)" if st.interrupted else ""))
+    secs = ", ".join(f"{k} {v:.1f} s" for k, v in st.seconds.items())
+    print(f"seconds: {secs}")
+    best = results.best
+    if best is None:
+        print("no μGraph found")
+        return 1
+    write_atomic(out / "best.json", best.to_json())
+    print(f"best: {best.summary()}, found after {best.found_after:.1f} s")
+    print(best.graph)
+    for t in best.graph.operators:
+        if t.op == "customized" and t.params["output"] == 0:
+            print(t.params["kernel"].tb)
+    print(f"written: {out / 'best.json'} and {len(results)} result file(s), checkpoint "
+          f"{out / 'search.ckpt'}")
+    return 0

@@ -1,0 +1,127 @@
+"""Evaluating a graph-defined kernel over the field in parts of its grid.
+
+The blocks of a kernel are independent, so the vectorised evaluation may run on a slice of the
+grid at a time and join the saved tiles. The verifier does this when a tile of the whole grid
+would be large: at the paper's shapes attention's scores are 4 M elements per test, and on a
+CPU fresh buffers of that size (32 MB of float64) cost page faults on every run and do not stay
+in cache. ``plan`` picks one grid axis and a number of parts from the tiles' sizes, statically;
+``split`` runs the parts one after another (``jax.lax.map`` under JAX, a loop under numpy). The
+arithmetic is the same, so the verdict is too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..mugraph.partition import NUM_AXES
+from ..mugraph.threadblock import EPILOGUE, ThreadBlockGraph
+from .field import FF, Field
+
+#: the most elements a tile of one part should have (8 MB of float64)
+PART_ELEMENTS = 1 << 20
+
+
+def _numel(dims: tuple[int, ...]) -> int:
+    n = 1
+    for s in dims:
+        n *= s
+    return n
+
+
+def layout_leads(tb: ThreadBlockGraph) -> dict[int, tuple[int, ...]]:
+    """The leading ``(gx|1, gy|1, gz|1, F|1)`` sizes of every tile in the vectorised layout."""
+    leads: dict[int, tuple[int, ...]] = {}
+    for t in tb.tensors:
+        if t.op == "input":
+            imap, fdim = t.params["input_map"], t.params["forloop_dim"]
+            lead = [tb.grid_dim[a] if imap[a] != -1 else 1 for a in range(NUM_AXES)]
+            leads[t.index] = (*lead, tb.forloop_range if fdim != -1 else 1)
+            continue
+        lead = [max(leads[o.index][a] for o in t.operands) for a in range(NUM_AXES + 1)]
+        if t.side == EPILOGUE and t.op.startswith("forloop_accum"):
+            lead[NUM_AXES] = 1
+        leads[t.index] = tuple(lead)
+    return leads
+
+
+def plan(tb: ThreadBlockGraph, limit: int | None = None) -> tuple[int, int] | None:
+    """``(grid axis, parts)`` for evaluating ``tb`` in parts, or None for all at once: the
+    fewest parts that bring every tile that varies along the axis under ``limit`` elements (or
+    as close as one axis gets), preferring the axis that needs fewer parts."""
+    limit = PART_ELEMENTS if limit is None else limit
+    leads = layout_leads(tb)
+    sizes = [(_numel(leads[t.index]) * _numel(t.dims), leads[t.index]) for t in tb.tensors
+             if t.op != "input"]  # loader tiles are the inputs, rearranged: already there
+    if max((n for n, _ in sizes), default=0) <= limit:
+        return None
+    best: tuple[int, ...] | None = None  # (largest part, parts, axis)
+    for axis in range(NUM_AXES):
+        for parts in range(2, tb.grid_dim[axis] + 1):
+            if tb.grid_dim[axis] % parts:
+                continue
+            largest = max(n // parts if lead[axis] > 1 else n for n, lead in sizes)
+            key = (max(largest, limit), parts, axis)
+            if best is None or key < best:
+                best = key
+            if largest <= limit:
+                break
+    return None if best is None else (best[2], best[1])
+
+
+def splitter(f: Field, tb: ThreadBlockGraph) -> Callable[[Any, dict[int, FF]], list[FF]] | None:
+    """A ``split`` hook for ``GraphKernel.run_vectorised`` over field ``f``, or None when the
+    kernel is small enough to evaluate at once."""
+    chosen = plan(tb)
+    if chosen is None:
+        return None
+    axis, parts = chosen
+    size = tb.grid_dim[axis]
+    xp = f.xp
+    is_jax = xp.__name__.startswith("jax")
+
+    def cut(a: Any, k: Any) -> Any:  # part k of axis ``axis``: a view or a dynamic slice
+        if is_jax:
+            import jax
+
+            return jax.lax.dynamic_slice_in_dim(a, k * (size // parts), size // parts, axis)
+        return a[(slice(None),) * axis + (slice(k * (size // parts), (k + 1) * (size // parts)),)]
+
+    def join(a: Any) -> Any:  # (parts, ..., size / parts | 1, ...) -> (..., size, ...)
+        shape = list(a.shape[1:])
+        shape[axis] = size // parts
+        a = xp.broadcast_to(a, (parts, *shape))
+        a = xp.moveaxis(a, 0, axis)
+        return xp.reshape(a, (*shape[:axis], size, *shape[axis + 1:]))
+
+    def split(body: Callable[[dict[int, FF]], list[FF]], loaded: dict[int, FF]) -> list[FF]:
+        whys: list[str] = []  # FF.why of the outputs (static text, not traced)
+
+        def one(k: Any) -> tuple[list[tuple[Any, Any]], Any]:
+            flag, tables = f.zero_division, dict(f._tables)
+            f.zero_division = xp.asarray(False)
+            part = {i: x if x.shape[axis] == 1 else
+                    FF(cut(x.p, k), None if x.q is None else cut(x.q, k), x.why)
+                    for i, x in loaded.items()}
+            outs = body(part)
+            part_flag = f.zero_division
+            f.zero_division, f._tables = flag, tables  # nothing traced here may leak out
+            whys[:] = [o.why for o in outs]
+            return [(o.p, o.q) for o in outs], part_flag
+
+        if is_jax:
+            import jax
+
+            outs, flags = jax.lax.map(one, xp.arange(parts))
+        else:
+            results = [one(k) for k in range(parts)]
+            flags = xp.stack([r[1] for r in results])
+            outs = [(xp.stack([r[0][j][0] for r in results]),
+                     None if results[0][0][j][1] is None
+                     else xp.stack([r[0][j][1] for r in results]))
+                    for j in range(len(results[0][0]))]
+        f.zero_division = f.zero_division | xp.any(flags)
+        return [FF(join(p), None if q is None else join(q), why)
+                for (p, q), why in zip(outs, whys)]
+
+    return split

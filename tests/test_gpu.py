@@ -1,0 +1,259 @@
+"""The GPU side's CPU tier: the PyTorch evaluator, byte counting, baselines, tuning, its cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import egraph_mirage as em
+from egraph_mirage.gpu import baselines as bl
+from egraph_mirage.gpu.floor import Floor, io_bytes, traffic_bytes
+from egraph_mirage.gpu.timing import (
+    TimingConfig,
+    graph_bytes,
+    input_sets,
+    random_inputs,
+    rotation_count,
+)
+from egraph_mirage.gpu.torch_eval import (
+    TORCH_ACCUMULATORS,
+    TORCH_OPS,
+    evaluate,
+    relative_error,
+    torch_function,
+)
+from egraph_mirage.gpu.tune import (
+    DEFAULT_KNOBS,
+    TuneCache,
+    cache_key,
+    knob_space,
+    rank,
+    tune,
+)
+from egraph_mirage.mugraph import ACCUMULATORS
+from egraph_mirage.ops import KERNEL
+
+NAMES = em.benchmarks.names()
+
+
+class FakeTimer:
+    """Runs the program once (so a broken one fails) and returns a fixed figure."""
+
+    def __init__(self, plain_us: float = 10.0, graph_us: float = 5.0) -> None:
+        self.plain_us, self.graph_us, self.calls = plain_us, graph_us, 0
+
+    def plain(self, fn: Any, sets: Sequence[Any]) -> float:
+        self.calls += 1
+        fn(*sets[0])
+        return self.plain_us
+
+    def graph(self, fn: Any, sets: Sequence[Any]) -> float:
+        self.calls += 1
+        fn(*sets[0])
+        return self.graph_us
+
+
+# --- the evaluator -----------------------------------------------------------------------------
+
+def test_every_kernel_level_op_has_a_torch_entry() -> None:
+    kernel_ops = {name for name, spec in em.OPS.items() if KERNEL in spec.levels}
+    assert kernel_ops <= set(TORCH_OPS), kernel_ops - set(TORCH_OPS)
+    assert set(TORCH_OPS) <= set(em.OPS), "entries for operators the op table lacks"
+    assert set(TORCH_ACCUMULATORS) == set(ACCUMULATORS)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_torch_evaluator_matches_graph_evaluate(name: str) -> None:
+    g = em.benchmarks.get(name, batch=2, small=True)
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(t.dims) * 0.5 for t in g.inputs]
+    want = g.evaluate(xs)
+    for prog in (g, em.handwritten.fused(name, g)):  # the μGraph runs through the table too
+        got = evaluate(prog, [torch.tensor(x) for x in xs], torch.float64)
+        assert len(got) == len(want)
+        for o, r in zip(got, want):
+            assert relative_error(o, torch.tensor(r)) < 1e-12
+
+
+def test_torch_evaluator_online_softmax() -> None:
+    """A μGraph with a running max and rescaled accumulators (where the μGraph layer has them)."""
+    build = getattr(em.handwritten, "flash_attention", None)
+    if build is None:
+        pytest.skip("no online-softmax μGraph in this version")
+    g = em.benchmarks.get("mqa", small=True)
+    xs = [np.random.default_rng(3).standard_normal(t.dims) for t in g.inputs]
+    (want,) = g.evaluate(xs)
+    (got,) = evaluate(build(g), [torch.tensor(x) for x in xs], torch.float64)
+    assert relative_error(got, torch.tensor(want)) < 1e-12
+
+
+def test_torch_evaluator_other_ops() -> None:
+    g = em.new_kernel_graph()
+    A = g.new_input((3, 4), em.float32)
+    B = g.new_input((1, 4), em.float32)
+    for t in (g.sqrt(g.square(A)), g.gelu(A), g.relu(A), g.mul_scalar(A, 0.5),
+              g.concat(A, B, 0), g.rms_norm(A, (4,), B), g.reduction(A, 0)):
+        g.mark_output(t)
+    xs = [np.random.default_rng(2).standard_normal(t.dims) for t in g.inputs]
+    for o, r in zip(evaluate(g, [torch.tensor(x) for x in xs], torch.float64), g.evaluate(xs)):
+        assert relative_error(o, torch.tensor(r)) < 1e-12
+
+
+def test_targets_run_only_what_they_need() -> None:
+    g = em.benchmarks.get("qknorm", small=True)
+    A, _, C = bl.match_attention(g)  # type: ignore[misc]
+    fn = torch_function(g, targets=[A, C])
+    xs = random_inputs(g, "cpu")
+    a, c = fn(*xs)
+    assert a.shape == A.dims and c.shape == C.dims
+
+
+def test_relative_error_rejects_nan() -> None:
+    x = torch.ones(3)
+    assert relative_error(x, x) == 0.0
+    assert relative_error(torch.tensor([1.0, math.nan, 1.0]), x) == math.inf
+    assert relative_error(torch.ones(2), x) == math.inf
+
+
+# --- inputs, bytes, floor ----------------------------------------------------------------------
+
+def test_random_inputs_are_not_zeros_and_scaled() -> None:
+    g = em.benchmarks.get("gqa", small=True)
+    xs = random_inputs(g, "cpu", seed=3, std=0.1)
+    assert [tuple(x.shape) for x in xs] == [t.dims for t in g.inputs]
+    assert all(x.dtype == torch.float16 for x in xs)
+    s = float(torch.cat([x.float().flatten() for x in xs]).std())
+    assert 0.08 < s < 0.12
+    other = input_sets(g, 2, "cpu", seed=3)
+    assert torch.equal(other[0][0], xs[0]) and not torch.equal(other[1][0], xs[0])
+
+
+def test_rotation_count() -> None:
+    cfg = TimingConfig()
+    l2 = 60 << 20
+    assert rotation_count(200 << 20, l2, cfg) == 1  # bigger than L2: no copies needed
+    assert rotation_count(50 << 20, l2, cfg) == 4  # 3 × L2 covered
+    assert rotation_count(1000, l2, cfg) == cfg.max_sets
+    assert rotation_count(1 << 30, l2, cfg) == 1
+
+
+def test_floor_bytes_rmsnorm_linear() -> None:
+    g = em.benchmarks.get("rmsnorm_linear")  # X (2, 4096), W (4096, 6144), O (2, 6144)
+    want = (2 * 4096 + 4096 * 6144 + 2 * 6144) * 2
+    assert io_bytes(g) == want
+    assert graph_bytes(g) == (2 * 4096 + 4096 * 6144) * 2
+    assert Floor(4.14e12).us(g) == pytest.approx(want / 4.14e12 * 1e6)
+    assert 12.0 < Floor(4.14e12).us(g) < 12.4  # benchmarks.md: 12.2 µs
+
+
+def test_traffic_bytes_counts_every_kernel() -> None:
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    h = em.handwritten.fused("rmsnorm_linear", g)
+    assert traffic_bytes(h) == io_bytes(h) == io_bytes(g)  # one kernel: the floor
+    assert traffic_bytes(g) > io_bytes(g)  # eager writes and re-reads the normalised X
+    a = em.handwritten.fused("gqa", em.benchmarks.get("gqa", small=True))
+    assert traffic_bytes(a) > io_bytes(a)  # split-KV partials cross memory
+
+
+# --- baselines ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sdpa_applies_exactly_to_attention(name: str) -> None:
+    g = em.benchmarks.get(name, small=True)
+    b = bl.sdpa(g)
+    assert (b is not None) == (name in {"gqa", "mha", "mqa", "qknorm"})
+    if b is None:
+        return
+    xs = [x.float() for x in random_inputs(g, "cpu", seed=4)]
+    (out,) = b.fn(*b.prepare(xs))
+    (ref,) = evaluate(g, xs)
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_baselines_for_without_compile() -> None:
+    g = em.benchmarks.get("lora", small=True)
+    assert bl.names(bl.baselines_for(g, use_compile=False)) == ["eager"]
+    gq = em.benchmarks.get("mqa", small=True)
+    assert bl.names(bl.baselines_for(gq, use_compile=False)) == ["eager", "sdpa"]
+    assert bl.flashinfer_available() in (True, False)
+
+
+# --- tuning ------------------------------------------------------------------------------------
+
+def _torch_compiler(h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
+    if knobs.get("num_warps") == 2:
+        raise RuntimeError("this setting does not compile")
+    fn = torch_function(h)
+    if knobs.get("num_stages") == 1:
+        return lambda *xs: [o * 1.5 for o in fn(*xs)]  # a wrong kernel
+    return fn
+
+
+def test_cache_key_depends_on_everything() -> None:
+    g = em.handwritten.fused("lora", em.benchmarks.get("lora", small=True))
+    text = g.to_json()
+    k = cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "graph")
+    assert k == cache_key(text, "NVIDIA H200", {"num_stages": 2, "num_warps": 4}, "graph")
+    assert k != cache_key(text, "NVIDIA H100", {"num_warps": 4, "num_stages": 2}, "graph")
+    assert k != cache_key(text, "NVIDIA H200", {"num_warps": 8, "num_stages": 2}, "graph")
+    assert k != cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "plain")
+    assert k != cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "graph", "v2")
+    other = em.handwritten.fused("lora", em.benchmarks.get("lora", batch=2, small=True))
+    assert k != cache_key(other.to_json(), "NVIDIA H200", {"num_warps": 4, "num_stages": 2},
+                          "graph")
+
+
+def test_knob_space_default() -> None:
+    import egraph_mirage.lower as lower
+
+    space = knob_space()
+    if getattr(lower, "KNOBS", None) is None:  # else the lowering names its own knobs
+        assert len(space) == len(DEFAULT_KNOBS["num_warps"]) * len(DEFAULT_KNOBS["num_stages"])
+    assert space and all(isinstance(k, dict) for k in space)
+    assert knob_space({}) == [{}]
+    assert knob_space({"a": (1, 2), "b": (3,)}) == [{"a": 1, "b": 3}, {"a": 2, "b": 3}]
+
+
+def test_tune_rejects_wrong_and_caches(tmp_path: Any) -> None:
+    g = em.benchmarks.get("gated_mlp", small=True)
+    h = em.handwritten.fused("gated_mlp", g)
+    sets = input_sets(g, 2, "cpu")
+    check = random_inputs(g, "cpu", seed=99)
+    space = {"num_warps": (2, 4), "num_stages": (1, 2)}
+    timer = FakeTimer()
+    cache = TuneCache(tmp_path)
+    r = tune(h, g, compiler=_torch_compiler, timer=timer, input_sets=sets, check_inputs=check,
+             device="cpu", cache=cache, space=space)
+    status = {(t.knobs["num_warps"], t.knobs["num_stages"]): t.status for t in r.trials}
+    assert status == {(2, 1): "failed", (2, 2): "failed", (4, 1): "wrong", (4, 2): "ok"}
+    assert r.best is not None and r.best.knobs == {"num_warps": 4, "num_stages": 2}
+    assert r.us == 5.0 and r.fn is not None
+    assert timer.calls == 1  # only the correct setting was timed
+    again = FakeTimer()
+    r2 = tune(h, g, compiler=_torch_compiler, timer=again, input_sets=sets, check_inputs=check,
+              device="cpu", cache=cache, space=space)
+    assert again.calls == 0 and all(t.cached for t in r2.trials)
+    assert r2.best is not None and r2.best.knobs == r.best.knobs
+    assert len(list((tmp_path / "tune").glob("*.json"))) == 4
+
+
+def test_rank_by_time_and_by_bytes() -> None:
+    g = em.benchmarks.get("lora", small=True)
+    one, two = em.handwritten.lora(g), em.handwritten.lora_concat(g)
+    static = rank([two, one])
+    assert [r.traffic_bytes for r in static] == sorted(r.traffic_bytes for r in static)
+    assert static[0].mugraph is one and static[0].us is None
+
+    def tuner(h: em.KernelGraph) -> Any:
+        t = FakeTimer(graph_us=3.0 if h is two else 7.0)
+        return tune(h, g, compiler=lambda k, knobs: torch_function(k), timer=t,
+                    input_sets=input_sets(g, 1, "cpu"), check_inputs=random_inputs(g, "cpu", 5),
+                    device="cpu", space={})
+
+    timed = rank([one, two], tuner)
+    assert timed[0].mugraph is two and timed[0].us == 3.0 and timed[1].us == 7.0

@@ -1,0 +1,192 @@
+"""``egraph-mirage bench gpu`` without a GPU: argument parsing, the row schema with a fake timer,
+μGraph files from the search, the reports, and imports with egglog and JAX hidden."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import egraph_mirage as em
+from egraph_mirage.bench import gpu_bench as gb
+from egraph_mirage.cli import _parser, main
+from egraph_mirage.errors import GraphError
+from egraph_mirage.gpu.floor import Floor
+from egraph_mirage.gpu.torch_eval import torch_function
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRED = {"benchmark", "batch", "device", "ours_us", "ours_graph_us", "baselines_us",
+            "baselines_graph_us", "speedup_vs_best", "speedup_vs_best_graph", "floor_us"}
+
+
+class FakeTimer:
+    """A figure per program: baselines are slower than ours by a known factor."""
+
+    def plain(self, fn: Any, sets: Any) -> float:
+        fn(*sets[0])
+        return 20.0 if getattr(fn, "ours", False) else 40.0
+
+    def graph(self, fn: Any, sets: Any) -> float:
+        fn(*sets[0])
+        return 10.0 if getattr(fn, "ours", False) else 15.0
+
+
+def _compiler(h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
+    fn = torch_function(h)
+
+    def ours(*xs: Any) -> Any:
+        return fn(*xs)
+
+    ours.ours = True  # type: ignore[attr-defined]
+    return ours
+
+
+def _cfg(**kw: Any) -> gb.GpuBenchConfig:
+    base = dict(programs=["rmsnorm_linear", "mqa"], batches=[1, 2], use_compile=False,
+                tune=False, small=True, device="cpu")
+    return gb.GpuBenchConfig(**(base | kw))
+
+
+def test_parse_bench_gpu_arguments() -> None:
+    a = _parser().parse_args(["bench", "gpu"])
+    assert a.batch == [1, 8, 16] and a.programs is None and a.mugraph_dir is None
+    assert not (a.json or a.no_compile or a.max_autotune or a.no_tune or a.no_cache)
+    a = _parser().parse_args(["bench", "gpu", "--json", "--batch", "1", "8", "--programs", "gqa",
+                              "lora", "--mugraph-dir", "d", "--no-compile", "--markdown", "m.md",
+                              "--plot", "p.png", "--cache-dir", "c"])
+    assert a.batch == [1, 8] and a.programs == ["gqa", "lora"] and a.mugraph_dir == "d"
+    assert a.json and a.no_compile and (a.markdown, a.plot, a.cache_dir) == ("m.md", "p.png", "c")
+
+
+def test_bench_gpu_without_cuda_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(["bench", "gpu", "--batch", "1"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_rows_with_a_fake_timer() -> None:
+    logs: list[str] = []
+    rows = gb.bench_gpu(_cfg(), timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
+                        device_name="fake", log=logs.append)
+    assert [(r["benchmark"], r["batch"]) for r in rows] == [
+        ("rmsnorm_linear", 1), ("mqa", 1), ("rmsnorm_linear", 2), ("mqa", 2)]
+    json.dumps(rows)  # plain data
+    for r in rows:
+        assert REQUIRED <= set(r) and set(gb.KEYS) <= set(r)
+        assert r["device"] == "fake" and r["source"] == "handwritten"
+        assert r["ours_us"] == 20.0 and r["ours_graph_us"] == 10.0
+        assert r["speedup_vs_best"] == 2.0 and r["speedup_vs_best_graph"] == 1.5
+        assert r["floor_us"] > 0 and r["floor_fraction_graph"] == r["floor_us"] / 10.0
+        assert r["knobs"] == {} and r["notes"] == []
+    assert set(rows[0]["baselines_us"]) == {"eager"}
+    assert set(rows[1]["baselines_us"]) == {"eager", "sdpa"}
+    assert len(logs) == 4 and logs[0].startswith("rmsnorm_linear b=1")
+    table = gb.format_table(rows)
+    assert table.splitlines()[0].startswith("program") and "sdpa+graph" in table
+    assert len(table.splitlines()) == 5
+
+
+def test_rows_without_a_lowering() -> None:
+    rows = gb.bench_gpu(_cfg(batches=[1]), timer=FakeTimer(), floor=Floor(4e12), compiler=None,
+                        device_name="fake", log=lambda m: None)
+    for r in rows:
+        assert r["ours_us"] is None and r["speedup_vs_best"] is None
+        assert r["baselines_us"]["eager"] == 40.0
+        assert any("no lowering" in n for n in r["notes"])
+    assert "–" in gb.format_table(rows)
+
+
+def test_rows_with_the_lowering_in_triton_s_interpreter() -> None:
+    """``compiler="auto"`` finds ``KernelGraph.compile``; without CUDA it runs interpreted."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the lowering compiles for it; the GPU tests cover that")
+    from egraph_mirage.gpu.tune import default_compiler
+
+    if default_compiler() is None:
+        pytest.skip("no lowering yet")
+    rows = gb.bench_gpu(_cfg(programs=["rmsnorm_linear", "ntrans"], batches=[1]),
+                        timer=FakeTimer(), floor=Floor(4e12), device_name="fake",
+                        log=lambda m: None)
+    for r in rows:
+        assert r["ours_us"] == 40.0 and r["notes"] == []  # the fake times every program alike
+
+
+def test_wrong_ours_is_not_timed() -> None:
+    def wrong(h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
+        fn = torch_function(h)
+        return lambda *xs: [o * 2 for o in fn(*xs)]
+
+    (r,) = gb.bench_gpu(_cfg(programs=["ntrans"], batches=[1]), timer=FakeTimer(),
+                        floor=Floor(4e12), compiler=wrong, device_name="fake", log=lambda m: None)
+    assert r["ours_us"] is None and any("wrong" in n for n in r["notes"])
+
+
+def test_mugraphs_from_the_search(tmp_path: Path) -> None:
+    g = em.benchmarks.get("lora", batch=2, small=True)
+    em.handwritten.lora(g).save(tmp_path / "lora_b2.json")
+    em.handwritten.lora_concat(g).save(tmp_path / "lora_b2_1.json")
+    em.handwritten.lora(em.benchmarks.get("lora", small=True)).save(tmp_path / "lora_b1.json")
+    graphs, source = gb.candidates("lora", 2, g, str(tmp_path))
+    assert len(graphs) == 2 and source == "search (2 files)"
+    gm = em.benchmarks.get("gated_mlp", batch=2, small=True)
+    graphs, source = gb.candidates("gated_mlp", 2, gm, str(tmp_path))
+    assert len(graphs) == 1 and source == "handwritten"
+    (tmp_path / "lora_b2_1.json").unlink()
+    em.handwritten.lora(em.benchmarks.get("lora", small=True)).save(tmp_path / "lora_b2_2.json")
+    with pytest.raises(GraphError, match="differ"):
+        gb.candidates("lora", 2, g, str(tmp_path))
+    (tmp_path / "lora_b2_2.json").unlink()
+    (r,) = gb.bench_gpu(_cfg(programs=["lora"], batches=[2], mugraph_dir=str(tmp_path)),
+                        timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
+                        device_name="fake", log=lambda m: None)
+    assert r["source"] == "search (1 file)" and r["ours_us"] == 20.0
+
+
+def test_markdown_and_plot(tmp_path: Path) -> None:
+    rows = gb.bench_gpu(_cfg(batches=[1]), timer=FakeTimer(), floor=Floor(4e12),
+                        compiler=_compiler, device_name="Fake GPU", log=lambda m: None)
+    text = gb.markdown(rows, "2026-11-21", "egraph-mirage bench gpu --batch 1", 4e12)
+    assert "Fake GPU" in text and "2026-11-21" in text and "`egraph-mirage bench gpu" in text
+    assert "| rmsnorm_linear | 1 | handwritten |" in text and "4.00 TB/s" in text
+    pytest.importorskip("matplotlib")
+    gb.plot(rows, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gpu_side_imports_without_egglog_or_jax(tmp_path: Path) -> None:
+    """The GPU machine has neither: the benchmark programs, em.load, the evaluator, the bench
+    and the command must all work with both hidden."""
+    g = em.benchmarks.get("gqa", small=True)
+    em.handwritten.fused("gqa", g).save(tmp_path / "gqa_b1.json")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["egglog"] = None
+        sys.modules["jax"] = None
+        import egraph_mirage as em
+        from egraph_mirage.bench import gpu_bench
+        from egraph_mirage.gpu import baselines, floor, timing, torch_eval, tune
+        from egraph_mirage.cli import main
+        h = em.load({str(tmp_path / "gqa_b1.json")!r})
+        g = em.benchmarks.get("gqa", small=True)
+        xs = timing.random_inputs(g, "cpu")
+        (a,) = torch_eval.evaluate(g, xs)
+        (b,) = torch_eval.evaluate(h, xs)
+        assert torch_eval.relative_error(b, a) < 1e-5
+        assert main(["list"]) == 0
+        assert "egglog" not in sys.modules or sys.modules["egglog"] is None
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().endswith("ok")

@@ -1,0 +1,97 @@
+"""The GPU side on a CUDA device (skipped where there is none): timers, floor, baselines, tuning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import egraph_mirage as em
+from egraph_mirage.bench import gpu_bench as gb
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def torch_cuda():  # type: ignore[no-untyped-def]
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    return torch
+
+
+def test_copy_bandwidth_is_plausible(torch_cuda) -> None:  # type: ignore[no-untyped-def]
+    from egraph_mirage.gpu.floor import measure_copy_bandwidth
+
+    bw = measure_copy_bandwidth(256 << 20)
+    assert 0.5e12 < bw < 10e12
+
+
+def test_timers_on_a_copy(torch_cuda) -> None:  # type: ignore[no-untyped-def]
+    from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
+
+    torch = torch_cuda
+    timer = CudaTimer(TimingConfig(rep_ms=20, graph_replay_ms=5, graph_replays=5))
+    sets = [[torch.randn(1 << 22, device="cuda", dtype=torch.float16)] for _ in range(4)]
+
+    def double(x):  # type: ignore[no-untyped-def]
+        return [x * 2]
+
+    plain, graph = timer.plain(double, sets), timer.graph(double, sets)
+    assert 0.5 < plain < 1000 and 0.5 < graph < 1000  # 16 MB through memory: a few µs
+    assert graph <= plain * 1.5
+
+
+@pytest.mark.parametrize("name", em.benchmarks.names())
+def test_eager_and_sdpa_baselines_are_right_in_fp16(torch_cuda, name: str  # type: ignore[no-untyped-def]
+                                                   ) -> None:
+    from egraph_mirage.gpu import baselines as bl
+    from egraph_mirage.gpu.timing import random_inputs
+    from egraph_mirage.gpu.tune import check
+
+    g = em.benchmarks.get(name)
+    xs = random_inputs(g, "cuda", seed=7)
+    for b in bl.baselines_for(g, use_compile=False):
+        ok, err = check(b.fn, g, xs, fn_inputs=b.prepare(xs))
+        assert ok, f"{b.name}: relative error {err}"
+
+
+def test_compile_baseline(torch_cuda) -> None:  # type: ignore[no-untyped-def]
+    from egraph_mirage.gpu import baselines as bl
+    from egraph_mirage.gpu.timing import random_inputs
+    from egraph_mirage.gpu.tune import check
+
+    g = em.benchmarks.get("ntrans")
+    ok, err = check(bl.compiled(g).fn, g, random_inputs(g, "cuda", seed=8))
+    assert ok, err
+
+
+def test_handwritten_mugraphs_lower_and_tune(torch_cuda, tmp_path: Path  # type: ignore[no-untyped-def]
+                                             ) -> None:
+    from egraph_mirage.gpu.timing import CudaTimer, TimingConfig, input_sets, random_inputs
+    from egraph_mirage.gpu.tune import TuneCache, default_compiler, tune
+
+    compiler = default_compiler()
+    if compiler is None:
+        pytest.skip("egraph_mirage.lower has no compile entry point yet")
+    timer = CudaTimer(TimingConfig(rep_ms=10, graph_replay_ms=2, graph_replays=3))
+    g = em.benchmarks.get("rmsnorm_linear")
+    h = em.handwritten.fused("rmsnorm_linear", g)
+    r = tune(h, g, compiler=compiler, timer=timer, input_sets=input_sets(g, 2, "cuda"),
+             check_inputs=random_inputs(g, "cuda", seed=9), device="gpu-test",
+             cache=TuneCache(tmp_path))
+    assert r.best is not None, [(t.knobs, t.status, t.message, t.error) for t in r.trials]
+    assert r.us is not None and r.us > 0
+
+
+def test_one_row_on_the_gpu(torch_cuda, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from egraph_mirage.gpu.floor import Floor
+    from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
+
+    cfg = gb.GpuBenchConfig(programs=["gqa"], batches=[1], use_compile=False,
+                            cache_dir=str(tmp_path), small=True)
+    timer = CudaTimer(TimingConfig(rep_ms=10, graph_replay_ms=2, graph_replays=3))
+    (r,) = gb.bench_gpu(cfg, timer=timer, floor=Floor(4e12), log=lambda m: None)
+    assert set(gb.KEYS) <= set(r)
+    assert r["baselines_us"]["eager"] > 0 and r["baselines_graph_us"]["sdpa"] > 0

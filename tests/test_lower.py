@@ -1,0 +1,356 @@
+"""The Triton lowering: hand-written and generic μGraphs run in Triton's interpreter (no GPU) and
+match the block-by-block reference; errors are typed; the package needs neither egglog nor JAX.
+
+GPU tests (``-m gpu``) run the hand-written μGraphs at the paper's shapes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import egraph_mirage as em
+from egraph_mirage.lower import ACCUMULATOR_EMISSIONS, generate_source
+from egraph_mirage.mugraph import ACCUMULATORS
+from egraph_mirage.ops import BLOCK
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCH = {em.float32: torch.float32, em.float16: torch.float16, em.bfloat16: torch.bfloat16}
+#: largest error relative to the output's largest magnitude
+TOL = {em.float32: 2e-5, em.float16: 1e-2, em.bfloat16: 5e-2}
+BENCHMARKS = em.benchmarks.names()
+#: compile() runs the kernels in Triton's interpreter when there is no GPU (one mode a process)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(g: em.KernelGraph, dtype: em.DType, seed: int = 0, scale: float = 0.5,
+            device: str = DEVICE) -> tuple[list[torch.Tensor], list[np.ndarray]]:
+    """Random inputs in ``dtype`` and the same values in float64 (scaled so that exp(Q K) of
+    the attention kernels stays inside fp16)."""
+    rng = np.random.default_rng(seed)
+    ts = [torch.tensor(scale * rng.standard_normal(t.dims), dtype=TORCH[dtype], device=device)
+          for t in g.inputs]
+    return ts, [t.double().cpu().numpy() for t in ts]
+
+
+def _check(h: em.KernelGraph, dtype: em.DType, reference: Callable | None = None,
+           scale: float = 0.5, **options: object) -> None:
+    ts, xs = _inputs(h, dtype, scale=scale)
+    expected = (reference or (lambda x: em.run_reference(h, x)))(xs)
+    got = h.compile(**options)(*ts)
+    assert isinstance(got, list) and len(got) == len(expected)
+    for k, (a, b) in enumerate(zip(got, expected)):
+        assert tuple(a.shape) == b.shape and a.dtype == TORCH[dtype]
+        err = np.abs(a.double().cpu().numpy() - b).max() / max(np.abs(b).max(), 1e-30)
+        assert err < TOL[dtype], f"output {k}: relative error {err:.2e}"
+
+
+# --- the hand-written μGraphs ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_handwritten_small(name: str, dtype: em.DType) -> None:
+    g = em.benchmarks.get(name, small=True, dtype=dtype)
+    _check(em.handwritten.fused(name, g), dtype, reference=g.evaluate)
+
+
+@pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
+def test_lora_concat_small(dtype: em.DType) -> None:
+    g = em.benchmarks.get("lora", small=True, dtype=dtype)
+    _check(em.handwritten.lora_concat(g), dtype, reference=g.evaluate)
+
+
+@pytest.mark.skipif(not hasattr(em.handwritten, "flash_attention"), reason="no online softmax")
+@pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
+@pytest.mark.parametrize("name", ["gqa", "mqa"])
+def test_flash_attention_small(name: str, dtype: em.DType) -> None:
+    """Online softmax (running max, rescaled accumulators), on inputs large enough that
+    exponentiating without the max would overflow fp16."""
+    g = em.benchmarks.get(name, small=True, dtype=dtype)
+    _check(em.handwritten.flash_attention(g), dtype, reference=g.evaluate, scale=3.0)
+
+
+def test_rmsnorm_linear_gain_small() -> None:
+    g = em.benchmarks.get("rmsnorm_linear", small=True, dtype=em.float16, gain=True)
+    _check(em.handwritten.fused("rmsnorm_linear", g), em.float16, reference=g.evaluate)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
+def test_bfloat16_runs_with_fp32_dots(name: str) -> None:
+    """bf16 tl.dot is wrong in the interpreter: compile() casts dot operands to fp32 there."""
+    g = em.benchmarks.get(name, small=True, dtype=em.bfloat16)
+    h = em.handwritten.fused(name, g)
+    assert "tl.bfloat16" in generate_source(h)
+    fn = h.compile()
+    assert ("tl.dot(b0.to(tl.float32)" in fn.source) == fn.interpret
+    _check(h, em.bfloat16, reference=g.evaluate)
+
+
+# --- generic block graphs ----------------------------------------------------------------------
+
+def _graph(*dims: tuple[int, ...], dtype: em.DType = em.float32):
+    h = em.new_kernel_graph()
+    return h, [h.new_input(d, dtype) for d in dims]
+
+
+def _matmul_epilogue(grid: tuple[int, int, int], xmap: tuple[int, int, int],
+                     wmap: tuple[int, int, int], omap: tuple[int, int, int], loop: int,
+                     op: str, m: int = 24, k: int = 64, n: int = 48) -> em.KernelGraph:
+    """X (m, k) @ W (k, n) with the rows of X on one grid axis, the columns of W on another,
+    the loop over k, and an element-wise operator after the loop."""
+    h, (X, W) = _graph((m, k), (k, n))
+    tb = em.new_threadblock_graph(grid_dim=grid, forloop_range=loop)
+    x = tb.new_input(X, xmap, forloop_dim=1)
+    w = tb.new_input(W, wmap, forloop_dim=0)
+    acc = tb.forloop_accum(tb.matmul(x, w))
+    out = tb.mul_scalar(acc, 0.5) if op == "mul_scalar" else tb.apply(op, (acc,))
+    tb.new_output(out, omap)
+    (O,) = h.customized([X, W], tb)
+    h.mark_output(O)
+    return h
+
+
+MAP_CASES = [  # grid, imap of X, imap of W, omap, loop, epilogue operator
+    ((1, 1, 1), (-1, -1, -1), (-1, -1, -1), (-1, -1, -1), 4, "relu"),
+    ((2, 1, 1), (-1, -1, -1), (1, -1, -1), (1, -1, -1), 2, "gelu"),
+    ((3, 2, 1), (-1, 0, -1), (1, -1, -1), (1, 0, -1), 4, "silu"),
+    ((1, 2, 3), (-1, -1, 0), (-1, 1, -1), (-1, 1, 0), 1, "exp"),
+    ((2, 1, 3), (-1, -1, 0), (1, -1, -1), (1, -1, 0), 2, "square"),
+    ((1, 3, 4), (-1, 0, -1), (-1, -1, 1), (-1, 0, 1), 8, "mul_scalar"),  # k tiles of 8
+]
+
+
+@pytest.mark.parametrize("case", range(len(MAP_CASES)))
+def test_matmul_maps(case: int) -> None:
+    _check(_matmul_epilogue(*MAP_CASES[case]), em.float32)
+
+
+def _reduction_mean() -> em.KernelGraph:
+    """Block reduction over rows, mean accumulator, non-power-of-two tiles (6 × 12)."""
+    h, (X,) = _graph((12, 48))
+    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4)
+    x = tb.new_input(X, (0, -1, -1), forloop_dim=1)
+    r = tb.reduction(tb.relu(x), 0)                      # (1, 12)
+    tb.new_output(tb.forloop_accum(tb.mul(tb.add(x, r), x), "mean"), (0, -1, -1))
+    tb.new_output(tb.forloop_accum(r), (1, -1, -1))     # the blocks' row sums side by side
+    for O in h.customized([X], tb):
+        h.mark_output(O)
+    return h
+
+
+def _concat_matmul() -> em.KernelGraph:
+    """concat in the block graph, then a dot over the joined dimension (12 + 20 = 32)."""
+    h, (A, B, W) = _graph((8, 48), (8, 80), (32, 16))
+    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4)
+    a = tb.new_input(A, (0, -1, -1), forloop_dim=1)       # (4, 12)
+    b = tb.new_input(B, (0, -1, -1), forloop_dim=1)       # (4, 20)
+    w = tb.new_input(W, (-1, -1, -1), forloop_dim=-1)     # (32, 16), the same every iteration
+    c = tb.concat(tb.exp(a), b, 1)                        # (4, 32)
+    tb.new_output(tb.forloop_accum(tb.matmul(c, w)), (0, -1, -1))
+    tb.new_output(tb.forloop_accum(tb.concat(a, a, 0), "rms"), (0, -1, -1))
+    for O in h.customized([A, B, W], tb):
+        h.mark_output(O)
+    return h
+
+
+def _rms_norm_gain_rows() -> em.KernelGraph:
+    """rms_norm with a gain in the block graph; a 1-row matmul (M = 1 padded to 16) broadcast
+    against a 4-row tile after the loop; an invariant accumulator."""
+    h, (X, W, Y, G) = _graph((1, 64), (64, 32), (4, 32), (1, 16))
+    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)     # (1, 16)
+    w = tb.new_input(W, (1, -1, -1), forloop_dim=0)      # (16, 16)
+    y = tb.new_input(Y, (1, -1, -1), forloop_dim=-1)     # (4, 16), invariant
+    gain = tb.new_input(G, (1, -1, -1), forloop_dim=-1)  # (1, 8), joined to (1, 16) below
+    xn = tb.apply("rms_norm", (tb.matmul(x, w), tb.concat(gain, gain, 1)),
+                  normalized_shape=(16,))
+    acc = tb.forloop_accum(xn)                            # (1, 16)
+    inv = tb.forloop_accum(tb.sqrt(tb.square(y)))        # 4 × |y|
+    tb.new_output(tb.div(tb.add(acc, inv), tb.forloop_accum(y, "sum")), (1, -1, -1))
+    h.mark_output(h.customized([X, W, Y, G], tb)[0])
+    return h
+
+
+def _batched_todimx() -> em.KernelGraph:
+    """Rank-3 tiles, a batched dot whose left operand broadcasts over the batch, and
+    sum_todimx to a width of 12 (not a power of two) on three grid axes."""
+    h, (A, B) = _graph((1, 16, 32), (4, 32, 48))
+    tb = em.new_threadblock_graph(grid_dim=(2, 2, 1), forloop_range=2, reduction_dimx=12)
+    a = tb.new_input(A, (-1, 1, -1), forloop_dim=2)       # (1, 8, 16)
+    b = tb.new_input(B, (0, -1, -1), forloop_dim=1)       # (2, 16, 48)
+    ab = tb.matmul(a, b)                                   # (2, 8, 48)
+    tb.new_output(tb.forloop_accum(ab, "sum_todimx"), (0, 1, -1))
+    tb.new_output(tb.forloop_accum(tb.gelu(ab)), (0, 1, -1))
+    for O in h.customized([A, B], tb):
+        h.mark_output(O)
+    return h
+
+
+GENERIC = {"reduction_mean": _reduction_mean, "concat_matmul": _concat_matmul,
+           "rms_norm_gain_rows": _rms_norm_gain_rows, "batched_todimx": _batched_todimx}
+
+
+@pytest.mark.parametrize("name", GENERIC)
+def test_generic_block_graphs(name: str) -> None:
+    _check(GENERIC[name](), em.float32)
+
+
+def test_generic_graphs_cover_the_block_ops_and_accumulators() -> None:
+    ops, accs = set(), set()
+    graphs = [f() for f in GENERIC.values()]
+    graphs += [_matmul_epilogue(*c) for c in MAP_CASES]
+    for h in graphs:
+        for t in h.operators:
+            if t.op == "customized":
+                for b in t.params["kernel"].tb.tensors:
+                    ops.add(b.op)
+                    accs.add(b.params.get("acc"))
+    block_ops = {n for n, s in em.OPS.items() if BLOCK in s.levels}
+    assert block_ops <= ops, block_ops - ops
+    assert set(ACCUMULATORS) <= accs
+
+
+def test_library_operators_between_kernels() -> None:
+    """Library operators (torch) before, between and after kernels, reusing one block graph."""
+    h, (X, W) = _graph((4, 32), (32, 32), dtype=em.float16)
+    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=2)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
+    w = tb.new_input(W, (1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(x, w)), (1, -1, -1))
+    (A,) = h.customized([h.rms_norm(X, (32,)), W], tb)
+    (B,) = h.customized([h.silu(A), h.gelu(W)], tb)
+    C = h.reduction(h.concat(h.exp(h.mul_scalar(B, 0.1)), h.sqrt(h.square(A)), 0), 1)
+    h.mark_output(C)
+    h.mark_output(X)
+    assert generate_source(h).count("@triton.jit") == 1  # one kernel, launched twice
+    _check(h, em.float16)
+
+
+# --- the table-driven parts ---------------------------------------------------------------------
+
+def test_every_accumulator_has_an_emission() -> None:
+    assert set(ACCUMULATORS) == set(ACCUMULATOR_EMISSIONS)
+
+
+def test_silu_is_x_sigmoid_x() -> None:
+    assert em.OPS["silu"].triton.tile(["x"], None, {}) == "x * tl.sigmoid(x)"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in em.OPS if n != "customized"))
+def test_host_emission_matches_reference(name: str) -> None:
+    """Every library operator's torch text computes its op-table reference."""
+    rng = np.random.default_rng(1)
+    shapes = {"matmul": [(2, 3, 4), (1, 4, 5)], "concat": [(2, 1, 4), (2, 3, 1)],
+              "rms_norm": [(2, 3, 4), (1, 1, 4)]}.get(name, [(2, 3, 4), (2, 1, 4)])
+    spec = em.OPS[name]
+    shapes = shapes[:spec.num_inputs[1]]
+    params = {"dim": -1, "scalar": 0.25, "normalized_shape": (4,)}
+    params = {k: params[k] for k in spec.params}
+    xs = [np.abs(rng.standard_normal(s)) + 0.1 for s in shapes]
+    text = spec.triton.host([f"x{k}" for k in range(len(xs))], shapes, params)
+    got = eval(text, {"torch": torch}, {f"x{k}": torch.tensor(x) for k, x in enumerate(xs)})
+    np.testing.assert_allclose(got.numpy(), spec.reference(xs, params), rtol=1e-10)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+def test_rank4_matmul_is_a_lower_error() -> None:
+    h, (A, B) = _graph((1, 2, 16, 16), (1, 2, 16, 16))
+    tb = em.new_threadblock_graph(forloop_range=1)
+    a = tb.new_input(A, (-1, -1, -1))
+    b = tb.new_input(B, (-1, -1, -1))
+    tb.new_output(tb.forloop_accum(tb.matmul(a, b)), (-1, -1, -1))
+    h.mark_output(h.customized([A, B], tb)[0])
+    with pytest.raises(em.LowerError, match=r"kernel_0: b2 = matmul.*rank 2 or 3"):
+        generate_source(h)
+
+
+def test_bad_options_and_inputs() -> None:
+    h = _matmul_epilogue((2, 1, 1), (-1, -1, -1), (1, -1, -1), (1, -1, -1), 2, "relu")
+    with pytest.raises(em.LowerError, match="num_warps"):
+        h.compile(num_warps=3)
+    with pytest.raises(em.LowerError, match=r"unknown lowering option.*tile_m"):
+        h.compile(tile_m=64)
+    fn = h.compile(num_warps=8, num_stages=3)
+    assert "NUM_WARPS = 8" in fn.source and "NUM_STAGES = 3" in fn.source
+    ts, _ = _inputs(h, em.float32)
+    with pytest.raises(em.ShapeError, match="input 1"):
+        fn(ts[0], ts[0])
+    with pytest.raises(em.DTypeError, match="input 0"):
+        fn(ts[0].half(), ts[1])
+    assert len(fn(*ts, num_warps=2)) == 1
+
+
+# --- files and imports -------------------------------------------------------------------------
+
+def test_program_file_is_standalone(tmp_path: Path) -> None:
+    """The written file runs in a process where egraph_mirage, egglog and JAX cannot import."""
+    g = em.benchmarks.get("rmsnorm_linear", small=True, dtype=em.float32)
+    h = em.handwritten.fused("rmsnorm_linear", g)
+    path = tmp_path / "program.py"
+    source = h.generate_triton_program(path, num_warps=2)
+    assert path.read_text() == source and "NUM_WARPS = 2" in source
+    ts, xs = _inputs(g, em.float32, device="cpu")  # the subprocess runs the interpreter
+    torch.save(ts, tmp_path / "inputs.pt")
+    np.save(tmp_path / "expected.npy", g.evaluate(xs)[0])
+    script = f"""
+import sys, os
+for m in ("egglog", "jax", "egraph_mirage"):
+    sys.modules[m] = None
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, {str(tmp_path)!r})
+import numpy as np, torch
+import program
+(out,) = program.run(*torch.load({str(tmp_path / "inputs.pt")!r}))
+err = np.abs(out.double().numpy() - np.load({str(tmp_path / "expected.npy")!r})).max()
+assert err < 1e-4, err
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_lowering_imports_without_egglog_jax_triton() -> None:
+    script = """
+import sys
+for m in ("egglog", "jax"):
+    sys.modules[m] = None
+import egraph_mirage as em
+import egraph_mirage.lower
+assert "triton" not in sys.modules and "torch" not in sys.modules, "eager import"
+g = em.benchmarks.get("gqa", small=True)
+src = egraph_mirage.lower.generate_source(em.handwritten.fused("gqa", g))
+assert "triton" not in sys.modules and src.count("@triton.jit") == 2
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+
+BUILDERS = {name: (name, em.handwritten.fused) for name in BENCHMARKS}
+BUILDERS["lora_concat"] = ("lora", lambda name, g: em.handwritten.lora_concat(g))
+if hasattr(em.handwritten, "flash_attention"):
+    BUILDERS["flash_gqa"] = ("gqa", lambda name, g: em.handwritten.flash_attention(g))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [em.float16, em.bfloat16, em.float32], ids=lambda d: d.value)
+@pytest.mark.parametrize("name", BUILDERS)
+def test_handwritten_paper_shapes_gpu(name: str, dtype: em.DType) -> None:
+    program, build = BUILDERS[name]
+    g = em.benchmarks.get(program, dtype=dtype)
+    try:
+        h = build(program, g)
+    except em.ResourceError as e:  # the builder's tiles do not fit in fp32
+        pytest.skip(str(e))
+    # small inputs: the split-KV attention exponentiates without the max, and its partial sums
+    # are fp16 device tensors
+    _check(h, dtype, reference=g.evaluate, scale=0.1)
