@@ -106,3 +106,21 @@ def test_svg(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     code, _, err = _run(capsys, "oracle", "gated_mlp", "--small", "--svg", str(path))
     assert code == 0, err
     assert path.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_optimize_writes_the_best_mugraph(tmp_path, capsys):
+    from egraph_mirage.cli import main
+
+    code = main(["optimize", "rmsnorm_linear", "--small", "--workers", "1", "--max-results", "1",
+                 "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "best: 1 kernel(s)" in out
+    assert (tmp_path / "best.json").exists() and (tmp_path / "search.ckpt").exists()
+
+
+def test_optimize_names_a_missing_program(capsys):
+    from egraph_mirage.cli import main
+
+    assert main(["optimize", "no_such_program"]) == 2
+    assert "neither a benchmark" in capsys.readouterr().err
