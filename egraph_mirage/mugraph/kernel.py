@@ -25,8 +25,9 @@ from . import partition as pt
 from .accumulators import lookup_accumulator
 from .threadblock import EPILOGUE, INVARIANT, LOOP_SIDE, ThreadBlockGraph
 
-#: the block graph on loader tiles (index -> tile): the saved tiles, in saver order
-Body = Callable[[dict[int, Any]], list[Any]]
+#: the block graph run on a grid: (loader index -> the kernel input it reads, grid) -> the saved
+#: tiles in the vectorised layout, in saver order
+Body = Callable[[dict[int, Any], tuple[int, ...]], list[Any]]
 
 
 class GraphKernel:
@@ -83,8 +84,8 @@ class GraphKernel:
         must bring ``running_max`` / ``rescale`` for graphs that use them. Optional:
         ``matmul_loop_sum`` computes the plain accumulator of a matmul in one step (or returns
         None; tiles only such accumulators use are then not computed at all), and
-        ``split(body, loaded)`` runs ``body`` (loader tiles by index -> saved tiles) on parts
-        of the grid (the blocks are independent) and joins the results."""
+        ``split(body, raw)`` runs ``body`` on parts of the grid (the blocks are independent:
+        a part is a smaller grid over slices of the inputs) and joins the saved tiles."""
         tb = self.tb
         apply_op = apply_op or (lambda op, xs, p: lookup(op).reference(xs, p))
         accumulate = accumulate or (lambda acc, x, n, dimx:
@@ -95,8 +96,10 @@ class GraphKernel:
         fused = self._fused_matmuls() if matmul_loop_sum else {}
         needed = self._needed(fused)
 
-        def body(loaded: dict[int, Any]) -> list[Any]:
-            vals = dict(loaded)
+        def body(raw: dict[int, Any], grid: tuple[int, ...]) -> list[Any]:
+            vals = {i: pt.to_blocks(xp, x, grid, tb.forloop_range,
+                                    tb.tensors[i].params["input_map"],
+                                    tb.tensors[i].params["forloop_dim"]) for i, x in raw.items()}
             for t in tb.tensors:
                 if t.index not in needed or t.op == "input":
                     continue
@@ -126,11 +129,8 @@ class GraphKernel:
                     vals[t.index] = apply_op(t.op, args, t.params)
             return [vals[t.index] for t, _ in tb.outputs]
 
-        loaded = {t.index: pt.to_blocks(xp, inputs[t.params["position"]], tb.grid_dim,
-                                        tb.forloop_range, t.params["input_map"],
-                                        t.params["forloop_dim"])
-                  for t in tb.inputs if t.index in needed}
-        saved = split(body, loaded) if split else body(loaded)
+        raw = {t.index: inputs[t.params["position"]] for t in tb.inputs if t.index in needed}
+        saved = split(body, raw) if split else body(raw, tb.grid_dim)
         return [pt.from_blocks(xp, y, tb.grid_dim, omap) for y, (_, omap) in
                 zip(saved, tb.outputs)]
 

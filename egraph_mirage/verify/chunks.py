@@ -71,21 +71,26 @@ def plan(tb: ThreadBlockGraph, limit: int | None = None) -> tuple[int, int] | No
 
 def splitter(f: Field, tb: ThreadBlockGraph) -> Callable[[Any, dict[int, FF]], list[FF]] | None:
     """A ``split`` hook for ``GraphKernel.run_vectorised`` over field ``f``, or None when the
-    kernel is small enough to evaluate at once."""
+    kernel is small enough to evaluate at once. Part k of ``parts`` along grid axis ``axis`` is
+    the kernel on a grid with ``grid[axis] / parts`` blocks there, reading, for each loader that
+    splits an input dimension along that axis, the k-th slice of that dimension (the input is
+    sliced, not its rearranged tiles: no copy of the whole input is made)."""
     chosen = plan(tb)
     if chosen is None:
         return None
     axis, parts = chosen
     size = tb.grid_dim[axis]
+    grid = tuple(g // parts if a == axis else g for a, g in enumerate(tb.grid_dim))
     xp = f.xp
     is_jax = xp.__name__.startswith("jax")
 
-    def cut(a: Any, k: Any) -> Any:  # part k of axis ``axis``: a view or a dynamic slice
+    def cut(a: Any, dim: int, k: Any) -> Any:  # slice k of ``parts`` along ``dim``
+        n = a.shape[dim] // parts
         if is_jax:
             import jax
 
-            return jax.lax.dynamic_slice_in_dim(a, k * (size // parts), size // parts, axis)
-        return a[(slice(None),) * axis + (slice(k * (size // parts), (k + 1) * (size // parts)),)]
+            return jax.lax.dynamic_slice_in_dim(a, k * n, n, dim)
+        return a[(slice(None),) * dim + (slice(k * n, (k + 1) * n),)]
 
     def join(a: Any) -> Any:  # (parts, ..., size / parts | 1, ...) -> (..., size, ...)
         shape = list(a.shape[1:])
@@ -94,16 +99,18 @@ def splitter(f: Field, tb: ThreadBlockGraph) -> Callable[[Any, dict[int, FF]], l
         a = xp.moveaxis(a, 0, axis)
         return xp.reshape(a, (*shape[:axis], size, *shape[axis + 1:]))
 
-    def split(body: Callable[[dict[int, FF]], list[FF]], loaded: dict[int, FF]) -> list[FF]:
+    def split(body: Callable[[dict[int, FF], tuple[int, ...]], list[FF]],
+              raw: dict[int, FF]) -> list[FF]:
         whys: list[str] = []  # FF.why of the outputs (static text, not traced)
+        dims = {i: tb.tensors[i].params["input_map"][axis] for i in raw}
 
         def one(k: Any) -> tuple[list[tuple[Any, Any]], Any]:
             flag, tables = f.zero_division, dict(f._tables)
             f.zero_division = xp.asarray(False)
-            part = {i: x if x.shape[axis] == 1 else
-                    FF(cut(x.p, k), None if x.q is None else cut(x.q, k), x.why)
-                    for i, x in loaded.items()}
-            outs = body(part)
+            part = {i: x if dims[i] == -1 else
+                    FF(cut(x.p, dims[i], k), None if x.q is None else cut(x.q, dims[i], k),
+                       x.why) for i, x in raw.items()}
+            outs = body(part, grid)
             part_flag = f.zero_division
             f.zero_division, f._tables = flag, tables  # nothing traced here may leak out
             whys[:] = [o.why for o in outs]
