@@ -25,9 +25,9 @@ from . import partition as pt
 from .accumulators import lookup_accumulator
 from .threadblock import EPILOGUE, INVARIANT, LOOP_SIDE, ThreadBlockGraph
 
-#: the block graph run on a grid: (loader index -> the kernel input it reads, grid) -> the saved
-#: tiles in the vectorised layout, in saver order
-Body = Callable[[dict[int, Any], tuple[int, ...]], list[Any]]
+#: the block graph run on a grid: (loader index -> the kernel input it reads, grid, loader index
+#: -> its tiles already laid out) -> the saved tiles in the vectorised layout, in saver order
+Body = Callable[[dict[int, Any], tuple[int, ...], dict[int, Any]], list[Any]]
 
 
 class GraphKernel:
@@ -96,10 +96,12 @@ class GraphKernel:
         fused = self._fused_matmuls() if matmul_loop_sum else {}
         needed = self._needed(fused)
 
-        def body(raw: dict[int, Any], grid: tuple[int, ...]) -> list[Any]:
+        def body(raw: dict[int, Any], grid: tuple[int, ...],
+                 loaded: dict[int, Any]) -> list[Any]:
             vals = {i: pt.to_blocks(xp, x, grid, tb.forloop_range,
                                     tb.tensors[i].params["input_map"],
                                     tb.tensors[i].params["forloop_dim"]) for i, x in raw.items()}
+            vals.update(loaded)
             for t in tb.tensors:
                 if t.index not in needed or t.op == "input":
                     continue
@@ -130,7 +132,7 @@ class GraphKernel:
             return [vals[t.index] for t, _ in tb.outputs]
 
         raw = {t.index: inputs[t.params["position"]] for t in tb.inputs if t.index in needed}
-        saved = split(body, raw) if split else body(raw, tb.grid_dim)
+        saved = split(body, raw) if split else body(raw, tb.grid_dim, {})
         return [pt.from_blocks(xp, y, tb.grid_dim, omap) for y, (_, omap) in
                 zip(saved, tb.outputs)]
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..mugraph import partition as pt
+from ..mugraph.kernel import Body
 from ..mugraph.partition import NUM_AXES
 from ..mugraph.threadblock import EPILOGUE, ThreadBlockGraph
-from .field import FF, Field
+from .field import FF, FFArrays, Field
 
 #: the most elements a tile of one part should have (8 MB of float64)
 PART_ELEMENTS = 1 << 20
@@ -46,30 +48,35 @@ def layout_leads(tb: ThreadBlockGraph) -> dict[int, tuple[int, ...]]:
 
 
 def plan(tb: ThreadBlockGraph, limit: int | None = None) -> tuple[int, int] | None:
-    """``(grid axis, parts)`` for evaluating ``tb`` in parts, or None for all at once: the
-    fewest parts that bring every tile that varies along the axis under ``limit`` elements (or
-    as close as one axis gets), preferring the axis that needs fewer parts."""
+    """``(grid axis, parts)`` for evaluating ``tb`` in parts, or None for all at once (when no
+    tile exceeds ``limit`` elements, or the loaders' tiles together). Otherwise the fewest
+    parts that bring every tile varying along the axis under ``limit`` elements (or as close as
+    one axis gets), preferring an axis along which fewer loader elements are split (their tiles
+    are laid out again for each part), then fewer parts."""
     limit = PART_ELEMENTS if limit is None else limit
     leads = layout_leads(tb)
     sizes = [(_numel(leads[t.index]) * _numel(t.dims), leads[t.index]) for t in tb.tensors
              if t.op != "input"]  # loader tiles are the inputs, rearranged: already there
-    if max((n for n, _ in sizes), default=0) <= limit:
-        return None
-    best: tuple[int, ...] | None = None  # (largest part, parts, axis)
+    loaders = sum(_numel(leads[t.index]) * _numel(t.dims) for t in tb.inputs)
+    if max((n for n, _ in sizes), default=0) <= max(limit, loaders):
+        return None  # small, or dominated by the inputs: parts would not save memory traffic
+    best: tuple[int, ...] | None = None  # (largest part, sliced loader elements, parts, axis)
     for axis in range(NUM_AXES):
+        sliced = sum(_numel(leads[t.index]) * _numel(t.dims) for t in tb.inputs
+                     if leads[t.index][axis] > 1)  # loaders split along the axis: re-laid out
         for parts in range(2, tb.grid_dim[axis] + 1):
             if tb.grid_dim[axis] % parts:
                 continue
             largest = max(n // parts if lead[axis] > 1 else n for n, lead in sizes)
-            key = (max(largest, limit), parts, axis)
+            key = (max(largest, limit), sliced, parts, axis)
             if best is None or key < best:
                 best = key
             if largest <= limit:
                 break
-    return None if best is None else (best[2], best[1])
+    return None if best is None else (best[3], best[2])
 
 
-def splitter(f: Field, tb: ThreadBlockGraph) -> Callable[[Any, dict[int, FF]], list[FF]] | None:
+def splitter(f: Field, tb: ThreadBlockGraph) -> Callable[[Body, dict[int, FF]], list[FF]] | None:
     """A ``split`` hook for ``GraphKernel.run_vectorised`` over field ``f``, or None when the
     kernel is small enough to evaluate at once. Part k of ``parts`` along grid axis ``axis`` is
     the kernel on a grid with ``grid[axis] / parts`` blocks there, reading, for each loader that
@@ -99,18 +106,22 @@ def splitter(f: Field, tb: ThreadBlockGraph) -> Callable[[Any, dict[int, FF]], l
         a = xp.moveaxis(a, 0, axis)
         return xp.reshape(a, (*shape[:axis], size, *shape[axis + 1:]))
 
-    def split(body: Callable[[dict[int, FF], tuple[int, ...]], list[FF]],
-              raw: dict[int, FF]) -> list[FF]:
+    def split(body: Body, raw: dict[int, FF]) -> list[FF]:
         whys: list[str] = []  # FF.why of the outputs (static text, not traced)
         dims = {i: tb.tensors[i].params["input_map"][axis] for i in raw}
+        sliced = {i: x for i, x in raw.items() if dims[i] != -1}
+        arrays = FFArrays(xp)
+        loaded = {i: pt.to_blocks(arrays, x, tb.grid_dim, tb.forloop_range,  # once, for all
+                                  tb.tensors[i].params["input_map"],
+                                  tb.tensors[i].params["forloop_dim"])
+                  for i, x in raw.items() if dims[i] == -1}
 
         def one(k: Any) -> tuple[list[tuple[Any, Any]], Any]:
             flag, tables = f.zero_division, dict(f._tables)
             f.zero_division = xp.asarray(False)
-            part = {i: x if dims[i] == -1 else
-                    FF(cut(x.p, dims[i], k), None if x.q is None else cut(x.q, dims[i], k),
-                       x.why) for i, x in raw.items()}
-            outs = body(part, grid)
+            part = {i: FF(cut(x.p, dims[i], k), None if x.q is None else cut(x.q, dims[i], k),
+                          x.why) for i, x in sliced.items()}
+            outs = body(part, grid, loaded)
             part_flag = f.zero_division
             f.zero_division, f._tables = flag, tables  # nothing traced here may leak out
             whys[:] = [o.why for o in outs]
