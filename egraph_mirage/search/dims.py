@@ -132,10 +132,12 @@ class _UnionFind:
             self.parent[max(ra, rb, key=repr)] = min(ra, rb, key=repr)
 
 
-def input_dim_classes(g: KernelGraph, probe: LinkProbe) -> list[tuple[str | None, ...]]:
-    """The class of every dimension of every input of program ``g`` (None for size-1 dims).
+def dim_classes(g: KernelGraph, probe: LinkProbe
+                ) -> tuple[list[tuple[str | None, ...]], list[tuple[str | None, ...]]]:
+    """Classes of the dimensions of ``g``'s inputs and of its outputs (None for size-1 dims).
 
-    Class names are ``"d<k>"``, numbered in order of first appearance over the inputs.
+    Input classes are named ``"d<k>"`` in order of first appearance; an output dimension linked
+    to no input dimension gets a name of its own after those.
     """
     uf = _UnionFind()
     for t in g.operators:
@@ -147,17 +149,14 @@ def input_dim_classes(g: KernelGraph, probe: LinkProbe) -> list[tuple[str | None
         for (i, d), (j, e) in pairs:
             uf.union((t.operands[i].index, d), (t.operands[j].index, e))
     names: dict[Hashable, str] = {}
-    out = []
-    for x in g.inputs:
-        row: list[str | None] = []
-        for d, size in enumerate(x.dims):
-            if size == 1:
-                row.append(None)
-                continue
-            root = uf.find((x.index, d))
-            row.append(names.setdefault(root, f"d{len(names)}"))
-        out.append(tuple(row))
-    return out
+
+    def classes(x: Any) -> tuple[str | None, ...]:
+        return tuple(None if size == 1 else names.setdefault(uf.find((x.index, d)),
+                                                             f"d{len(names)}")
+                     for d, size in enumerate(x.dims))
+
+    ins = [classes(x) for x in g.inputs]
+    return ins, [classes(x) for x in g.outputs]
 
 
 def result_classes(links: Links, operand_classes: Sequence[Sequence[Any]], out_rank: int

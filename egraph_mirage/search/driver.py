@@ -23,7 +23,7 @@ from ..graph import KernelGraph
 from ..mugraph.serialize import loads
 from .checkpoint import Checkpoint
 from .config import SearchConfig, SearchError
-from .dims import LinkProbe, input_dim_classes
+from .dims import LinkProbe, dim_classes
 from .reach import ReachIndex
 from .results import SearchResult, SearchResults, SearchStats
 from .shapes import DTensor
@@ -45,14 +45,14 @@ def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0) -> Payload:
                           " give it as library operators")
     oracle = Oracle(g, warn_incomplete=False)
     reach = ReachIndex.from_oracle(oracle)
-    classes = input_dim_classes(g, LinkProbe())
+    classes, out_classes = dim_classes(g, LinkProbe())
     inputs = []
     for i, (t, dcls) in enumerate(zip(g.inputs, classes)):
         cls = reach.classify(abstract_term(t))
         inputs.append(DTensor(i, t.dims, t.dtype, cls, dcls, cls if cls is not None else ("v", i)))
     scalars = sorted({float(t.params["scalar"]) for t in g.operators if "scalar" in t.params}
                      | set(config.scalars))
-    return Payload(g.to_json(), reach, config, tuple(inputs), tuple(scalars), seed)
+    return Payload(g.to_json(), reach, config, tuple(inputs), tuple(scalars), out_classes[0], seed)
 
 
 def _executor(workers: Any) -> tuple[cf.Executor | None, bool]:

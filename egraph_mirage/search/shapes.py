@@ -108,6 +108,9 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[
                         continue
                     if frange > 1 and all(ld.fdim == -1 for ld in loaders):
                         continue
+                    if sum(math.prod(ld.tile) * ld.tensor.dtype.itemsize
+                           for ld in loaders) > config.smem_bytes:
+                        continue  # the inputs' tiles alone overflow shared memory
                     ks = KernelShape(grid, axis_classes, frange, loop_class,  # type: ignore
                                      tuple(loaders))
                     shapes.append((_score(ks, config), n, ks))
@@ -115,6 +118,20 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[
     shapes.sort(key=lambda s: (s[0], s[1]))
     for _, _, ks in shapes:
         yield ks
+
+
+def can_finish(ks: KernelShape, out_classes: Sequence[Any]) -> bool:
+    """Whether a kernel of this shape can write the program's output on its own.
+
+    Every loaded tensor is cut along the classes of the grid and of the loop. A grid axis over a
+    class the output lacks leaves each block a part of a reduction (partials a later kernel must
+    combine); a loop over a class the output has leaves the epilogue only one iteration's share of
+    that dimension. Neither kernel produces the output, so a final kernel needs neither.
+    """
+    wanted = {c for c in out_classes if c is not None}
+    if any(g > 1 and c not in wanted for g, c in zip(ks.grid, ks.axis_classes)):
+        return False
+    return ks.frange == 1 or ks.loop_class not in wanted
 
 
 def _score(ks: KernelShape, config: SearchConfig) -> float:

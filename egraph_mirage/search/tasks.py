@@ -21,10 +21,10 @@ from .config import SearchConfig
 from .dims import LinkProbe
 from .plan import KernelStep, OpStep, Step, build, new_tensors, output_maps, used_tiles
 from .reach import ReachIndex, ref
-from .shapes import DTensor, KernelShape, kernel_shapes
+from .shapes import DTensor, KernelShape, can_finish, kernel_shapes
 
 FINAL, INTERMEDIATE, LIBRARY = "final", "intermediate", "library"
-#: block graphs up to this many operators are searched before larger ones
+#: block graphs of two-kernel plans: first kernels up to this many operators, then the larger ones
 SHALLOW = 5
 
 
@@ -37,6 +37,8 @@ class Payload:
     config: SearchConfig
     inputs: tuple[DTensor, ...]
     scalars: tuple[float, ...]
+    #: dimension classes of the program's output
+    out_classes: tuple[Any, ...]
     seed: int = 0
 
 
@@ -73,7 +75,9 @@ class _Context:
         self.probe = LinkProbe()
         self.first_shapes: list[KernelShape] = list(kernel_shapes(payload.inputs,
                                                                   payload.config))
-
+        #: the shapes over the inputs that can write the output in one kernel
+        self.final_shapes = [ks for ks in self.first_shapes
+                             if can_finish(ks, payload.out_classes)]
 
     @property
     def verifier(self) -> Any:
@@ -97,17 +101,30 @@ def _context(payload: Payload) -> _Context:
 
 
 def list_tasks(payload: Payload) -> list[Task]:
-    """The tasks of a search, in the order they should run (shallow first)."""
+    """The tasks of a search, in the order they should run: cheap and likely first.
+
+    One-kernel plans come one block-graph size at a time over every shape (a task searches exactly
+    ``k`` operators), so a small fused kernel of any shape is found before a large one of the
+    first. Library operators and two-kernel plans, whose tasks search every final kernel behind
+    their first one, follow the one-kernel plans of up to ``SHALLOW + 1`` operators.
+    """
     ctx = _context(payload)
-    n, most = len(ctx.first_shapes), payload.config.max_block_ops
-    # small block graphs of every shape first, then the larger ones
+    most = payload.config.max_block_ops
+    finals = {k: [Task(FINAL, i, (k, k)) for i in range(len(ctx.final_shapes))]
+              for k in range(1, most + 1)}
     bands = [(1, min(SHALLOW, most))] + ([(SHALLOW + 1, most)] if most > SHALLOW else [])
-    tasks = [Task(FINAL, i, band) for band in bands for i in range(n)]
-    if payload.config.max_kernels >= 2:
-        tasks += [Task(INTERMEDIATE, i, band) for band in bands for i in range(n)]
-    if payload.config.max_kernel_ops >= 1:
-        moves = len(_library_moves(ctx, payload.inputs))
-        tasks += [Task(LIBRARY, i, (0, 0)) for i in range(moves)]
+    two = {band: ([Task(INTERMEDIATE, i, band) for i in range(len(ctx.first_shapes))]
+                  if payload.config.max_kernels >= 2 else []) for band in bands}
+    library = ([Task(LIBRARY, i, (0, 0)) for i in range(len(_library_moves(ctx, payload.inputs)))]
+               if payload.config.max_kernel_ops >= 1 else [])
+    tasks: list[Task] = []
+    for k in range(1, min(SHALLOW + 1, most) + 1):
+        tasks += finals[k]
+    tasks += library + two[bands[0]]
+    for k in range(SHALLOW + 2, most + 1):
+        tasks += finals[k]
+    if len(bands) > 1:
+        tasks += two[bands[1]]
     return tasks
 
 
@@ -118,7 +135,7 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None) -> Tas
     t0 = time.perf_counter()
     inputs = list(payload.inputs)
     if task.kind == FINAL:
-        run.final(ctx.first_shapes[task.index], inputs, [], ops=task.ops)
+        run.final(ctx.final_shapes[task.index], inputs, [], ops=task.ops)
     elif task.kind == INTERMEDIATE:
         for tensors, steps in run.intermediates(ctx.first_shapes[task.index], inputs, [],
                                                 task.ops):
@@ -203,10 +220,11 @@ class _Run:
         for shape in kernel_shapes(tensors, self.config):
             if self.stopped():
                 return
-            self.final(shape, tensors, steps, must_use)
+            if can_finish(shape, self.ctx.payload.out_classes):
+                self.final(shape, tensors, steps, must_use)
 
     def final(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
-              must_use: int | None = None, ops: int | None = None) -> None:
+              must_use: int | None = None, ops: tuple[int, int] | None = None) -> None:
         target = self.ctx.target
         roots = self.ctx.payload.reach.roots
         want = target.outputs[0].dims
@@ -230,7 +248,7 @@ class _Run:
 
     # --- a kernel whose outputs a later kernel reads --------------------------------------------
     def intermediates(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
-                      ops: int):
+                      ops: tuple[int, int]):
         have = {t.key for t in tensors}
         roots = set(self.ctx.payload.reach.roots)
 
