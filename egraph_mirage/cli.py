@@ -4,7 +4,10 @@
     egraph-mirage oracle NAME [--batch B] [--small] [--query SEXPR ...] [--svg PATH]
     egraph-mirage bench oracle [--json] [--small] [--targets NAME ...] [--seconds S] [--repeats N]
     egraph-mirage bench verify [--json] [--small] [--targets NAME ...] [--mutants N] [--seed S]
+    egraph-mirage bench search [--json] [--small] [--programs NAME ...] [--budget S] [--no-oracle]
+    egraph-mirage optimize NAME|FILE [--batch B] [--small] [--budget S] [--out DIR] [--profile]
     egraph-mirage bench gpu [--json] [--batch B ...] [--programs NAME ...] [--mugraph-dir DIR]
+                            [--max-candidates K] [--from-search [--search-budget S]]
 
 Errors raised on purpose by egraph-mirage (``EMError``) print as one ``error: ...`` line on
 stderr and exit with status 2.
@@ -62,14 +65,40 @@ def _parser() -> argparse.ArgumentParser:
     bv.add_argument("--mode", choices=("auto", "numpy", "jit"), default="auto",
                     help="how candidates are evaluated (same verdicts; default: numpy, or jit "
                     "for big inputs)")
+    bs = bsub.add_parser("search", help="discovery time of the superoptimizer per program")
+    bs.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    bs.add_argument("--small", action="store_true", help="reduced shapes")
+    bs.add_argument("--programs", nargs="+", metavar="NAME", help="benchmarks (default: all)")
+    bs.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    bs.add_argument("--budget", type=float, default=600.0, metavar="S",
+                    help="seconds each search may take (default 600)")
+    bs.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="worker processes (default: every core)")
+    bs.add_argument("--no-oracle", action="store_true",
+                    help="switch e-graph pruning off, to measure what it buys")
+    bs.add_argument("--max-block-ops", type=int, default=None, metavar="N",
+                    help="most operators per block graph (default: SearchConfig's)")
     bg = bsub.add_parser("gpu", help="our best μGraphs against PyTorch baselines on a CUDA GPU")
     bg.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     bg.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16], metavar="B",
                     help="batch sizes (default 1 8 16)")
     bg.add_argument("--programs", nargs="+", metavar="NAME", help="benchmarks (default: all)")
     bg.add_argument("--mugraph-dir", metavar="DIR",
-                    help="μGraphs from the search: DIR/<name>_b<batch>[_*].json (default: the "
-                    "hand-written ones)")
+                    help="μGraphs from the search: `optimize --out` folders DIR/<name>_b<batch>/"
+                    " or DIR/<name>/ (result_*.json, else best.json), or files "
+                    "DIR/<name>_b<batch>[_*].json; every one is timed, the fastest reported "
+                    "(default: the hand-written ones)")
+    bg.add_argument("--max-candidates", type=int, default=None, metavar="K",
+                    help="time only the first K μGraphs of a folder, the search's best first")
+    bg.add_argument("--from-search", action="store_true",
+                    help="run the search for each program and batch first, into "
+                    "DIR/<name>_b<batch>/ (DIR: --mugraph-dir, default "
+                    "egraph-mirage-out/search; a rerun resumes from its checkpoint)")
+    bg.add_argument("--search-budget", type=float, default=300.0, metavar="S",
+                    help="seconds of search per program and batch with --from-search "
+                    "(default 300)")
+    bg.add_argument("--search-workers", type=int, default=None, metavar="N",
+                    help="search processes with --from-search (default: every core)")
     bg.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     bg.add_argument("--max-autotune", action="store_true",
                     help="torch.compile in max-autotune mode (slow to compile)")
@@ -99,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _oracle(args.name, args.batch, args.small, args.query, args.svg)
         if args.bench == "verify":
             return _bench_verify(args)
+        if args.bench == "search":
+            return _bench_search(args)
         if args.bench == "gpu":
             from .bench.gpu_bench import run_command
 
@@ -126,6 +157,16 @@ def _bench_oracle(args: argparse.Namespace) -> int:
     rows = bench_oracle(args.targets, small=args.small, seconds=args.seconds,
                         repeats=args.repeats)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    return 0
+
+
+def _bench_search(args: argparse.Namespace) -> int:
+    from .bench.search_bench import bench_search, format_table
+
+    rows = bench_search(args.programs, small=args.small, batch=args.batch, budget=args.budget,
+                        workers=args.workers, use_oracle=not args.no_oracle,
+                        max_block_ops=args.max_block_ops)
+    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0
 
 

@@ -56,11 +56,15 @@ def test_parse_bench_gpu_arguments() -> None:
     a = _parser().parse_args(["bench", "gpu"])
     assert a.batch == [1, 8, 16] and a.programs is None and a.mugraph_dir is None
     assert not (a.json or a.no_compile or a.max_autotune or a.no_tune or a.no_cache)
+    assert not a.from_search and a.search_budget == 300.0 and a.max_candidates is None
     a = _parser().parse_args(["bench", "gpu", "--json", "--batch", "1", "8", "--programs", "gqa",
                               "lora", "--mugraph-dir", "d", "--no-compile", "--markdown", "m.md",
                               "--plot", "p.png", "--cache-dir", "c"])
     assert a.batch == [1, 8] and a.programs == ["gqa", "lora"] and a.mugraph_dir == "d"
     assert a.json and a.no_compile and (a.markdown, a.plot, a.cache_dir) == ("m.md", "p.png", "c")
+    a = _parser().parse_args(["bench", "gpu", "--from-search", "--search-budget", "60",
+                              "--search-workers", "2", "--max-candidates", "4"])
+    assert a.from_search and (a.search_budget, a.search_workers, a.max_candidates) == (60, 2, 4)
 
 
 def test_bench_gpu_without_cuda_says_so(capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,16 +135,18 @@ def test_wrong_ours_is_not_timed() -> None:
     assert r["ours_us"] is None and any("wrong" in n for n in r["notes"])
 
 
-def test_mugraphs_from_the_search(tmp_path: Path) -> None:
+def test_single_mugraph_files(tmp_path: Path) -> None:
+    """``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: μGraphs saved by hand."""
     g = em.benchmarks.get("lora", batch=2, small=True)
     em.handwritten.lora(g).save(tmp_path / "lora_b2.json")
     em.handwritten.lora_concat(g).save(tmp_path / "lora_b2_1.json")
     em.handwritten.lora(em.benchmarks.get("lora", small=True)).save(tmp_path / "lora_b1.json")
-    graphs, source = gb.candidates("lora", 2, g, str(tmp_path))
-    assert len(graphs) == 2 and source == "search (2 files)"
+    found = gb.candidates("lora", 2, g, str(tmp_path))
+    assert len(found.graphs) == 2 and found.source == "search"
+    assert found.files == [str(tmp_path / "lora_b2.json"), str(tmp_path / "lora_b2_1.json")]
     gm = em.benchmarks.get("gated_mlp", batch=2, small=True)
-    graphs, source = gb.candidates("gated_mlp", 2, gm, str(tmp_path))
-    assert len(graphs) == 1 and source == "handwritten"
+    found = gb.candidates("gated_mlp", 2, gm, str(tmp_path))
+    assert len(found.graphs) == 1 and found.source == "handwritten" and found.files == [None]
     (tmp_path / "lora_b2_1.json").unlink()
     em.handwritten.lora(em.benchmarks.get("lora", small=True)).save(tmp_path / "lora_b2_2.json")
     with pytest.raises(GraphError, match="differ"):
@@ -149,7 +155,93 @@ def test_mugraphs_from_the_search(tmp_path: Path) -> None:
     (r,) = gb.bench_gpu(_cfg(programs=["lora"], batches=[2], mugraph_dir=str(tmp_path)),
                         timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
                         device_name="fake", log=lambda m: None)
-    assert r["source"] == "search (1 file)" and r["ours_us"] == 20.0
+    assert r["source"] == "search" and r["ours_us"] == 20.0 and r["candidates"] == 1
+    assert r["mugraph_file"] == str(tmp_path / "lora_b2.json")
+
+
+class TimesByMugraph:
+    """A fake timer and compiler: each μGraph (by its JSON) runs in the time given for it."""
+
+    def __init__(self, us: dict[str, float], default: float = 40.0) -> None:
+        self.us, self.default = us, default
+
+    def compiler(self, h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
+        fn = torch_function(h)
+
+        def ours(*xs: Any) -> Any:
+            return fn(*xs)
+
+        ours.us = self.us.get(h.to_json(), self.default)  # type: ignore[attr-defined]
+        return ours
+
+    def plain(self, fn: Any, sets: Any) -> float:
+        fn(*sets[0])
+        return getattr(fn, "us", self.default)
+
+    graph = plain
+
+
+def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``optimize --out DIR/<name>_b<batch>`` (or ``DIR/<name>``) writes what ``bench gpu
+    --mugraph-dir DIR`` reads: every result is timed, the fastest is reported with its file."""
+    folder = tmp_path / "rmsnorm_linear_b1"
+    assert main(["optimize", "rmsnorm_linear", "--small", "--workers", "1", "--max-results", "3",
+                 "--out", str(folder)]) == 0
+    capsys.readouterr()
+    files = [str(folder / f"result_{k}.json") for k in range(3)]
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    found = gb.candidates("rmsnorm_linear", 1, g, str(tmp_path))
+    assert found.source == "search" and found.files == files  # best.json is result_0 again
+    texts = [h.to_json() for h in found.graphs]
+    assert texts[0] == em.load(folder / "best.json").to_json()
+
+    fake = TimesByMugraph({texts[0]: 9.0, texts[1]: 12.0, texts[2]: 5.0})
+    (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1],
+                             mugraph_dir=str(tmp_path)),
+                        timer=fake, floor=Floor(4e12), compiler=fake.compiler,
+                        device_name="fake", log=lambda m: None)
+    assert r["source"] == "search" and r["candidates"] == 3
+    assert r["candidates_us"] == dict(zip(files, (9.0, 12.0, 5.0)))
+    assert r["mugraph_file"] == files[2] and r["ours_graph_us"] == 5.0  # not the cost model's
+    assert r["speedup_vs_best_graph"] == 8.0 and r["notes"] == []
+
+    few = gb.candidates("rmsnorm_linear", 1, g, str(tmp_path), max_candidates=2)
+    assert few.files == files[:2] and few.notes == ["timed the first 2 of 3 μGraphs"]
+    for f in files:  # a folder with best.json alone
+        Path(f).unlink()
+    assert gb.candidates("rmsnorm_linear", 1, g, str(tmp_path)).files == [
+        str(folder / "best.json")]
+
+    folder.rename(tmp_path / "rmsnorm_linear")  # DIR/<name>/: a search at one batch
+    assert gb.candidates("rmsnorm_linear", 1, g, str(tmp_path)).source == "search"
+    g2 = em.benchmarks.get("rmsnorm_linear", batch=2, small=True)
+    other = gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))
+    assert other.source == "handwritten" and "no μGraph for batch 2" in other.notes[0]
+    (tmp_path / "rmsnorm_linear").rename(tmp_path / "rmsnorm_linear_b2")  # named: must fit
+    with pytest.raises(GraphError, match="differ"):
+        gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))
+
+
+def test_from_search_runs_the_search_first(tmp_path: Path) -> None:
+    from egraph_mirage.search import SearchConfig
+
+    tiny = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0, max_results=2)
+    logs: list[str] = []
+    (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1], mugraph_dir=str(tmp_path),
+                             from_search=True, search_config=tiny, search_workers=1,
+                             search_budget=120),
+                        timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
+                        device_name="fake", log=logs.append)
+    folder = tmp_path / "rmsnorm_linear_b1"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "best.json", "result_0.json", "result_1.json", "results.json", "search.ckpt"]
+    summary = json.loads((folder / "results.json").read_text())
+    assert summary["program"] == {"name": "rmsnorm_linear", "batch": 1, "small": True}
+    assert r["source"] == "search" and r["candidates"] == 2 and r["ours_us"] == 20.0
+    assert r["mugraph_file"] in {str(folder / "result_0.json"), str(folder / "result_1.json")}
+    assert any("search found 2 μGraph(s)" in m for m in logs)
+    assert any(m.startswith("rmsnorm_linear b=1: ours (search ") for m in logs)
 
 
 def test_markdown_and_plot(tmp_path: Path) -> None:
@@ -167,7 +259,8 @@ def test_gpu_side_imports_without_egglog_or_jax(tmp_path: Path) -> None:
     """The GPU machine has neither: the benchmark programs, em.load, the evaluator, the bench
     and the command must all work with both hidden."""
     g = em.benchmarks.get("gqa", small=True)
-    em.handwritten.fused("gqa", g).save(tmp_path / "gqa_b1.json")
+    (tmp_path / "gqa_b1").mkdir()
+    em.handwritten.fused("gqa", g).save(tmp_path / "gqa_b1" / "result_0.json")
     code = textwrap.dedent(f"""
         import sys
         sys.modules["egglog"] = None
@@ -176,8 +269,8 @@ def test_gpu_side_imports_without_egglog_or_jax(tmp_path: Path) -> None:
         from egraph_mirage.bench import gpu_bench
         from egraph_mirage.gpu import baselines, floor, timing, torch_eval, tune
         from egraph_mirage.cli import main
-        h = em.load({str(tmp_path / "gqa_b1.json")!r})
         g = em.benchmarks.get("gqa", small=True)
+        (h,) = gpu_bench.candidates("gqa", 1, g, {str(tmp_path)!r}).graphs
         xs = timing.random_inputs(g, "cpu")
         (a,) = torch_eval.evaluate(g, xs)
         (b,) = torch_eval.evaluate(h, xs)

@@ -66,14 +66,17 @@ def test_lora_concat_small(dtype: em.DType) -> None:
     _check(em.handwritten.lora_concat(g), dtype, reference=g.evaluate)
 
 
-@pytest.mark.skipif(not hasattr(em.handwritten, "flash_attention"), reason="no online softmax")
 @pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
-@pytest.mark.parametrize("name", ["gqa", "mqa"])
+@pytest.mark.parametrize("name", ["gqa", "mha", "mqa"])
 def test_flash_attention_small(name: str, dtype: em.DType) -> None:
-    """Online softmax (running max, rescaled accumulators), on inputs large enough that
-    exponentiating without the max would overflow fp16."""
+    """Online softmax (running max, rescaled accumulators) against the reference interpreter,
+    on inputs large enough that exponentiating without the max would overflow fp16; the
+    interpreter agrees with the plain program."""
     g = em.benchmarks.get(name, small=True, dtype=dtype)
-    _check(em.handwritten.flash_attention(g), dtype, reference=g.evaluate, scale=3.0)
+    h = em.handwritten.flash_attention(g)
+    _check(h, dtype, scale=3.0)
+    _, xs = _inputs(g, dtype, scale=3.0)
+    assert np.allclose(em.run_reference(h, xs)[0], g.evaluate(xs)[0], rtol=1e-9, atol=1e-9)
 
 
 def test_rmsnorm_linear_gain_small() -> None:
@@ -232,6 +235,86 @@ def test_library_operators_between_kernels() -> None:
     _check(h, em.float16)
 
 
+# --- online softmax: corner cases ---------------------------------------------------------------
+
+def _rescaled_kinds(dtype: em.DType) -> em.KernelGraph:
+    """Every linear kind rescaled by a running max of another input; a loaded tile (in the
+    storage dtype) as the rescale tile; an invariant operand rescaled by a loop-side max."""
+    h, (X, Y, Z) = _graph((4, 64), (4, 64), (4, 8), dtype=dtype)
+    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4, reduction_dimx=4)
+    x = tb.new_input(X, (0, -1, -1), forloop_dim=1)       # (2, 16)
+    y = tb.new_input(Y, (0, -1, -1), forloop_dim=1)
+    z = tb.new_input(Z, (0, -1, -1), forloop_dim=-1)      # (2, 8), invariant
+    m = tb.forloop_max(y)
+    for acc in (None, "sum", "mean", "sum_todimx"):
+        tb.new_output(tb.forloop_accum(x, acc, rescale=m), (0, -1, -1))
+    tb.new_output(tb.forloop_accum(x, rescale=y), (0, -1, -1))
+    tb.new_output(tb.forloop_accum(z, "sum", rescale=m), (0, -1, -1))
+    for O in h.customized([X, Y, Z], tb):
+        h.mark_output(O)
+    return h
+
+
+def _shared_rescale(sum_first: bool, dtype: em.DType) -> em.KernelGraph:
+    """One rescale tile for two accumulators, broadcast (shrunk to one column) for only one of
+    them: the max is the K = 1 dimension of a dot, so its column is padded to 16."""
+    h, (X, W) = _graph((4, 128), (1, 16), dtype=dtype)
+    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4)
+    x = tb.new_input(X, (0, -1, -1), forloop_dim=1)       # (2, 32)
+    w = tb.new_input(W, (-1, -1, -1), forloop_dim=-1)     # (1, 16)
+    m = tb.forloop_max(x)                                  # (2, 1), block (16, 16)
+    kinds = ["sum", None] if sum_first else [None, "sum"]
+    for acc in kinds:
+        tb.new_output(tb.forloop_accum(x, acc, rescale=m), (0, -1, -1))
+    tb.new_output(tb.forloop_accum(tb.matmul(m, w)), (0, -1, -1))
+    for O in h.customized([X, W], tb):
+        h.mark_output(O)
+    return h
+
+
+def _all_invariant(dtype: em.DType) -> em.KernelGraph:
+    """No tile changes with the loop (forloop_range 3): the kernel has no loop at all."""
+    h, (X,) = _graph((2, 8), dtype=dtype)
+    tb = em.new_threadblock_graph(forloop_range=3)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=-1)
+    m = tb.forloop_max(x)
+    tb.new_output(tb.forloop_accum(tb.exp(tb.add(x, tb.mul_scalar(m, -1.0))), "sum"),
+                  (-1, -1, -1))
+    tb.new_output(tb.forloop_accum(x, "mean", rescale=m), (-1, -1, -1))
+    for O in h.customized([X], tb):
+        h.mark_output(O)
+    return h
+
+
+ONLINE = {"rescaled_kinds": _rescaled_kinds,
+          "shared_rescale_sum_first": lambda d: _shared_rescale(True, d),
+          "shared_rescale_plain_first": lambda d: _shared_rescale(False, d),
+          "all_invariant": _all_invariant}
+
+
+@pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
+@pytest.mark.parametrize("name", ONLINE)
+def test_online_softmax_corner_cases(name: str, dtype: em.DType) -> None:
+    _check(ONLINE[name](dtype), dtype, scale=1.0)
+
+
+def test_rescale_with_infinite_max_follows_the_reference() -> None:
+    """Rows whose first tiles are all -inf: the first iteration's total is its step, and
+    exp(-inf - -inf) is a NaN factor afterwards, exactly as in the reference interpreter."""
+    h = _rescaled_kinds(em.float32)
+    ts, xs = _inputs(h, em.float32, scale=1.0)
+    for k, cols in ((0, 16), (1, 32), (2, 64)):
+        ts[1][k, :cols] = -torch.inf
+        xs[1][k, :cols] = -np.inf
+    with np.errstate(invalid="ignore"):
+        want = em.run_reference(h, xs)
+    got = [o.double().cpu().numpy() for o in h.compile()(*ts)]
+    assert any(np.isnan(w).any() for w in want) and not all(np.isnan(w).all() for w in want)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert np.array_equal(np.isnan(a), np.isnan(b)), f"output {k}"
+        assert np.allclose(np.nan_to_num(a), np.nan_to_num(b), rtol=1e-5, atol=1e-5)
+
+
 # --- the table-driven parts ---------------------------------------------------------------------
 
 def test_every_accumulator_has_an_emission() -> None:
@@ -337,8 +420,7 @@ assert "triton" not in sys.modules and src.count("@triton.jit") == 2
 
 BUILDERS = {name: (name, em.handwritten.fused) for name in BENCHMARKS}
 BUILDERS["lora_concat"] = ("lora", lambda name, g: em.handwritten.lora_concat(g))
-if hasattr(em.handwritten, "flash_attention"):
-    BUILDERS["flash_gqa"] = ("gqa", lambda name, g: em.handwritten.flash_attention(g))
+BUILDERS["flash_gqa"] = ("gqa", lambda name, g: em.handwritten.flash_attention(g))
 
 
 @pytest.mark.gpu

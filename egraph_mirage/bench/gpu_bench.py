@@ -2,10 +2,15 @@
 
 For each benchmark program and batch size, in fp16:
 
-* ours: the μGraphs the search wrote (``DIR/<name>_b<batch>.json`` and ``..._b<batch>_*.json``
-  under ``--mugraph-dir``), else the hand-written fused μGraph (``handwritten.fused``; the row's
-  ``source`` says which), lowered, tuned over the lowering's knobs, numerically checked against
-  PyTorch in float32, and timed; None while no lowering exists;
+* ours: the μGraphs the search wrote under ``--mugraph-dir DIR`` (``candidates``: an
+  ``egraph-mirage optimize --out`` folder ``DIR/<name>_b<batch>/`` or ``DIR/<name>/``, or single
+  files ``DIR/<name>_b<batch>[_*].json``), else the hand-written fused μGraph
+  (``handwritten.fused``); the row's ``source`` says which ("search" / "handwritten") and
+  ``mugraph_file`` which file won. Every candidate is lowered, tuned over the lowering's knobs
+  and numerically checked against PyTorch in float32 (``gpu.tune.rank``); the fastest is checked
+  again on fresh inputs and timed; None while no lowering exists. ``--from-search`` first runs
+  the search for each program and batch (``superoptimize`` with ``--search-budget``) into
+  ``DIR/<name>_b<batch>/``;
 * the baselines of ``gpu.baselines`` (eager, torch.compile, SDPA where the program is attention);
 * each timed with plain launches and under CUDA-graph replay (``gpu.timing``), with the bandwidth
   floor (``gpu.floor``); speedups compare like with like (plain with plain, graph with graph).
@@ -18,7 +23,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +33,12 @@ from ..graph import KernelGraph
 from ..mugraph.serialize import load
 
 #: the keys of every row ``bench_gpu`` returns
-KEYS = ("benchmark", "batch", "device", "source", "ours_us", "ours_graph_us", "baselines_us",
-        "baselines_graph_us", "speedup_vs_best", "speedup_vs_best_graph", "floor_us",
-        "floor_fraction", "floor_fraction_graph", "knobs", "notes")
+KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "candidates",
+        "candidates_us", "ours_us", "ours_graph_us", "baselines_us", "baselines_graph_us",
+        "speedup_vs_best", "speedup_vs_best_graph", "floor_us", "floor_fraction",
+        "floor_fraction_graph", "knobs", "notes")
+#: where ``--from-search`` writes the search's folders when no ``--mugraph-dir`` is given
+DEFAULT_SEARCH_DIR = "egraph-mirage-out/search"
 
 Log = Callable[[str], None]
 
@@ -52,27 +60,100 @@ class GpuBenchConfig:
     device: str = "cuda"
     seed: int = 0
     std: float = 0.1
+    #: time at most this many of a folder's μGraphs, the search's best first (None: all)
+    max_candidates: int | None = None
+    #: run the search first, writing ``mugraph_dir/<name>_b<batch>/`` (``search_into``)
+    from_search: bool = False
+    search_budget: float = 300.0
+    search_config: Any = None  # a ``SearchConfig``; None: the default one
+    search_workers: int | None = None  # None: every core
 
 
-def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None
-               ) -> tuple[list[KernelGraph], str]:
+@dataclass
+class Candidates:
     """The μGraphs to try for one program and batch, and where they came from."""
-    files: list[Path] = []
-    if mugraph_dir is not None:
-        d = Path(mugraph_dir)
-        files = sorted(d.glob(f"{name}_b{batch}.json")) + sorted(d.glob(f"{name}_b{batch}_*.json"))
-    if not files:
-        return [handwritten.fused(name, g)], "handwritten"
-    graphs = []
+
+    graphs: list[KernelGraph]
+    files: list[str | None]  # the file of each; None for the hand-written one
+    source: str  # "search" or "handwritten"
+    notes: list[str] = field(default_factory=list)
+
+
+def _signature(g: KernelGraph) -> list[tuple[Any, Any]]:
+    return [(t.dims, t.dtype) for t in g.inputs]
+
+
+def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, strict: bool
+              ) -> tuple[list[KernelGraph], list[str | None]]:
+    """The files' μGraphs that take ``g``'s inputs; any other is an error where ``strict`` (the
+    file names the batch), else left out (a folder named after the program alone)."""
+    graphs: list[KernelGraph] = []
+    kept: list[str | None] = []
     for f in files:
         h = load(f)
-        want = [(t.dims, t.dtype) for t in g.inputs]
-        got = [(t.dims, t.dtype) for t in h.inputs]
-        if got != want:
-            raise GraphError(f"{f}: the μGraph's inputs {got} differ from {name} at batch "
-                             f"{batch}: {want}")
-        graphs.append(h)
-    return graphs, f"search ({len(files)} file{'s' if len(files) > 1 else ''})"
+        if _signature(h) == _signature(g):
+            graphs.append(h)
+            kept.append(str(f))
+        elif strict:
+            raise GraphError(f"{f}: the μGraph's inputs {_signature(h)} differ from {name} at "
+                             f"batch {batch}: {_signature(g)}")
+    return graphs, kept
+
+
+def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
+               max_candidates: int | None = None) -> Candidates:
+    """The μGraphs to try for program ``name`` at ``batch`` (``g``), first found of:
+
+    1. ``DIR/<name>_b<batch>/``: an ``egraph-mirage optimize --out`` folder (``result_<k>.json``
+       best first, else ``best.json``; ``search.layout``); every μGraph must take ``g``'s inputs;
+    2. ``DIR/<name>/``: the same, for a search run at one batch: μGraphs for other shapes are
+       left out (with a note when none is left);
+    3. ``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: single μGraph files;
+    4. the hand-written fused μGraph.
+
+    ``max_candidates`` keeps the first that many of a folder (the search's best by its cost
+    model)."""
+    from ..search.layout import mugraph_files
+
+    notes: list[str] = []
+    if mugraph_dir is not None:
+        root = Path(mugraph_dir)
+        flat = (sorted(root.glob(f"{name}_b{batch}.json"))
+                + sorted(root.glob(f"{name}_b{batch}_*.json")))
+        for files, strict in ((mugraph_files(root / f"{name}_b{batch}"), True),
+                              (mugraph_files(root / name), False), (flat, True)):
+            graphs, kept = _load_all(files, name, batch, g, strict)
+            if graphs:
+                n = len(graphs) if max_candidates is None else max(1, max_candidates)
+                if n < len(graphs):
+                    notes.append(f"timed the first {n} of {len(graphs)} μGraphs")
+                return Candidates(graphs[:n], kept[:n], "search", notes)
+            if files:
+                notes.append(f"{files[0].parent}: no μGraph for batch {batch} (other shapes)")
+    return Candidates([handwritten.fused(name, g)], [None], "handwritten", notes)
+
+
+def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
+                log: Log = _stderr) -> Path:
+    """Run the search for ``g`` (``name`` at ``batch``) and write its folder
+    ``cfg.mugraph_dir/<name>_b<batch>/`` (``search.layout``); its checkpoint lets a rerun resume
+    rather than search again. Imports the search (egglog, JAX) only here."""
+    from ..search import SearchConfig, superoptimize
+    from ..search.layout import write_results
+    from ..search.profile import keep_jax_off_the_gpu
+
+    keep_jax_off_the_gpu()
+    folder = Path(cfg.mugraph_dir or DEFAULT_SEARCH_DIR) / f"{name}_b{batch}"
+    folder.mkdir(parents=True, exist_ok=True)
+    results = superoptimize(g, cfg.search_config or SearchConfig(),
+                            time_budget=cfg.search_budget, workers=cfg.search_workers,
+                            checkpoint=folder / "search.ckpt", progress=False)
+    write_results(folder, results, {"name": name, "batch": batch, "small": cfg.small})
+    st = results.stats
+    log(f"{name} b={batch}: search found {len(results)} μGraph(s), {st.tasks_done}/"
+        f"{st.tasks_total} tasks{' (budget reached)' if st.budget_exhausted else ''}, "
+        f"written to {folder}")
+    return folder
 
 
 def _best(times: Mapping[str, float | None]) -> float | None:
@@ -92,9 +173,11 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
     ``timer``) ranks the knob settings; the reported figures are ``timer``'s."""
     from ..gpu import baselines as bl
     from ..gpu.timing import graph_bytes, input_sets, l2_bytes, random_inputs, rotation_count
-    from ..gpu.tune import FP16_TOL, TuneCache, check, rank, tune
+    from ..gpu.tune import FP16_TOL, Trial, TuneCache, TuneResult, check, rank, tune
 
     g = benchmarks.get(name, batch=batch, small=cfg.small)
+    if cfg.from_search:
+        search_into(name, batch, g, cfg, log)
     count = rotation_count(graph_bytes(g), l2_bytes() if cfg.device == "cuda" else 64 << 20)
     sets = input_sets(g, count, cfg.device, cfg.seed, cfg.std)
     check_inputs = random_inputs(g, cfg.device, cfg.seed + 10_000, cfg.std)
@@ -102,8 +185,13 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
     row: dict[str, Any] = {"benchmark": name, "batch": batch, "device": device_name,
                            "floor_us": floor.us(g), "input_sets": count}
 
-    graphs, source = candidates(name, batch, g, cfg.mugraph_dir)
-    row["source"] = source
+    found = candidates(name, batch, g, cfg.mugraph_dir, cfg.max_candidates)
+    notes += found.notes
+    if cfg.from_search and found.source == "handwritten":
+        notes.append("the search found no μGraph: the hand-written one is ours")
+    where = {id(h): f for h, f in zip(found.graphs, found.files)}
+    row.update(source=found.source, mugraph_file=None, candidates=len(found.graphs),
+               candidates_us={})
     ours = ours_graph = None
     knobs: dict[str, Any] | None = None
     if compiler is None:
@@ -113,10 +201,15 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
         space = None if cfg.tune else {}
 
         def tuner(h: KernelGraph) -> Any:
-            return tune(h, g, compiler=compiler, timer=tune_timer or timer, input_sets=sets,
-                        check_inputs=check_inputs, device=device_name, cache=cache, space=space)
+            try:
+                return tune(h, g, compiler=compiler, timer=tune_timer or timer,
+                            input_sets=sets, check_inputs=check_inputs, device=device_name,
+                            cache=cache, space=space)
+            except Exception as exc:  # one broken candidate must not end the benchmark
+                return TuneResult([Trial({}, "failed", message=f"{type(exc).__name__}: {exc}")])
 
-        ranked = rank(graphs, tuner)
+        ranked = rank(found.graphs, tuner)
+        row["candidates_us"] = {where[id(r.mugraph)] or "handwritten": r.us for r in ranked}
         top = ranked[0]
         if top.us is None or top.tuned is None or top.tuned.fn is None:
             msgs = {f"{t.status}: {t.message or t.error}" for r in ranked if r.tuned
@@ -125,6 +218,11 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
                          "; ".join(sorted(msgs))[:300] + ")")
         else:
             knobs = top.tuned.best.knobs if top.tuned.best else None
+            row["mugraph_file"] = where[id(top.mugraph)]
+            failed = sum(r.us is None for r in ranked)
+            if failed:
+                notes.append(f"ours: {failed} of {len(ranked)} μGraphs failed to lower or "
+                             "failed the check")
             ok, err = check(top.tuned.fn, g, random_inputs(g, cfg.device, cfg.seed + 20_000,
                                                            cfg.std))
             if not ok:
@@ -155,7 +253,9 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
                floor_fraction=_ratio(row["floor_us"], ours),
                floor_fraction_graph=_ratio(row["floor_us"], ours_graph),
                notes=notes)
-    log(f"{name} b={batch}: ours {_fmt(ours)} / {_fmt(ours_graph)} µs (graph), baselines "
+    log(f"{name} b={batch}: ours ({found.source}"
+        + (f" {row['mugraph_file']}" if row["mugraph_file"] else "")
+        + f", best of {len(found.graphs)}) {_fmt(ours)} / {_fmt(ours_graph)} µs (graph), baselines "
         + ", ".join(f"{k} {_fmt(plain[k])} / {_fmt(graph.get(k))}" for k in plain)
         + (f"; {'; '.join(notes)}" if notes else ""))
     return {k: row[k] for k in KEYS} | {"input_sets": count}
@@ -173,6 +273,8 @@ def bench_gpu(cfg: GpuBenchConfig, *, timer: Any = None, floor: Any = None, comp
 
     for name in cfg.programs:
         benchmarks.describe(name)  # unknown names fail before any measurement
+    if cfg.from_search and cfg.mugraph_dir is None:
+        cfg = replace(cfg, mugraph_dir=DEFAULT_SEARCH_DIR)
     tune_timer = timer or CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
     timer = timer or CudaTimer(TimingConfig())
     if floor is None:
@@ -211,7 +313,7 @@ def table_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list
     head += ["best", "best+graph", "speedup", "speedup+graph", "floor/ours+graph"]
     body = []
     for r in rows:
-        cells = [r["benchmark"], str(r["batch"]), r["source"].split(" ")[0], _fmt(r["floor_us"]),
+        cells = [r["benchmark"], str(r["batch"]), r["source"], _fmt(r["floor_us"]),
                  _fmt(r["ours_us"]), _fmt(r["ours_graph_us"])]
         for n in names:
             cells += [_fmt(r["baselines_us"].get(n)), _fmt(r["baselines_graph_us"].get(n))]
@@ -246,7 +348,8 @@ def markdown(rows: Sequence[Mapping[str, Any]], date: str, command: str,
     lines += ["fp16, µs, medians. Plain: `triton.testing.do_bench` (L2 flushed); +graph: replay "
               "of a captured CUDA graph, inputs rotated when they fit in L2. Speedup: best "
               "baseline over ours, plain vs plain and graph vs graph. `source`: where ours came "
-              "from (the search's μGraph files, or the hand-written fused μGraph).", "",
+              "from: `search` (the fastest of the search's μGraphs, each tuned; the JSON rows "
+              "name its file) or `handwritten` (the hand-written fused μGraph).", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     where: dict[str, list[str]] = {}  # a note shared by several rows is written once
@@ -316,9 +419,21 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
         print("error: --batch sizes must be positive", file=sys.stderr)
         return 2
     cache = None if args.no_cache else str(args.cache_dir or default_cache_dir())
+    if args.max_candidates is not None and args.max_candidates < 1:
+        print("error: --max-candidates must be at least 1", file=sys.stderr)
+        return 2
+    if args.search_budget <= 0:
+        print("error: --search-budget must be positive", file=sys.stderr)
+        return 2
     cfg = GpuBenchConfig(programs=args.programs or benchmarks.names(), batches=args.batch,
                          mugraph_dir=args.mugraph_dir, use_compile=not args.no_compile,
-                         max_autotune=args.max_autotune, tune=not args.no_tune, cache_dir=cache)
+                         max_autotune=args.max_autotune, tune=not args.no_tune, cache_dir=cache,
+                         max_candidates=args.max_candidates, from_search=args.from_search,
+                         search_budget=args.search_budget, search_workers=args.search_workers)
+    if cfg.from_search:
+        from ..search.profile import keep_jax_off_the_gpu
+
+        keep_jax_off_the_gpu()  # before anything imports JAX
     floor = Floor(measure_copy_bandwidth())
     _stderr(f"copy bandwidth {floor.bandwidth / 1e12:.2f} TB/s (read + write)")
     rows = bench_gpu(cfg, floor=floor)

@@ -1,11 +1,16 @@
 """A cost model for μGraphs: estimated time from bytes through device memory and launches.
 
-Used to rank search results where no GPU can time them. Every kernel pays a launch; a
-graph-defined kernel reads each loader's tiles once per block and loop iteration (a replicated
-input is read by every block) and writes its outputs once; a library operator reads its operands
-and writes its result. A grid of fewer blocks than the GPU has multiprocessors reaches only that
-fraction of the bandwidth, which is why small-batch programs gain from splitting a reduction
-across the grid. Rough by design: the GPU ranking replaces it when a GPU is present.
+This is the one no-GPU model of a μGraph's device-memory traffic and time: the search ranks its
+results with it, and ``gpu.tune.rank`` orders candidates by it where no GPU times them. (The
+bandwidth floor, ``gpu.floor.io_bytes``, is another quantity: the bytes any version must move,
+each input read once and each output written once.)
+
+Every kernel pays a launch; a graph-defined kernel reads each loader's tiles once per block and
+loop iteration (a replicated input is read by every block) and writes its outputs once; a library
+operator reads its operands and writes its result. A grid of fewer blocks than the GPU has
+multiprocessors reaches only that fraction of the bandwidth, which is why small-batch programs
+gain from splitting a reduction across the grid. Rough by design: measured GPU time replaces it
+where a GPU is present (``superoptimize(..., profile=True)``, ``gpu.tune.rank`` with a tuner).
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ class ProgramCost:
                 moved += math.prod(t.dims) * t.dtype.itemsize
                 out.append((t.op, moved, self.multiprocessors))
         return out
+
+    def traffic_bytes(self, g: KernelGraph) -> int:
+        """Bytes all kernels of ``g`` move through device memory (the sum over ``kernels``)."""
+        return sum(moved for _, moved, _ in self.kernels(g))
 
     def seconds(self, g: KernelGraph) -> float:
         """Estimated run time of ``g``."""

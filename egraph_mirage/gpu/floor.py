@@ -4,6 +4,9 @@ At the benchmarks' batch sizes every program is memory-bound, so no version can 
 than reading each input once and writing each output once at the device's copy bandwidth.
 The bandwidth is measured once per run (``measure_copy_bandwidth``) and handed around in a
 ``Floor``; nothing is cached behind the caller's back.
+
+What a particular μGraph moves (intermediates, re-read tiles) is the cost model's business:
+``extract.program_cost.ProgramCost.traffic_bytes``, the one no-GPU estimate of traffic.
 """
 
 from __future__ import annotations
@@ -21,25 +24,6 @@ def tensor_bytes(t: Tensor) -> int:
 def io_bytes(g: KernelGraph) -> int:
     """Bytes that must cross device memory: every input read once, every output written once."""
     return sum(tensor_bytes(t) for t in g.inputs) + sum(tensor_bytes(t) for t in g.outputs)
-
-
-def traffic_bytes(g: KernelGraph) -> int:
-    """Bytes a program moves if each kernel reads its operands and writes its results once.
-
-    Every operator of a plain kernel graph is one kernel; the outputs of one graph-defined kernel
-    share their launch, so the kernel's operands count once. A static estimate for ranking
-    μGraphs where no GPU can time them (fewer bytes first).
-    """
-    kernels: dict[int, tuple[set[int], set[int]]] = {}
-    for t in g.operators:
-        key = id(t.params["kernel"]) if "kernel" in t.params else id(t)
-        reads, writes = kernels.setdefault(key, (set(), set()))
-        reads.update(o.index for o in t.operands)
-        writes.add(t.index)
-    total = 0
-    for reads, writes in kernels.values():
-        total += sum(tensor_bytes(g.tensors[i]) for i in reads | writes)
-    return total
 
 
 def measure_copy_bandwidth(nbytes: int = 1 << 30) -> float:

@@ -4,7 +4,9 @@
 ``TORCH_OPS[op]`` for every operator, in the inputs' dtype and on their device. It is the PyTorch
 eager baseline, what ``torch.compile`` compiles, and (upcast to float32) the reference that tuned
 kernels are checked against. Graph-defined kernels (``customized``) run through the kernel's own
-vectorised evaluator with the torch entries below, so a μGraph evaluates too.
+vectorised evaluator with the torch entries below, so a μGraph evaluates too; online softmax's
+running max and rescaled accumulators (``running_max``, ``rescale``) give the per-block
+interpreter's results (``em.run_reference``), infinities and NaNs included.
 
 Like the op table, nothing here switches on operator names: add an operator to ``OPS`` and one
 entry to ``TORCH_OPS`` (a test fails until both exist).
@@ -12,7 +14,6 @@ entry to ``TORCH_OPS`` (a test fails until both exist).
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,26 +53,29 @@ def _concat(xs: Sequence[torch.Tensor], p: Params) -> torch.Tensor:
     return torch.cat((a, b), dim=d)
 
 
-def _running_max(x: torch.Tensor) -> torch.Tensor:
-    """Online softmax's running max: the row max, then the maximum over iterations so far."""
+def running_max(x: torch.Tensor) -> torch.Tensor:
+    """``forloop_max`` on the vectorised layout: the row max, then the maximum over the
+    iterations so far (``mugraph.accumulators.running_max_ref``; NaN propagates)."""
     return torch.cummax(torch.amax(x, dim=-1, keepdim=True), dim=LOOP).values
 
 
-def _rescale(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """A rescaled accumulator's terms: ``x_i * exp(m_i - m_last)``."""
-    return x * torch.exp(m - m.narrow(LOOP, m.shape[LOOP] - 1, 1))
-
-
-#: hooks of the vectorised kernel evaluator beyond ops and accumulators, passed where it has them
-_HOOKS = {"running_max": _running_max, "rescale": _rescale}
+def rescale(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The terms ``x_i * w_i`` of ``forloop_accum_rescale`` (``m`` with every iteration on the
+    loop axis): ``w_i = exp(m_i - m_last)``, 1 for the last iteration, NaN where a later factor
+    ``exp(m_(j-1) - m_j)`` is NaN, so that the sum is the per-block recurrence's total
+    (``mugraph.accumulators.rescale_ref``)."""
+    last = m.shape[LOOP] - 1
+    w = torch.exp(m - m.narrow(LOOP, last, 1))
+    bad = torch.isnan(torch.diff(m, dim=LOOP)).to(torch.int32)  # factor j = 1 .. F-1 at j - 1
+    later = torch.flip(torch.cumsum(torch.flip(bad, [LOOP]), dim=LOOP), [LOOP]) > 0
+    head = w.narrow(LOOP, 0, last).masked_fill(later, math.nan)
+    return x * torch.cat([head, torch.ones_like(w.narrow(LOOP, last, 1))], dim=LOOP)
 
 
 def _customized(xs: Sequence[torch.Tensor], p: Params) -> torch.Tensor:
-    kernel = p["kernel"]
-    known = inspect.signature(kernel.run_vectorised).parameters
-    hooks = {k: v for k, v in _HOOKS.items() if k in known}
-    return kernel.run_vectorised(list(xs), xp=TorchArrays, apply_op=apply_op,
-                                 accumulate=accumulate, **hooks)[p["output"]]
+    return p["kernel"].run_vectorised(list(xs), xp=TorchArrays, apply_op=apply_op,
+                                      accumulate=accumulate, running_max=running_max,
+                                      rescale=rescale)[p["output"]]
 
 
 #: operator name -> PyTorch semantics (the same as the op table's float ``reference``)

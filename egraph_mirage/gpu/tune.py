@@ -7,8 +7,9 @@ above ``tol`` or any NaN: rejected, never timed), times the rest and keeps the b
 is cached on disk under a hash of the μGraph's JSON, the device name and the knobs, so a second
 run re-times nothing; the best is compiled again to hand back a callable.
 
-``rank(candidates, program)`` orders μGraphs by measured time where a GPU and the lowering are
-present, and by the bytes their kernels move (``floor.traffic_bytes``) otherwise.
+``rank(candidates, tuner)`` orders μGraphs by measured time where a GPU and the lowering are
+present, and by the search's cost model (``extract.program_cost.ProgramCost``: estimated time from
+the bytes the kernels move and their launches) otherwise.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..extract.program_cost import ProgramCost
 from ..files import write_atomic
 from ..graph import KernelGraph
-from .floor import traffic_bytes
 from .timing import InputSet, Program, Timer
 
 Knobs = dict[str, Any]
@@ -210,19 +211,24 @@ def _trial(mugraph: KernelGraph, program: KernelGraph, knobs: Knobs, compiler: C
 class Ranked:
     mugraph: KernelGraph
     us: float | None  # measured; None when not timed (no GPU) or every setting failed
-    traffic_bytes: int
+    estimated_us: float  # the cost model's estimate (``ProgramCost.seconds``)
+    traffic_bytes: int  # the cost model's device-memory traffic (``ProgramCost.traffic_bytes``)
     tuned: TuneResult | None = None
 
 
 def rank(candidates: Sequence[KernelGraph],
-         tuner: Callable[[KernelGraph], TuneResult] | None = None) -> list[Ranked]:
+         tuner: Callable[[KernelGraph], TuneResult] | None = None,
+         cost: ProgramCost | None = None) -> list[Ranked]:
     """Candidates fastest first. ``tuner`` (e.g. ``lambda h: tune(h, program, compiler=...,
-    timer=..., ...)``) is used where given; without it (no GPU, no lowering) the order is by
-    ``traffic_bytes``. Candidates that failed every setting go last, in traffic order.
+    timer=..., ...)``) is used where given; without it (no GPU, no lowering) the order is the
+    cost model's (``cost``, default ``ProgramCost()``), the one the search ranks by. Candidates
+    that failed every setting go last, in the cost model's order.
     """
+    cost = cost or ProgramCost()
     out = []
     for g in candidates:
         tuned = tuner(g) if tuner is not None else None
-        out.append(Ranked(g, None if tuned is None else tuned.us, traffic_bytes(g), tuned))
-    return sorted(out, key=lambda r: (r.us is None, r.us or 0.0, r.traffic_bytes)
-                  if tuner is not None else r.traffic_bytes)
+        out.append(Ranked(g, None if tuned is None else tuned.us, cost.seconds(g) * 1e6,
+                          cost.traffic_bytes(g), tuned))
+    return sorted(out, key=lambda r: (r.us is None, r.us or 0.0, r.estimated_us,
+                                      r.traffic_bytes))

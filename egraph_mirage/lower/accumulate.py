@@ -8,8 +8,9 @@ stepped once and multiplied by the iteration count instead.
 Online softmax: ``forloop_max`` is a running fp32 block, ``-inf`` before the loop and
 ``tl.maximum``-ed with the row max of each iteration's tile; a rescaled accumulator
 (``forloop_accum_rescale``, operands ``x`` and ``m``) multiplies its total by
-``exp(m_prev - m)`` before adding the step, ``m_prev`` being ``m`` of the previous iteration
-(``-inf`` at first, so the zero total stays zero).
+``exp(m_prev - m)`` before adding the step, ``m_prev`` being ``m`` of the previous iteration;
+the factor is 0 in the first iteration, whose total is its step (the reference interpreter's
+recurrence, also where ``m`` is infinite).
 """
 
 from __future__ import annotations

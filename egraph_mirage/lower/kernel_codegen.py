@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import EMError, LowerError
 from ..mugraph.threadblock import EPILOGUE, INVARIANT, BlockTensor, ThreadBlockGraph
@@ -75,6 +75,7 @@ class KernelWriter:
         self.post: list[str] = []
         self.loop_tail: list[str] = []  # the end of the loop body (rescale tiles' last values)
         self._prev: dict[int, str] = {}  # rescale tile -> its previous iteration's variable
+        self._factors: dict[str, str] = {}  # rescale factor expression -> its variable
         self._fresh = 0
         self.looped = tb.forloop_range > 1
         #: block ops that are not op-table entries; every other op goes through ``_operator``
@@ -114,7 +115,7 @@ class KernelWriter:
         doc = [f"# grid {tb.grid_dim}, forloop_range {tb.forloop_range}; block graph:"]
         doc += [f"#   {line.strip()}" for line in repr(tb).splitlines()[1:]]
         body = list(self.pre)
-        if self.looped:
+        if self.looped and self.loop + self.loop_tail:  # all tiles invariant: no loop at all
             body.append(f"for i in range({tb.forloop_range}):")
             body += [f"    {line}" for line in self.loop + self.loop_tail]
         else:
@@ -174,22 +175,28 @@ class KernelWriter:
 
     def _shrunk(self, t: BlockTensor, rel: TileDims, lines: list[str]) -> list[Val]:
         """Operands with broadcast dimensions (real size 1 against a larger one) at block size 1."""
+        dims = self._broadcast_dims(t, rel)
+        return [self._shrink(self.vals[src.index], dims.get(o, []), f"b{src.index}_row", lines)
+                for o, src in enumerate(t.operands)]
+
+    @staticmethod
+    def _broadcast_dims(t: BlockTensor, rel: TileDims) -> dict[int, list[int]]:
+        """Operand -> its dimensions of real size 1 that meet a larger dimension of ``t``."""
         dims: dict[int, list[int]] = {}
         for j, group in enumerate(rel.out):
             for o, d in group:
                 if t.operands[o].dims[d] < t.dims[j]:
                     dims.setdefault(o, []).append(d)
-        out = []
-        for o, src in enumerate(t.operands):
-            v = self.vals[src.index]
-            small = shrink(v, dims.get(o, []))
-            if small is not v:
-                self._fresh += 1
-                name = f"b{src.index}_row{self._fresh}"
-                lines.append(f"{name} = {small.name}")
-                small = Val(name, small.real, small.padded, small.dtype, small.zero_pad)
-            out.append(small)
-        return out
+        return dims
+
+    def _shrink(self, v: Val, dims: Sequence[int], hint: str, lines: list[str]) -> Val:
+        """``v`` with block dimensions ``dims`` brought down to 1, bound to a fresh name."""
+        small = shrink(v, dims)
+        if small is v:
+            return v
+        self._fresh += 1
+        lines.append(f"{hint}{self._fresh} = {small.name}")
+        return replace(small, name=f"{hint}{self._fresh}")
 
     def _natural(self, t: BlockTensor, rel: TileDims, operands: Sequence[Val],
                  keeps_zero: bool) -> tuple[tuple[int, ...], bool]:
@@ -233,14 +240,15 @@ class KernelWriter:
                 step = f"({step}) * {float(iters)!r}"
             self._result(t, rel, operands, step, True, lines)
         else:
-            operands = self._shrunk(t, rel, self.loop)
-            step = emit.step(operands[0].f32, self._context(t, operands[:1], self.loop),
-                             self.tb.reduction_dimx)
+            dims = self._broadcast_dims(t, rel)
+            x = self._shrink(self.vals[t.operands[0].index], dims.get(0, []),
+                             f"b{t.operands[0].index}_row", self.loop)
+            step = emit.step(x.f32, self._context(t, [x], self.loop), self.tb.reduction_dimx)
             self.pre.append(f"{name} = tl.zeros({fmt_shape(padded)}, tl.float32)")
+            operands = [x]
             if len(t.operands) == 2:
-                m = operands[1]
-                prev = self._previous(t.operands[1], m)
-                self.loop.append(f"{name} = {name} * tl.exp({prev} - {m.f32}) + {step}")
+                operands.append(self._rescale_factor(t.operands[1], dims.get(1, [])))
+                self.loop.append(f"{name} = {name} * {operands[1].name} + {step}")
             else:
                 self.loop.append(f"{name} += {step}")
             natural, zero = self._natural(t, rel, operands, len(t.operands) == 1)
@@ -250,15 +258,24 @@ class KernelWriter:
         if done != name:
             self.post.append(f"{name} = {done}")
 
-    def _previous(self, tile: BlockTensor, m: Val) -> str:
-        """A variable holding rescale tile ``tile``'s value of the previous iteration."""
-        if tile.index not in self._prev:
-            prev = f"b{tile.index}_prev"
-            self.pre.append(f"{prev} = tl.full({fmt_shape(m.padded)}, float('-inf'), "
-                            "tl.float32)")
-            self.loop_tail.append(f"{prev} = {m.name}")
-            self._prev[tile.index] = prev
-        return self._prev[tile.index]
+    def _rescale_factor(self, tile: BlockTensor, dims: Sequence[int]) -> Val:
+        """The factor ``exp(m_prev - m)`` of rescale tile ``tile`` (``m``) in this iteration,
+        0 in the first (whose total is just its step, as in the reference interpreter, also
+        for an infinite ``m``), with block dimensions ``dims`` brought down to 1. One variable
+        per distinct factor, shared by the accumulators that use it."""
+        m = self.vals[tile.index]
+        if tile.index not in self._prev:  # m of the previous iteration, fp32 (loop-carried)
+            self._prev[tile.index] = prev = f"b{tile.index}_prev"
+            self.pre.append(f"{prev} = tl.zeros({fmt_shape(m.padded)}, tl.float32)")
+            self.loop_tail.append(f"{prev} = {m.f32}")
+        full = Val(f"tl.where(i > 0, tl.exp({self._prev[tile.index]} - {m.f32}), 0.0)",
+                   m.real, m.padded, "tl.float32", zero_pad=False)
+        small = shrink(full, dims)
+        if small.name not in self._factors:
+            self._fresh += 1
+            self._factors[small.name] = f"b{tile.index}_scale{self._fresh}"
+            self.loop.append(f"{self._factors[small.name]} = {small.name}")
+        return replace(small, name=self._factors[small.name])
 
     def _running_max(self, t: BlockTensor) -> None:
         """``forloop_max``: the max over the last dimension and the iterations so far."""

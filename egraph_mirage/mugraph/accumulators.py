@@ -181,8 +181,18 @@ def running_max_ff(f: Any, x: Any) -> Any:
 
 
 def rescale_ref(x: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``x_i * exp(m_i - m_last)``: the weights of a rescaled accumulator (float)."""
-    return x * np.exp(m - np.take(m, [-1], axis=LOOP))
+    """``x_i * w_i``: the terms of a rescaled accumulator (float), ``m`` with every iteration
+    on the loop axis. ``w_i = exp(m_i - m_last)`` (1 for the last iteration), which is what the
+    per-block recurrence multiplies term i by, ``prod_(j > i) exp(m_(j-1) - m_j)``, also for
+    infinite values: a factor ``exp(m_(j-1) - m_j)`` that is NaN (both infinite alike, e.g. two
+    tiles of -inf scores) makes every earlier term NaN, as it does in the recurrence."""
+    w = np.exp(m - np.take(m, [-1], axis=LOOP))
+    w[(slice(None),) * LOOP + (slice(-1, None),)] = 1.0  # added last, never multiplied
+    bad = np.isnan(np.diff(m, axis=LOOP)).astype(np.int64)  # factor j = 1 .. F-1 at j - 1
+    later = np.flip(np.cumsum(np.flip(bad, LOOP), axis=LOOP), LOOP) > 0  # some j > i is NaN
+    head = (slice(None),) * LOOP + (slice(0, -1),)
+    w[head] = np.where(later, np.nan, w[head])
+    return x * w
 
 
 def rescale_ff(f: Any, x: Any, m: Any) -> Any:

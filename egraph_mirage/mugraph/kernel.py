@@ -81,7 +81,8 @@ class GraphKernel:
                        split: Callable[[Body, dict[int, Any]], list[Any]] | None = None
                        ) -> list[Any]:
         """All blocks at once. The hooks default to float semantics (numpy); another ``xp``
-        must bring ``running_max`` / ``rescale`` for graphs that use them. Optional:
+        must bring ``running_max`` / ``rescale`` for graphs that use them (``rescale(x, m)``
+        gets ``m`` broadcast to every iteration). Optional:
         ``matmul_loop_sum`` computes the plain accumulator of a matmul in one step (or returns
         None; tiles only such accumulators use are then not computed at all), and
         ``split(body, raw)`` runs ``body`` on parts of the grid (the blocks are independent:
@@ -122,8 +123,9 @@ class GraphKernel:
                 if t.op == "forloop_accum":
                     vals[t.index] = accumulate(t.params["acc"], args[0], tb.forloop_range,
                                                tb.reduction_dimx)
-                elif t.op == "forloop_accum_rescale":
-                    vals[t.index] = accumulate(t.params["acc"], rescale(args[0], args[1]),
+                elif t.op == "forloop_accum_rescale":  # m with every iteration, also if invariant
+                    m = xp.broadcast_to(args[1], _with_loop(args[1].shape, tb.forloop_range))
+                    vals[t.index] = accumulate(t.params["acc"], rescale(args[0], m),
                                                tb.forloop_range, tb.reduction_dimx)
                 elif t.op == "forloop_max":
                     vals[t.index] = running_max(args[0])
@@ -205,6 +207,11 @@ class GraphKernel:
                               for d in range(len(t.dims)))
                 outs[i][index] = vals[t.index]
         return outs
+
+
+def _with_loop(shape: Sequence[int], iters: int) -> list[int]:
+    """``shape`` of the vectorised layout with ``iters`` on the loop axis."""
+    return [*shape[:accs.LOOP], iters, *shape[accs.LOOP + 1:]]
 
 
 def _axis_of(omap: Sequence[int], d: int) -> int | None:

@@ -2,8 +2,11 @@
 
 A FILE is a Python file that builds a kernel graph: it must define ``graph`` (a ``KernelGraph``)
 or a function ``build()`` returning one. The best μGraph is printed and written to
-``OUT/best.json``, every result to ``OUT/result_<k>.json``; the checkpoint ``OUT/search.ckpt``
-lets a rerun resume.
+``OUT/best.json``, every result to ``OUT/result_<k>.json`` (k = 0 is the best; files of an earlier
+run beyond the new count are removed), their figures and the statistics to ``OUT/results.json``;
+the checkpoint ``OUT/search.ckpt`` lets a rerun resume. ``egraph-mirage bench gpu --mugraph-dir``
+reads such folders (``DIR/<name>_b<batch>/`` or ``DIR/<name>/``). ``--profile`` ranks by time
+measured on the CUDA GPU where there is one (``superoptimize(..., profile=True)``).
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from pathlib import Path
 
 from .. import benchmarks
 from ..errors import EMError
-from ..files import write_atomic
 from ..graph import KernelGraph
 from .config import SearchConfig, SearchError
 from .driver import superoptimize
+from .layout import write_results
+from .profile import keep_jax_off_the_gpu
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder for the results and the checkpoint")
     p.add_argument("--max-results", type=int, default=None,
                    help="stop after this many verified μGraphs")
+    p.add_argument("--profile", action="store_true",
+                   help="rank the results by time measured on the CUDA GPU (tuned, checked and "
+                   "timed through the Triton lowering); without a GPU, by the cost model")
 
 
 def load_program(spec: str, batch: int, small: bool) -> KernelGraph:
@@ -62,11 +69,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = SearchConfig(max_results=args.max_results)
+    if args.profile:
+        keep_jax_off_the_gpu()
     results = superoptimize(g, config, time_budget=args.budget, workers=args.workers,
-                            checkpoint=out / "search.ckpt")
+                            checkpoint=out / "search.ckpt", profile=args.profile)
     st = results.stats
-    for k, r in enumerate(results):
-        write_atomic(out / f"result_{k}.json", r.to_json())
+    write_results(out, results, {"name": args.program, "batch": args.batch,
+                                 "small": args.small})
     print(f"{len(results)} verified μGraph(s); {st.states:,} states, "
           f"{st.pruned_by_oracle:,} pruned by the e-graph, {st.pruned_otherwise:,} otherwise; "
           f"{st.candidates_verified} candidates verified, {st.candidates_rejected} rejected; "
@@ -75,16 +84,19 @@ def run(args: argparse.Namespace) -> int:
           + (" (interrupted)" if st.interrupted else ""))
     secs = ", ".join(f"{k} {v:.1f} s" for k, v in st.seconds.items())
     print(f"seconds: {secs}")
+    if args.profile:
+        print(f"ranked by: {st.ranked_by} ({st.profile_note})")
+        for msg in st.profile_messages:
+            print(f"  dropped: {msg}")
     best = results.best
     if best is None:
         print("no μGraph found")
         return 1
-    write_atomic(out / "best.json", best.to_json())
     print(f"best: {best.summary()}, found after {best.found_after:.1f} s")
     print(best.graph)
     for t in best.graph.operators:
         if t.op == "customized" and t.params["output"] == 0:
             print(t.params["kernel"].tb)
-    print(f"written: {out / 'best.json'} and {len(results)} result file(s), checkpoint "
-          f"{out / 'search.ckpt'}")
+    print(f"written: {out / 'best.json'}, {len(results)} result file(s), {out / 'results.json'}, "
+          f"checkpoint {out / 'search.ckpt'}")
     return 0

@@ -4,6 +4,11 @@
     search   — tasks run in worker processes (or any ``concurrent.futures.Executor``), each
                enumerating kernels under e-graph pruning and verifying what it completes
     rank     — verified μGraphs sorted by the cost model (estimated time), ties broken by text
+    profile  — only with ``profile=True``: on a CUDA GPU, each result is tuned and timed
+               (``search.profile``, through ``gpu.tune``) and the results are re-ranked by
+               measured time; results that fail to lower or fail the GPU's numeric check are
+               dropped and counted. Without a GPU the cost model's ranking stands
+               (``stats.ranked_by`` says which ranking the results are in)
 
 A checkpoint file, when given, records every finished task and its results as they arrive; a
 rerun with the same file skips those tasks. Ctrl-C and the time budget end the search early with
@@ -24,6 +29,7 @@ from ..mugraph.serialize import loads
 from .checkpoint import Checkpoint
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe, dim_classes
+from .profile import Profiler, profile_stage
 from .reach import ReachIndex
 from .results import SearchResult, SearchResults, SearchStats
 from .shapes import DTensor
@@ -73,7 +79,8 @@ def _executor(workers: Any) -> tuple[cf.Executor | None, bool]:
 def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
                   time_budget: float | None = None, workers: Any = None,
                   checkpoint: Any = None, seed: int = 0, progress: bool | None = None,
-                  on_result: Callable[[SearchResult], None] | None = None) -> SearchResults:
+                  on_result: Callable[[SearchResult], None] | None = None,
+                  profile: bool = False, profiler: Profiler | None = None) -> SearchResults:
     """Search for μGraphs equal to program ``g``; returns them verified, best first.
 
     ``time_budget`` (seconds) ends the search early; ``workers`` is a process count (default:
@@ -81,10 +88,24 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     search on a cluster); ``checkpoint`` names a file that records progress and lets a rerun
     resume; ``seed`` seeds the finite-field tests; ``progress`` prints a live status line
     (default: when stderr is a terminal).
+
+    ``profile=True`` ranks the verified results by time measured on the CUDA GPU where torch
+    sees one: each is lowered, tuned over the lowering's knobs, checked against PyTorch and
+    timed (CUDA-graph replay; trials cached under ``~/.cache/egraph-mirage``); each result gets
+    ``measured_us`` and ``knobs``, and results that fail to lower or fail the numeric check are
+    dropped (``stats.profile_failed``, ``stats.profile_wrong``). Without a GPU the results keep
+    the cost model's order and ``stats.ranked_by`` is "cost model", with the reason in
+    ``stats.profile_note``; ``time_budget`` bounds the search, not the profiling after it.
+    ``profiler`` replaces the GPU measurement (a ``search.profile.GpuProfiler`` with another
+    compiler, timer or cache, or a fake in tests). On a GPU machine call
+    ``search.profile.keep_jax_off_the_gpu()`` first (``optimize --profile`` does): the
+    verifier's JAX would otherwise take most of the GPU's memory.
     """
     config = config or SearchConfig()
     if not isinstance(config, SearchConfig):
         raise SearchError(f"superoptimize: config must be a SearchConfig, got {config!r}")
+    if profiler is not None and not profile:
+        raise SearchError("superoptimize: profiler= is used only with profile=True")
     t_start = time.perf_counter()
     stats = SearchStats()
     payload = prepare(g, config, seed)
@@ -156,6 +177,8 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
         stats.budget_exhausted = True
     ranked = sorted(results.values(),
                     key=lambda r: (r.estimated_seconds, r.num_kernels, r.to_json()))
+    if profile:
+        ranked = profile_stage(ranked, g, stats, profiler)
     if ranked:
         stats.seconds_to_best = ranked[0].found_after
     return SearchResults(ranked, stats)

@@ -26,6 +26,15 @@ class SearchStats:
     interrupted: bool = False
     budget_exhausted: bool = False
     resumed_tasks: int = 0
+    #: what ordered the results: "cost model" (``extract.program_cost``) or "gpu" (measured)
+    ranked_by: str = "cost model"
+    #: ``profile=True`` only: what happened (or why nothing was measured), on which device, and
+    #: the results dropped because they failed to lower or run / failed the numeric check
+    profile_note: str = ""
+    profile_device: str | None = None
+    profile_failed: int = 0
+    profile_wrong: int = 0
+    profile_messages: list[str] = field(default_factory=list)
 
     def add(self, counts: dict[str, int]) -> None:
         for k, v in counts.items():
@@ -49,18 +58,29 @@ class SearchResult:
     numeric_error: float
     #: seconds into the search when it was found
     found_after: float
+    #: ``profile=True`` on a GPU: the tuned time in µs (CUDA-graph replay) and the knobs used
+    measured_us: float | None = None
+    knobs: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return self.graph.to_json()
 
     def summary(self) -> str:
-        return (f"{self.num_kernels} kernel(s), estimated {self.estimated_seconds * 1e6:.1f} µs, "
+        measured = ("" if self.measured_us is None else
+                    f"measured {self.measured_us:.1f} µs ({_knobs(self.knobs)}), ")
+        return (f"{self.num_kernels} kernel(s), {measured}"
+                f"estimated {self.estimated_seconds * 1e6:.1f} µs, "
                 f"verified ({self.verify_tests} tests, false-accept bound "
                 f"{self.verify_bound:.1e}), max rel. error {self.numeric_error:.1e}")
 
 
+def _knobs(knobs: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted((knobs or {}).items())) or "default knobs"
+
+
 class SearchResults(list[SearchResult]):
-    """Verified μGraphs, best first (estimated time, then fewer kernels); ``stats`` alongside."""
+    """Verified μGraphs, best first; ``stats`` alongside. The order is by measured time where
+    ``stats.ranked_by == "gpu"``, else by the cost model's estimate (then fewer kernels)."""
 
     def __init__(self, items: list[SearchResult], stats: SearchStats) -> None:
         super().__init__(items)

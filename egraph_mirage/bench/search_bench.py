@@ -1,0 +1,112 @@
+"""Search benchmark: does ``superoptimize`` rediscover the fused programs, and how fast?
+
+``bench_search()`` runs the search on each benchmark program (paper shapes, batch 1, by default)
+with the default ``SearchConfig`` and reports per program:
+
+* ``seconds_to_first`` / ``seconds_to_best``: wall-clock seconds from the start of the search
+  (oracle included) until the first verified μGraph and until the one ranked best;
+* ``seconds_total``: the whole run (the time budget when ``finished`` is false);
+* ``states``, ``pruned_by_oracle``, ``candidates_verified``, ``candidates_rejected``, ``found``;
+* ``best_num_kernels`` and ``best_largest_intermediate``: kernel launches of the best μGraph and
+  the elements of the largest tensor it writes to device memory that is neither an input nor the
+  output (``program_largest_intermediate`` is the same for the input program: for attention, the
+  scores);
+* ``verified``: the best μGraph passed the finite-field tests and the float check (every result
+  of the search does; false when nothing was found);
+* ``goal`` and ``met``: what the project asks of the search on this program (at most that many
+  kernels, and for two kernels no intermediate as large as the program's largest) and whether
+  the best result meets it.
+
+``use_oracle=False`` (``--no-oracle``) switches e-graph pruning off to show what it buys: every
+complete block graph with one output is then verified.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import benchmarks
+from ..graph import KernelGraph
+from ..search import SearchConfig, superoptimize
+
+KEYS = ("benchmark", "seconds_to_first", "seconds_to_best", "seconds_total", "states",
+        "best_num_kernels", "verified", "met")
+#: most kernel launches the best μGraph may have, per program (the search never reads this)
+GOALS: dict[str, int] = {"rmsnorm_linear": 1, "gated_mlp": 1, "lora": 1, "ntrans": 1,
+                         "gqa": 2, "mha": 2, "mqa": 2, "qknorm": 2}
+
+
+def largest_intermediate(g: KernelGraph) -> int:
+    """Elements of the largest tensor ``g`` writes to device memory besides its outputs."""
+    outs = {id(t) for t in g.outputs}
+    return max((math.prod(t.dims) for t in g.operators if id(t) not in outs), default=0)
+
+
+def bench_search(names: Sequence[str] | None = None, *, small: bool = False, batch: int = 1,
+                 budget: float | None = 600.0, workers: Any = None, use_oracle: bool = True,
+                 max_block_ops: int | None = None) -> list[dict[str, Any]]:
+    """One row per program; see the module docstring for the keys."""
+    rows = []
+    for name in names or benchmarks.names():
+        g = benchmarks.get(name, batch=batch, small=small)
+        overrides: dict[str, Any] = {"use_oracle": use_oracle}
+        if max_block_ops is not None:
+            overrides["max_block_ops"] = max_block_ops
+        config = SearchConfig(**overrides)
+        t0 = time.perf_counter()
+        results = superoptimize(g, config, time_budget=budget, workers=workers, progress=False)
+        total = time.perf_counter() - t0
+        st, best = results.stats, results.best
+        program_big = largest_intermediate(g)
+        best_big = largest_intermediate(best.graph) if best is not None else None
+        goal = GOALS.get(name)
+        met = (best is not None and goal is not None and best.num_kernels <= goal
+               and (best.num_kernels == 1 or (best_big or 0) < program_big))
+        rows.append({
+            "benchmark": name, "batch": batch, "small": small, "use_oracle": use_oracle,
+            "seconds_to_first": st.seconds_to_first, "seconds_to_best": st.seconds_to_best,
+            "seconds_total": total, "finished": st.tasks_done == st.tasks_total,
+            "tasks_done": st.tasks_done, "tasks_total": st.tasks_total,
+            "states": st.states, "pruned_by_oracle": st.pruned_by_oracle,
+            "candidates_verified": st.candidates_verified,
+            "candidates_rejected": st.candidates_rejected, "found": len(results),
+            "best_num_kernels": best.num_kernels if best is not None else None,
+            "best_largest_intermediate": best_big,
+            "program_largest_intermediate": program_big,
+            "verified": best is not None,
+            "best_numeric_error": best.numeric_error if best is not None else None,
+            "goal_max_kernels": goal, "met": bool(met),
+        })
+    return rows
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows as an aligned text table."""
+    head = ("program", "first s", "best s", "total s", "done", "states", "pruned (e-graph)",
+            "verified", "found", "kernels", "largest written", "goal", "met")
+    body = []
+    for r in rows:
+        big = r["best_largest_intermediate"]
+        body.append((r["benchmark"], _secs(r["seconds_to_first"]), _secs(r["seconds_to_best"]),
+                     _secs(r["seconds_total"]),
+                     "all" if r["finished"] else f"{r['tasks_done']}/{r['tasks_total']}",
+                     f"{r['states']:,}", f"{r['pruned_by_oracle']:,}",
+                     f"{r['candidates_verified']} ({r['candidates_rejected']} rej.)",
+                     str(r["found"]),
+                     "-" if r["best_num_kernels"] is None else str(r["best_num_kernels"]),
+                     "-" if big is None else f"{big:,} / {r['program_largest_intermediate']:,}",
+                     "-" if r["goal_max_kernels"] is None else f"<= {r['goal_max_kernels']}",
+                     "yes" if r["met"] else "NO"))
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    lines = []
+    for row in (head, *body):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)

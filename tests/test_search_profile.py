@@ -1,0 +1,272 @@
+"""``superoptimize(..., profile=True)``: results ranked by measured GPU time, on the CPU with a
+fake compiler and timer; the cost model where no GPU is present; ``optimize --profile``; and, on
+a CUDA machine (marker ``gpu``), the real thing end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import egraph_mirage as em
+from egraph_mirage.search import SearchConfig, SearchError, SearchResults, superoptimize
+from egraph_mirage.search.layout import result_files, write_results
+from egraph_mirage.search.profile import (
+    BY_COST_MODEL,
+    BY_GPU,
+    GpuProfiler,
+    Measurement,
+    cuda_available,
+    profile_stage,
+)
+from egraph_mirage.search.results import SearchResult, SearchStats
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the search space of tests/test_search.py: about 24 one-kernel μGraphs in a few seconds
+TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
+
+
+@pytest.fixture(scope="module")
+def rmsnorm() -> em.KernelGraph:
+    return em.benchmarks.get("rmsnorm_linear", small=True)
+
+
+@pytest.fixture(scope="module")
+def by_cost(rmsnorm: em.KernelGraph) -> SearchResults:
+    """The search's results in the cost model's order (``profile=False``)."""
+    return superoptimize(rmsnorm, TINY, workers=1, progress=False)
+
+
+class FakeGpu:
+    """A compiler and a timer for ``GpuProfiler`` on the CPU. Each μGraph (by its JSON) runs in
+    the time ``us`` gives it, 1 µs less with ``num_warps=8``; the one named ``broken`` does not
+    lower, the one named ``wrong`` computes twice the right answer."""
+
+    def __init__(self, us: dict[str, float], broken: str = "", wrong: str = "") -> None:
+        self.us, self.broken, self.wrong, self.timed = us, broken, wrong, 0
+
+    def compiler(self, h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
+        from egraph_mirage.gpu.torch_eval import torch_function
+
+        text = h.to_json()
+        if text == self.broken:
+            raise em.LowerError("fake lowering: this μGraph cannot be lowered")
+        fn = torch_function(h)
+        scale = 2.0 if text == self.wrong else 1.0
+
+        def run(*xs: Any) -> Any:
+            return [o * scale for o in fn(*xs)]
+
+        run.us = self.us[text] - (1.0 if knobs.get("num_warps") == 8 else 0.0)  # type: ignore
+        return run
+
+    def graph(self, fn: Any, sets: Any) -> float:
+        self.timed += 1
+        fn(*sets[0])
+        return fn.us
+
+    plain = graph
+
+    def profiler(self) -> GpuProfiler:
+        from egraph_mirage.gpu.tune import TuneCache
+
+        return GpuProfiler(compiler=self.compiler, timer=self, device="cpu", name="Fake GPU",
+                           cache=TuneCache(None), space={"num_warps": (4, 8)})
+
+
+def test_profile_ranks_by_measured_time(rmsnorm: em.KernelGraph, by_cost: SearchResults) -> None:
+    texts = [r.to_json() for r in by_cost]
+    assert len(texts) >= 4
+    # measured times in the reverse of the cost model's order: the GPU must win
+    fake = FakeGpu({t: 100.0 - i for i, t in enumerate(texts)}, broken=texts[-1],
+                   wrong=texts[-2])
+    results = superoptimize(rmsnorm, TINY, workers=1, progress=False, profile=True,
+                            profiler=fake.profiler())
+    st = results.stats
+    assert st.ranked_by == BY_GPU and st.profile_device == "Fake GPU"
+    assert (st.profile_failed, st.profile_wrong) == (1, 1)  # dropped, counted, not returned
+    assert sorted(m.split(":")[0] for m in st.profile_messages) == ["failed", "wrong"]
+    assert any("cannot be lowered" in m for m in st.profile_messages)
+    assert any(m.startswith("wrong: relative error") for m in st.profile_messages)
+    assert [r.to_json() for r in results] == texts[-3::-1]
+    assert [r.measured_us for r in results] == sorted(r.measured_us for r in results)
+    assert results.best.measured_us == 100.0 - (len(texts) - 3) - 1.0
+    assert all(r.knobs == {"num_warps": 8} for r in results)  # the faster setting, kept
+    assert all(r.estimated_seconds > 0 for r in results)  # the estimate stays alongside
+    assert "measured" in results.best.summary() and "num_warps=8" in results.best.summary()
+    assert f"{len(texts) - 2} of {len(texts)} results timed on Fake GPU" in st.profile_note
+    assert st.seconds["profile"] >= 0.0
+
+
+class WallClock:
+    """Times one call on the CPU: enough to rank, nothing to quote."""
+
+    def graph(self, fn: Any, sets: Any) -> float:
+        t0 = time.perf_counter()
+        fn(*sets[0])
+        return (time.perf_counter() - t0) * 1e6
+
+    plain = graph
+
+
+def test_search_results_lower_in_triton_s_interpreter(rmsnorm: em.KernelGraph) -> None:
+    """The real lowering (``KernelGraph.compile``; Triton's interpreter without a GPU) compiles
+    the search's μGraphs, and they pass the float32 check against PyTorch."""
+    from egraph_mirage.gpu.tune import TuneCache, default_compiler
+
+    if cuda_available()[0]:
+        pytest.skip("with a GPU the lowering compiles for it: test_profile_on_the_gpu_end_to_end")
+    compiler = default_compiler()
+    if compiler is None:
+        pytest.skip("no lowering")
+    profiler = GpuProfiler(compiler=compiler, timer=WallClock(), device="cpu", name="interpreter",
+                           cache=TuneCache(None), space={"num_warps": (4,), "num_stages": (2,)})
+    config = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0, max_results=4)
+    results = superoptimize(rmsnorm, config, workers=1, progress=False, profile=True,
+                            profiler=profiler)
+    st = results.stats
+    assert st.ranked_by == BY_GPU and (st.profile_failed, st.profile_wrong) == (0, 0), st
+    assert len(results) >= 4
+    assert all(r.knobs == {"num_warps": 4, "num_stages": 2} for r in results)
+
+
+def test_profile_without_a_gpu_keeps_the_cost_model(rmsnorm: em.KernelGraph,
+                                                    by_cost: SearchResults) -> None:
+    ok, why = cuda_available()
+    if ok:
+        pytest.skip("a CUDA GPU is present: profile=True measures on it")
+    results = superoptimize(rmsnorm, TINY, workers=1, progress=False, profile=True)
+    assert results.stats.ranked_by == BY_COST_MODEL == by_cost.stats.ranked_by
+    assert "no CUDA GPU" in results.stats.profile_note and why in results.stats.profile_note
+    assert [r.to_json() for r in results] == [r.to_json() for r in by_cost]
+    assert all(r.measured_us is None and r.knobs is None for r in results)
+    assert "profile" not in results.stats.seconds
+
+
+def test_cuda_available_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    assert cuda_available() == (False, "torch is not installed")
+
+
+def _results(graphs: list[em.KernelGraph]) -> list[SearchResult]:
+    return [SearchResult(h, 1, 1e-6 * (i + 1), 1e-10, 2, 0.0, 0.1)
+            for i, h in enumerate(graphs)]
+
+
+class Broken:
+    device_name = "Broken GPU"
+
+    def __init__(self, exc: BaseException | None = None, count: int = 0) -> None:
+        self.exc, self.count = exc, count
+
+    def measure(self, program: em.KernelGraph, mugraphs: Any) -> list[Measurement]:
+        if self.exc is not None:
+            raise self.exc
+        return [Measurement("ok", 1.0)] * self.count
+
+
+@pytest.mark.parametrize("profiler, note", [
+    (Broken(RuntimeError("CUDA error: out of memory")), "profiling failed (RuntimeError"),
+    (Broken(KeyboardInterrupt()), "profiling interrupted"),
+    (Broken(count=1), "returned 1 measurements for 2 results"),
+])
+def test_a_broken_profiler_never_loses_the_results(profiler: Broken, note: str) -> None:
+    g = em.benchmarks.get("lora", small=True)
+    ranked = _results([em.handwritten.lora(g), em.handwritten.lora_concat(g)])
+    stats = SearchStats()
+    assert profile_stage(list(ranked), g, stats, profiler) == ranked
+    assert stats.ranked_by == BY_COST_MODEL and note in stats.profile_note
+    assert stats.interrupted == isinstance(profiler.exc, KeyboardInterrupt)
+
+
+def test_an_interrupted_search_is_not_profiled() -> None:
+    g = em.benchmarks.get("lora", small=True)
+    ranked = _results([em.handwritten.lora(g)])
+    stats = SearchStats(interrupted=True)
+    assert profile_stage(list(ranked), g, stats, Broken(count=1)) == ranked
+    assert stats.ranked_by == BY_COST_MODEL and "interrupted" in stats.profile_note
+
+
+def test_profiler_needs_profile(rmsnorm: em.KernelGraph) -> None:
+    with pytest.raises(SearchError, match="profile=True"):
+        superoptimize(rmsnorm, TINY, workers=1, profiler=Broken())
+
+
+def test_the_search_profiles_without_torch_installed() -> None:
+    """The GPU side is imported lazily: with torch hidden, profile=True falls back."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None
+        sys.modules["triton"] = None
+        import egraph_mirage as em
+        g = em.benchmarks.get("rmsnorm_linear", small=True)
+        config = em.SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0, max_results=2)
+        r = em.superoptimize(g, config, workers=1, progress=False, profile=True)
+        assert r and r.stats.ranked_by == "cost model", r.stats
+        assert "torch is not installed" in r.stats.profile_note, r.stats.profile_note
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().endswith("ok")
+
+
+def test_optimize_profile_on_a_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from egraph_mirage.cli import main
+
+    if cuda_available()[0]:
+        pytest.skip("a CUDA GPU is present")
+    code = main(["optimize", "rmsnorm_linear", "--small", "--workers", "1", "--max-results", "2",
+                 "--profile", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and "ranked by: cost model (profile=True but no CUDA GPU" in out
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["ranked_by"] == "cost model" and len(summary["results"]) == 2
+    assert summary["stats"]["profile_note"].startswith("profile=True but no CUDA GPU")
+
+
+def test_write_results_replaces_an_earlier_run(tmp_path: Path, by_cost: SearchResults) -> None:
+    write_results(tmp_path, by_cost, {"name": "rmsnorm_linear"})
+    assert len(result_files(tmp_path)) == len(by_cost)
+    fewer = SearchResults(list(by_cost[:2]), by_cost.stats)
+    write_results(tmp_path, fewer)
+    assert [f.name for f in result_files(tmp_path)] == ["result_0.json", "result_1.json"]
+    assert em.load(tmp_path / "best.json").to_json() == by_cost[0].to_json()
+    write_results(tmp_path, SearchResults([], by_cost.stats))
+    assert result_files(tmp_path) == [] and not (tmp_path / "best.json").exists()
+    assert json.loads((tmp_path / "results.json").read_text())["results"] == []
+
+
+@pytest.mark.gpu
+def test_profile_on_the_gpu_end_to_end(rmsnorm: em.KernelGraph, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a user gets: the lowering, the knob space, the CUDA timer, a fresh tuning cache."""
+    if not cuda_available()[0]:
+        pytest.skip("needs an NVIDIA GPU")
+    from egraph_mirage.gpu.tune import default_compiler
+
+    if default_compiler() is None:
+        pytest.skip("no lowering")
+    # the verifier's JAX on the CPU (what keep_jax_off_the_gpu does for the commands); this
+    # takes effect only where JAX is not yet in use in this process
+    monkeypatch.setenv("JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS", "cpu"))
+    monkeypatch.setenv("EGRAPH_MIRAGE_CACHE", str(tmp_path))
+    config = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0, max_results=4)
+    results = superoptimize(rmsnorm, config, workers=1, progress=False, profile=True)
+    st = results.stats
+    assert st.ranked_by == BY_GPU, st.profile_note
+    assert results and len(results) + st.profile_failed + st.profile_wrong >= 4
+    times = [r.measured_us for r in results]
+    assert all(t is not None and 0.5 < t < 10_000 for t in times)
+    assert times == sorted(times)
+    assert all(r.knobs for r in results)
+    assert list((tmp_path / "tune").glob("*.json"))  # the trials were cached
+    print(f"\n{st.profile_note}; best {results.best.summary()}")
