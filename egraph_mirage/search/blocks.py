@@ -10,6 +10,7 @@ the sinks are the block graph's outputs.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,7 @@ class BlockSearch:
         lo, hi = (1, self.config.max_block_ops) if ops is None else ops
         for limit in range(lo, hi + 1):
             self._limit = limit
-            for found in self._dfs(tiles, set(), 0, set(), moves):
+            for found in self._dfs(tiles, set(), 0, set(), moves, self._smem(tiles)):
                 sig = frozenset(found[0][i].key for i in found[1])
                 if sig not in done:
                     done.add(sig)
@@ -91,7 +92,7 @@ class BlockSearch:
 
     # --- the walk ---------------------------------------------------------------------------
     def _dfs(self, tiles: list[Tile], consumed: set[int], ops: int, seen: set[Any],
-             moves: list[Tile]) -> Iterator[tuple[list[Tile], list[int]]]:
+             moves: list[Tile], smem: int) -> Iterator[tuple[list[Tile], list[int]]]:
         if self.stop():
             return
         self.counters.states += 1
@@ -102,10 +103,12 @@ class BlockSearch:
         if ops >= self._limit:
             return
         keys = {t.key for t in tiles}
-        for m, new in enumerate(moves):
+        budget = self.config.smem_bytes
+        for new in moves:
             if new.key in keys:
                 continue
-            if not self._fits(tiles, new):
+            size = smem + _bytes(new)
+            if size > budget:
                 self.counters.pruned_other += 1
                 continue
             nxt = [*tiles, new]
@@ -122,53 +125,65 @@ class BlockSearch:
             # moves stay valid as tiles are added; only those using the new tile are new
             child = [t for t in moves if t.key != new.key]
             child.extend(self._moves_with(nxt, len(nxt) - 1))
-            yield from self._dfs(nxt, used, ops + 1, seen, child)
+            yield from self._dfs(nxt, used, ops + 1, seen, child, size)
 
     def _needs(self, tiles: list[Tile], consumed: set[int]) -> int:
-        """A lower bound on the operators still needed to complete this state."""
+        """A lower bound on the operators still needed to complete this state.
+
+        Every operator lowers the number of sinks by at most one (a binary operator consumes two
+        and adds one), and the number of sinks before the loop's end by at most one (merging two
+        of them, or accumulating or combining one with a tile after the loop)."""
         sinks = [t for i, t in enumerate(tiles) if t.op != "input" and i not in consumed]
         before = sum(1 for t in sinks if t.side != EPILOGUE)
-        return before + max(0, len(sinks) - self.max_outputs)
+        return max(before, len(sinks) - self.max_outputs)
 
-    def _fits(self, tiles: list[Tile], new: Tile) -> bool:
-        total = 0
-        for t in (*tiles, new):
-            n = 1
-            for s in t.dims:
-                n *= s
-            total += n * (4 if t.side == EPILOGUE else t.itemsize)
-        return total <= self.config.smem_bytes
+    @staticmethod
+    def _smem(tiles: Sequence[Tile]) -> int:
+        return sum(_bytes(t) for t in tiles)
 
     def _moves_with(self, tiles: list[Tile], k: int) -> Iterator[Tile]:
         """Valid new tiles whose operands include tile ``k`` (and otherwise tiles before it)."""
-        for name in BLOCK_OPS:
-            spec = OPS[name]
-            lo, hi = spec.num_inputs
-            for arity in range(lo, min(hi, 2) + 1):
-                combos: list[tuple[int, ...]]
-                if arity == 1:
-                    combos = [(k,)]
-                elif spec.commutative:
-                    combos = [(i, k) for i in range(k + 1)]
-                else:
-                    combos = [(i, k) for i in range(k + 1)] + [(k, i) for i in range(k)]
-                for args in combos:
-                    operands = [tiles[i] for i in args]
-                    sides = {t.side for t in operands} - {INVARIANT}
-                    if len(sides) > 1:
-                        continue
-                    side = sides.pop() if sides else INVARIANT
-                    for params in self._params(spec.params, operands):
-                        t = self._apply(name, args, operands, params, side)
-                        if t is not None:
-                            yield t
         t = tiles[k]
+        combos = [(k,)] + [(i, k) for i in range(k + 1)] + [(k, i) for i in range(k)]
+        for args in combos:
+            operands = [tiles[i] for i in args]
+            sides = {o.side for o in operands} - {INVARIANT}
+            if len(sides) > 1:
+                continue  # an operator across the loop's end
+            side = sides.pop() if sides else INVARIANT
+            # (i, k) with i <= k takes every operator, (k, i) only the non-commutative ones
+            swapped = len(args) == 2 and args[0] == k and args[1] != k
+            for hit in self._results(operands, swapped):
+                yield Tile(hit.key, hit.cls, hit.dims, hit.itemsize, side, hit.dcls, hit.op,
+                           args, hit.params)
         if t.side == EPILOGUE or (t.side == INVARIANT and self.shape.frange > 1):
             return
         for acc in ACCUMULATORS.values():
             tile = self._accumulate(k, t, acc)
             if tile is not None:
                 yield tile
+
+    def _results(self, operands: list[Tile], swapped: bool) -> list[Tile]:
+        """Every reachable tile one block operator makes of ``operands`` (memoised by their
+        keys): templates whose ``args`` the caller fills in."""
+        memo_key = ("ops", tuple((t.key, t.dcls) for t in operands), swapped,
+                    self.shape.frange)
+        hit = self.memo.get(memo_key)
+        if hit is None:
+            hit = []
+            sides = {o.side for o in operands} - {INVARIANT}
+            side = sides.pop() if sides else INVARIANT
+            for name in BLOCK_OPS:
+                spec = OPS[name]
+                lo, hi = spec.num_inputs
+                if not lo <= len(operands) <= min(hi, 2) or (swapped and spec.commutative):
+                    continue
+                for params in self._params(spec.params, operands):
+                    tile = self._apply_new(name, (), operands, params, side)
+                    if tile is not None:
+                        hit.append(tile)
+            self.memo[memo_key] = hit
+        return hit
 
     def _params(self, names: Sequence[str], operands: list[Tile]) -> Iterator[dict[str, Any]]:
         if not names:
@@ -185,22 +200,8 @@ class BlockSearch:
                 choices.append(list(self.scalars))
             else:
                 return
-        import itertools
-
         for combo in itertools.product(*choices):
             yield dict(zip(names, combo))
-
-    def _apply(self, name: str, args: tuple[int, ...], operands: list[Tile],
-               params: dict[str, Any], side: str) -> Tile | None:
-        memo_key = (name, tuple((t.key, t.dcls) for t in operands),
-                    tuple(sorted(params.items())), self.shape.frange)
-        if memo_key in self.memo:
-            hit = self.memo[memo_key]
-            return None if hit is None else Tile(hit.key, hit.cls, hit.dims, hit.itemsize, side,
-                                                 hit.dcls, name, args, hit.params)
-        tile = self._apply_new(name, args, operands, params, side)
-        self.memo[memo_key] = tile
-        return tile
 
     def _apply_new(self, name: str, args: tuple[int, ...], operands: list[Tile],
                    params: dict[str, Any], side: str) -> Tile | None:
@@ -261,6 +262,14 @@ class BlockSearch:
         if cls is not None:
             return cls, cls
         return None, (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
+
+
+def _bytes(t: Tile) -> int:
+    """Shared memory of a tile: accumulators after the loop are fp32."""
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n * (4 if t.side == EPILOGUE else t.itemsize)
 
 
 def _leaf(t: Tile) -> Any:

@@ -123,7 +123,8 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
 
     def absorb(res: TaskResult, fresh: bool) -> None:
         stats.add(res.counts)
-        stats.tasks_done += 1
+        if not res.stopped:  # a task cut short by the time budget is not done
+            stats.tasks_done += 1
         for name, secs in res.seconds.items():
             stats.seconds[name] = stats.seconds.get(name, 0.0) + secs
         for text, kernels, est, bound, tests, err, _ in res.found:
