@@ -27,6 +27,8 @@ from .shapes import KernelShape
 Dims = tuple[int, ...]
 #: operators the block level may use, in a fixed order
 BLOCK_OPS = tuple(name for name, spec in OPS.items() if BLOCK in spec.levels)
+#: most distinct tiles the goal distances close over (beyond it the search runs unpruned)
+_CLOSURE_MAX = 20000
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,13 @@ class BlockSearch:
     stop: Callable[[], bool] = lambda: False
     #: most sinks a complete state may have
     max_outputs: int = 1
+    #: the e-class the one output must have (None: any sinks ``accept`` likes)
+    goal: int | None = None
     _limit: int = 0
     #: results of applying operators to tiles, shared by the searches of one process
     memo: dict = field(default_factory=dict)
+    #: per tile key, the fewest operators from it to a tile of class ``goal`` (when set)
+    _dist: dict[Any, int] | None = None
 
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
@@ -77,9 +83,13 @@ class BlockSearch:
             ident = (ld.tensor.key, side, ld.tile)
             tiles.append(Tile(ident, cls, ld.tile, ld.tensor.dtype.itemsize, side,
                               ld.tile_classes, "input", (), (("position", i),)))
+        if self.goal is not None:
+            self._dist = self._distances(tiles)
+            if any(t.key not in self._dist for t in tiles):
+                return  # some loaded tile can never reach the output
         moves: list[Tile] = []
         for k in range(len(tiles)):
-            moves.extend(self._moves_with(tiles[: k + 1], k))
+            moves.extend(self._useful(self._moves_with(tiles[: k + 1], k)))
         done: set[Any] = set()
         lo, hi = (1, self.config.max_block_ops) if ops is None else ops
         for limit in range(lo, hi + 1):
@@ -124,7 +134,7 @@ class BlockSearch:
                 continue
             # moves stay valid as tiles are added; only those using the new tile are new
             child = [t for t in moves if t.key != new.key]
-            child.extend(self._moves_with(nxt, len(nxt) - 1))
+            child.extend(self._useful(self._moves_with(nxt, len(nxt) - 1)))
             yield from self._dfs(nxt, used, ops + 1, seen, child, size)
 
     def _needs(self, tiles: list[Tile], consumed: set[int]) -> int:
@@ -135,7 +145,62 @@ class BlockSearch:
         of them, or accumulating or combining one with a tile after the loop)."""
         sinks = [t for i, t in enumerate(tiles) if t.op != "input" and i not in consumed]
         before = sum(1 for t in sinks if t.side != EPILOGUE)
-        return max(before, len(sinks) - self.max_outputs)
+        bound = max(before, len(sinks) - self.max_outputs)
+        if self._dist is not None:  # each sink still has its path to the output ahead
+            bound = max(bound, max((self._dist[t.key] for t in sinks), default=0))
+        return bound
+
+    def _useful(self, moves: Iterator[Tile]) -> Iterator[Tile]:
+        """The moves whose tile can still lead to the output (all, without a goal)."""
+        if self._dist is None:
+            return moves
+        dist = self._dist
+        return (m for m in moves if m.key in dist)
+
+    def _distances(self, inputs: list[Tile]) -> dict[Any, int]:
+        """Fewest operators from each tile this kernel shape can make to a tile of class
+        ``goal`` after the loop: tiles not in the map can never be part of a complete block
+        graph. The tiles are closed under every move (shared memory aside), so the distances
+        are lower bounds and pruning with them loses no block graph. Memoised per shape."""
+        memo_key = ("dist", tuple((t.key, t.dcls) for t in inputs), self.shape.frange,
+                    self.reduction_dimx(self.shape), self.goal)
+        if memo_key in self.memo:
+            return self.memo[memo_key]
+        closed: list[Tile] = list(inputs)
+        index = {t.key: i for i, t in enumerate(closed)}
+        users: dict[Any, set[Any]] = {}  # tile key -> keys of tiles made from it
+        k = 0
+        while k < len(closed) and len(closed) <= _CLOSURE_MAX and not self.stop():
+            for t in self._moves_with(closed, k):
+                if t.key not in index:
+                    index[t.key] = len(closed)
+                    closed.append(t)
+                for a in t.args:
+                    users.setdefault(closed[a].key, set()).add(t.key)
+            k += 1
+        if k < len(closed):  # too many tiles to close over (or stopped): no pruning
+            dist = {t.key: 0 for t in closed}
+            if self.stop():
+                return dist
+        else:
+            dist = {t.key: 0 for t in closed if t.cls == self.goal and t.side == EPILOGUE}
+            frontier = list(dist)
+            made_from: dict[Any, set[Any]] = {}
+            for src, outs in users.items():
+                for o in outs:
+                    made_from.setdefault(o, set()).add(src)
+            step = 0
+            while frontier:
+                step += 1
+                nxt = []
+                for key in frontier:
+                    for src in made_from.get(key, ()):
+                        if src not in dist:
+                            dist[src] = step
+                            nxt.append(src)
+                frontier = nxt
+        self.memo[memo_key] = dist
+        return dist
 
     @staticmethod
     def _smem(tiles: Sequence[Tile]) -> int:
@@ -147,6 +212,8 @@ class BlockSearch:
         combos = [(k,)] + [(i, k) for i in range(k + 1)] + [(k, i) for i in range(k)]
         for args in combos:
             operands = [tiles[i] for i in args]
+            if self.shape.frange == 1 and any(_identity(o) for o in operands):
+                continue  # f(acc(x)) is acc(f(x)) and f(acc(x), y) is f(x, y): one form each
             sides = {o.side for o in operands} - {INVARIANT}
             if len(sides) > 1:
                 continue  # an operator across the loop's end
@@ -262,6 +329,11 @@ class BlockSearch:
         if cls is not None:
             return cls, cls
         return None, (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
+
+
+def _identity(t: Tile) -> bool:
+    """A plain accumulator of a loop of one iteration: the identity."""
+    return t.op == "accum" and t.params == (("acc", "plain"),)
 
 
 def _bytes(t: Tile) -> int:

@@ -205,10 +205,11 @@ class _Run:
     def stopped(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
 
-    def _search(self, shape: KernelShape, accept: Any, max_outputs: int) -> BlockSearch:
+    def _search(self, shape: KernelShape, accept: Any, max_outputs: int,
+                goal: int | None = None) -> BlockSearch:
         return BlockSearch(shape, self.ctx.payload.reach, self.config, self.ctx.probe,
                            self.ctx.payload.scalars, accept, self.counters, self.stopped,
-                           max_outputs, memo=self.ctx.memo)
+                           max_outputs, goal, memo=self.ctx.memo)
 
     def _step(self, shape: KernelShape, tiles: Sequence[Tile],
               outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:
@@ -235,7 +236,8 @@ class _Run:
 
         if len(target.outputs) != 1:
             return
-        for tiles, sinks in self._search(shape, accept, 1).run(ops):
+        goal = roots[0] if self.config.use_oracle else None
+        for tiles, sinks in self._search(shape, accept, 1, goal).run(ops):
             tile = tiles[sinks[0]]
             if must_use is not None and not any(
                     shape.loaders[dict(tiles[i].params)["position"]].tensor.ref >= must_use
