@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import EMError
+from ..expr import Term
 from ..mugraph.accumulators import ACCUMULATORS
 from ..mugraph.threadblock import EPILOGUE, INVARIANT, LOOP_SIDE
 from ..ops import BLOCK, OPS
@@ -209,6 +210,7 @@ class BlockSearch:
     def _moves_with(self, tiles: list[Tile], k: int) -> Iterator[Tile]:
         """Valid new tiles whose operands include tile ``k`` (and otherwise tiles before it)."""
         t = tiles[k]
+        use_oracle = self.config.use_oracle
         combos = [(k,)] + [(i, k) for i in range(k + 1)] + [(k, i) for i in range(k)]
         for args in combos:
             operands = [tiles[i] for i in args]
@@ -220,6 +222,11 @@ class BlockSearch:
             side = sides.pop() if sides else INVARIANT
             # (i, k) with i <= k takes every operator, (k, i) only the non-commutative ones
             swapped = len(args) == 2 and args[0] == k and args[1] != k
+            if (len(args) == 2 and use_oracle and operands[0].cls is not None
+                    and operands[1].cls is not None
+                    and not self.reach.siblings(operands[0].cls, operands[1].cls)
+                    and not self._candidates(operands, swapped, True)):
+                continue  # no e-node joins them, and every operator here would
             for hit in self._results(operands, swapped):
                 yield Tile(hit.key, hit.cls, hit.dims, hit.itemsize, side, hit.dcls, hit.op,
                            args, hit.params)
@@ -240,17 +247,53 @@ class BlockSearch:
             hit = []
             sides = {o.side for o in operands} - {INVARIANT}
             side = sides.pop() if sides else INVARIANT
+            apart = (len(operands) == 2 and self.config.use_oracle
+                     and operands[0].cls is not None and operands[1].cls is not None
+                     and not self.reach.siblings(operands[0].cls, operands[1].cls))
+            for name, params in self._candidates(operands, swapped, apart):
+                tile = self._apply_new(name, (), operands, params, side)
+                if tile is not None:
+                    hit.append(tile)
+            self.memo[memo_key] = hit
+        return hit
+
+    def _candidates(self, operands: list[Tile], swapped: bool, apart: bool
+                    ) -> list[tuple[str, dict[str, Any]]]:
+        """Operators (with parameters) that take operands of these dims: memoised by dims.
+        ``apart``: the operands' classes share no e-node, so operators that would join them
+        under one are left out."""
+        dims = tuple(t.dims for t in operands)
+        memo_key = ("candidates", dims, swapped, apart)
+        if memo_key not in self.memo:
+            out = []
             for name in BLOCK_OPS:
                 spec = OPS[name]
                 lo, hi = spec.num_inputs
                 if not lo <= len(operands) <= min(hi, 2) or (swapped and spec.commutative):
                     continue
                 for params in self._params(spec.params, operands):
-                    tile = self._apply_new(name, (), operands, params, side)
-                    if tile is not None:
-                        hit.append(tile)
-            self.memo[memo_key] = hit
-        return hit
+                    try:
+                        spec.shape(name, list(dims), params)
+                    except EMError:
+                        continue
+                    if not (apart and self._joins(name, operands, params)):
+                        out.append((name, params))
+            self.memo[memo_key] = out
+        return self.memo[memo_key]
+
+    def _joins(self, name: str, operands: list[Tile], params: dict[str, Any]) -> bool:
+        """Whether operator ``name``'s expression puts its two operands directly under one
+        e-node (as add, mul, div, matmul and concat do), found from the expression itself."""
+        dims = tuple(t.dims for t in operands)
+        memo_key = ("joins", name, dims, tuple(sorted(params.items())))
+        if memo_key not in self.memo:
+            a, b = ref(-1), ref(-2)
+            try:
+                term = OPS[name].expr([a, b], list(dims), params)
+            except EMError:
+                term = None
+            self.memo[memo_key] = term is not None and _joined(term, a, b)
+        return self.memo[memo_key]
 
     def _params(self, names: Sequence[str], operands: list[Tile]) -> Iterator[dict[str, Any]]:
         if not names:
@@ -331,6 +374,15 @@ class BlockSearch:
         return None, (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
 
 
+def _joined(term: Any, a: Any, b: Any) -> bool:
+    """Whether some node of ``term`` has both leaves ``a`` and ``b`` among its arguments."""
+    if not isinstance(term, Term):
+        return False
+    if a in term.args and b in term.args:
+        return True
+    return any(_joined(x, a, b) for x in term.args)
+
+
 def _identity(t: Tile) -> bool:
     """A plain accumulator of a loop of one iteration: the identity."""
     return t.op == "accum" and t.params == (("acc", "plain"),)
@@ -345,8 +397,6 @@ def _bytes(t: Tile) -> int:
 
 
 def _leaf(t: Tile) -> Any:
-    from ..expr import Term
-
     if t.cls is not None:
         return ref(t.cls)
     return Term("$opaque", (repr(t.key),))

@@ -9,6 +9,7 @@ frozen e-graph, so a new tensor costs a few lookups whatever the size of its ful
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..expr import Term
 from ..oracle import Oracle
@@ -49,6 +50,21 @@ class ReachIndex:
             else:
                 kids.append(a)
         return self.nodes.get((term.op, tuple(kids)))
+
+    @cached_property
+    def _siblings(self) -> frozenset[tuple[int, int]]:
+        pairs = set()
+        for (_, kids), c in self.nodes.items():
+            if c not in self.reachable:
+                continue
+            cs = [k for k in kids if isinstance(k, int) and k in self.reachable]
+            pairs.update((a, b) for a in cs for b in cs)
+        return frozenset(pairs)
+
+    def siblings(self, a: int, b: int) -> bool:
+        """Whether some reachable e-node has both classes among its children: an operator
+        whose expression puts its two operands under one e-node needs such a node."""
+        return (a, b) in self._siblings
 
     def is_reachable(self, c: int | None) -> bool:
         return c is not None and c in self.reachable
