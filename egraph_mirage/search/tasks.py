@@ -103,28 +103,21 @@ def _context(payload: Payload) -> _Context:
 def list_tasks(payload: Payload) -> list[Task]:
     """The tasks of a search, in the order they should run: cheap and likely first.
 
-    One-kernel plans come one block-graph size at a time over every shape (a task searches exactly
-    ``k`` operators), so a small fused kernel of any shape is found before a large one of the
-    first. Library operators and two-kernel plans, whose tasks search every final kernel behind
-    their first one, follow the one-kernel plans of up to ``SHALLOW + 1`` operators.
+    One-kernel plans come first, one block-graph size at a time over every shape (a task searches
+    exactly ``k`` operators), so a small fused kernel of any shape is found before a large one of
+    the first; the goal distances keep even the largest sizes cheap. Library operators and
+    two-kernel plans follow: their tasks search every final kernel behind their first step.
     """
     ctx = _context(payload)
     most = payload.config.max_block_ops
-    finals = {k: [Task(FINAL, i, (k, k)) for i in range(len(ctx.final_shapes))]
-              for k in range(1, most + 1)}
-    bands = [(1, min(SHALLOW, most))] + ([(SHALLOW + 1, most)] if most > SHALLOW else [])
-    two = {band: ([Task(INTERMEDIATE, i, band) for i in range(len(ctx.first_shapes))]
-                  if payload.config.max_kernels >= 2 else []) for band in bands}
-    library = ([Task(LIBRARY, i, (0, 0)) for i in range(len(_library_moves(ctx, payload.inputs)))]
-               if payload.config.max_kernel_ops >= 1 else [])
-    tasks: list[Task] = []
-    for k in range(1, min(SHALLOW + 1, most) + 1):
-        tasks += finals[k]
-    tasks += library + two[bands[0]]
-    for k in range(SHALLOW + 2, most + 1):
-        tasks += finals[k]
-    if len(bands) > 1:
-        tasks += two[bands[1]]
+    tasks = [Task(FINAL, i, (k, k)) for k in range(1, most + 1)
+             for i in range(len(ctx.final_shapes))]
+    if payload.config.max_kernel_ops >= 1:
+        tasks += [Task(LIBRARY, i, (0, 0)) for i in range(len(_library_moves(ctx, payload.inputs)))]
+    if payload.config.max_kernels >= 2:
+        bands = [(1, min(SHALLOW, most))] + ([(SHALLOW + 1, most)] if most > SHALLOW else [])
+        tasks += [Task(INTERMEDIATE, i, band) for band in bands
+                  for i in range(len(ctx.first_shapes))]
     return tasks
 
 
