@@ -165,7 +165,8 @@ def _bench_search(args: argparse.Namespace) -> int:
 
     rows = bench_search(args.programs, small=args.small, batch=args.batch, budget=args.budget,
                         workers=args.workers, use_oracle=not args.no_oracle,
-                        max_block_ops=args.max_block_ops)
+                        max_block_ops=args.max_block_ops,
+                        on_row=lambda r: print(json.dumps(r), file=sys.stderr, flush=True))
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0
 

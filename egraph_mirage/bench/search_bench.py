@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import benchmarks
@@ -47,8 +47,10 @@ def largest_intermediate(g: KernelGraph) -> int:
 
 def bench_search(names: Sequence[str] | None = None, *, small: bool = False, batch: int = 1,
                  budget: float | None = 600.0, workers: Any = None, use_oracle: bool = True,
-                 max_block_ops: int | None = None) -> list[dict[str, Any]]:
-    """One row per program; see the module docstring for the keys."""
+                 max_block_ops: int | None = None,
+                 on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """One row per program; see the module docstring for the keys. ``on_row`` sees each row as
+    soon as its program is done."""
     rows = []
     for name in names or benchmarks.names():
         g = benchmarks.get(name, batch=batch, small=small)
@@ -80,6 +82,8 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
             "best_numeric_error": best.numeric_error if best is not None else None,
             "goal_max_kernels": goal, "met": bool(met),
         })
+        if on_row is not None:
+            on_row(rows[-1])
     return rows
 
 

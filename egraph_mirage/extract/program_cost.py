@@ -9,16 +9,27 @@ Every kernel pays a launch; a graph-defined kernel reads each loader's tiles onc
 loop iteration (a replicated input is read by every block) and writes its outputs once; a library
 operator reads its operands and writes its result. A grid of fewer blocks than the GPU has
 multiprocessors reaches only that fraction of the bandwidth, which is why small-batch programs
-gain from splitting a reduction across the grid. Rough by design: measured GPU time replaces it
-where a GPU is present (``superoptimize(..., profile=True)``, ``gpu.tune.rank`` with a tuner).
+gain from splitting a reduction across the grid. A kernel also computes: its block operators run
+once per block (and per loop iteration on the loop's side), matmuls on tensor cores with every
+dimension padded to 16, the rest element by element; a kernel takes the longer of its memory and
+its compute time (a grid that recomputes a product in every block is not free). Rough by design:
+measured GPU time replaces it where a GPU is present (``superoptimize(..., profile=True)``,
+``gpu.tune.rank`` with a tuner).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ..graph import KernelGraph
+from ..mugraph.threadblock import LOOP_SIDE
+
+
+def _pad(d: int) -> int:
+    """A matmul dimension as tensor cores take it: at least 16."""
+    return max(16, d)
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,23 @@ class ProgramCost:
     bandwidth: float = 3.0e12  # bytes per second
     launch_seconds: float = 3.0e-6
     multiprocessors: int = 132
+    matmul_flops: float = 4.0e14  # fp16 tensor-core FLOP/s, whole GPU
+    vector_flops: float = 3.0e13  # element-wise operations per second, whole GPU
+
+    def compute_seconds(self, tb: Any) -> float:
+        """Time the whole grid of block graph ``tb`` spends computing, at full occupancy."""
+        blocks = math.prod(tb.grid_dim)
+        mm = vec = 0.0
+        for b in tb.tensors:
+            if b.op == "input":
+                continue
+            times = blocks * (tb.forloop_range if b.side == LOOP_SIDE else 1)
+            if b.op == "matmul":
+                a, w = b.operands[0].dims, b.operands[1].dims
+                mm += times * 2 * math.prod(_pad(d) for d in (*b.dims[:-2], a[-2], a[-1], w[-1]))
+            else:
+                vec += times * math.prod(b.dims)
+        return mm / self.matmul_flops + vec / self.vector_flops
 
     def kernels(self, g: KernelGraph) -> list[tuple[str, int, int]]:
         """(kind, bytes, blocks) per kernel launch, in order."""
@@ -57,11 +85,16 @@ class ProgramCost:
         return sum(moved for _, moved, _ in self.kernels(g))
 
     def seconds(self, g: KernelGraph) -> float:
-        """Estimated run time of ``g``."""
+        """Estimated run time of ``g``: per launch, the longer of moving its bytes and computing,
+        each at the share of the GPU its blocks occupy."""
         total = 0.0
-        for _, moved, blocks in self.kernels(g):
+        launches = [t for t in g.operators
+                    if not (t.op == "customized" and t.params["output"])]
+        for t, (_, moved, blocks) in zip(launches, self.kernels(g)):
             share = min(1.0, blocks / self.multiprocessors)
-            total += self.launch_seconds + moved / (self.bandwidth * share)
+            compute = (self.compute_seconds(t.params["kernel"].tb)
+                       if t.op == "customized" else 0.0)
+            total += self.launch_seconds + max(moved / self.bandwidth, compute) / share
         return total
 
     def launches(self, g: KernelGraph) -> int:

@@ -90,6 +90,20 @@ def used_tiles(tiles: Sequence[Tile], outputs: Sequence[int]) -> list[int]:
     return sorted(need)
 
 
+def uses_whole_shape(step: KernelStep) -> bool:
+    """Whether the loaders the outputs depend on split every grid axis of more than one block
+    (and walk the loop, if there is one). Otherwise the blocks along that axis (or the loop's
+    iterations) repeat one computation: not a valid kernel, and the same block graph on a
+    smaller grid is searched anyway."""
+    used = [step.shape.loaders[dict(step.tiles[i].params)["position"]]
+            for i in used_tiles(step.tiles, [o for o, _ in step.outputs])
+            if step.tiles[i].op == "input"]
+    if any(g > 1 and all(ld.imap[a] == -1 for ld in used)
+           for a, g in enumerate(step.shape.grid)):
+        return False
+    return step.shape.frange == 1 or any(ld.fdim != -1 for ld in used)
+
+
 def build(target: KernelGraph, steps: Sequence[Step], outputs: Sequence[int]) -> KernelGraph:
     """The μGraph of a plan: ``outputs`` are tensor refs (inputs first, then step results)."""
     h = new_kernel_graph()

@@ -17,6 +17,8 @@ class SearchStats:
     pruned_otherwise: int = 0
     candidates_verified: int = 0
     candidates_rejected: int = 0
+    #: complete candidates the μGraph API refused to build (a search bug when not 0)
+    invalid_candidates: int = 0
     tasks_done: int = 0
     tasks_total: int = 0
     seconds: dict[str, float] = field(default_factory=dict)

@@ -14,12 +14,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
 from .blocks import BlockSearch, Counters, Tile
 from .config import SearchConfig
 from .dims import LinkProbe
-from .plan import KernelStep, OpStep, Step, build, new_tensors, output_maps, used_tiles
+from .plan import (
+    KernelStep,
+    OpStep,
+    Step,
+    build,
+    new_tensors,
+    output_maps,
+    used_tiles,
+    uses_whole_shape,
+)
 from .reach import ReachIndex, ref
 from .shapes import DTensor, KernelShape, can_finish, kernel_shapes
 
@@ -147,7 +157,6 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None) -> Tas
 
 def _library_moves(ctx: _Context, inputs: list[DTensor]) -> list[tuple[list[DTensor], list[Step]]]:
     """Library operators on the inputs whose result is reachable and new."""
-    from ..errors import EMError
     from ..ops import KERNEL, OPS
 
     payload = ctx.payload
@@ -239,7 +248,8 @@ class _Run:
             for omap, dims, _ in output_maps(tile, shape, self.config.omaps):
                 if dims == want:
                     step = self._step(shape, tiles, [(sinks[0], omap)])
-                    self._check([*steps, step], len(tensors))
+                    if uses_whole_shape(step):
+                        self._check([*steps, step], len(tensors))
 
     # --- a kernel whose outputs a later kernel reads --------------------------------------------
     def intermediates(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
@@ -257,6 +267,8 @@ class _Run:
             for combo in _product(options):
                 omaps = [o for o, _, _ in combo]
                 step = self._step(shape, tiles, list(zip(sinks, omaps)))
+                if not uses_whole_shape(step):
+                    continue
                 new = new_tensors(step, len(tensors), [c for _, _, c in combo],
                                   [d for _, d, _ in combo])
                 state = frozenset((t.key, t.dims, t.dcls) for t in new)
@@ -271,12 +283,16 @@ class _Run:
         from ..verify import check_numerics
 
         t0 = time.perf_counter()
-        g = build(self.ctx.target, steps, [out_ref])
+        counts = self.result.counts
+        try:
+            g = build(self.ctx.target, steps, [out_ref])
+        except EMError:  # the μGraph API refused it: a search bug, counted, not fatal
+            counts["invalid_candidates"] = counts.get("invalid_candidates", 0) + 1
+            return
         text = g.to_json()
         if text in self._checked:
             return
         self._checked.add(text)
-        counts = self.result.counts
         verdict = self.ctx.verifier.check(g)
         ok = bool(verdict.equivalent)
         err = float("nan")
