@@ -19,7 +19,7 @@ from .config import SearchError
 from .tasks import Payload, TaskResult
 
 FORMAT = "egraph-mirage-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: tasks are one block-graph size each, one-kernel plans first
 
 
 def fingerprint(payload: Payload, seed: int) -> str:
