@@ -123,3 +123,29 @@ def test_bad_arguments_are_clear_errors(rmsnorm):
         SearchConfig(max_block_ops=0)
     with pytest.raises(SearchError, match="KernelGraph"):
         superoptimize("rmsnorm_linear")
+
+
+@pytest.mark.parametrize("name, ops", [("rmsnorm_linear", 5), ("lora", 5), ("ntrans", 6)])
+def test_goal_distances_lose_no_block_graph(name: str, ops: int) -> None:
+    """Pruning by the goal distances finds exactly the block graphs the plain walk finds."""
+    from egraph_mirage.search.driver import prepare
+    from egraph_mirage.search.tasks import _context, _Run
+
+    config = SearchConfig(max_block_ops=ops)
+    payload = prepare(em.benchmarks.get(name, small=True), config)
+    ctx = _context(payload)
+    root = payload.reach.roots[0]
+
+    def complete(goal):
+        run = _Run(ctx, None)
+        found = set()
+        for shape in ctx.final_shapes:
+            search = run._search(shape, lambda tiles, sinks: tiles[sinks[0]].cls == root, 1, goal)
+            for tiles, sinks in search.run((1, ops)):
+                found.add((repr(shape), frozenset(t.key for t in tiles)))
+        return found, run.counters.states
+
+    plain, plain_states = complete(None)
+    pruned, pruned_states = complete(root)
+    assert plain and pruned == plain
+    assert pruned_states < plain_states

@@ -86,7 +86,7 @@ class BlockSearch:
                               ld.tile_classes, "input", (), (("position", i),)))
         if self.goal is not None:
             self._dist = self._distances(tiles)
-            if any(t.key not in self._dist for t in tiles):
+            if self._dist is not None and any(t.key not in self._dist for t in tiles):
                 return  # some loaded tile can never reach the output
         moves: list[Tile] = []
         for k in range(len(tiles)):
@@ -158,11 +158,12 @@ class BlockSearch:
         dist = self._dist
         return (m for m in moves if m.key in dist)
 
-    def _distances(self, inputs: list[Tile]) -> dict[Any, int]:
+    def _distances(self, inputs: list[Tile]) -> dict[Any, int] | None:
         """Fewest operators from each tile this kernel shape can make to a tile of class
         ``goal`` after the loop: tiles not in the map can never be part of a complete block
         graph. The tiles are closed under every move (shared memory aside), so the distances
-        are lower bounds and pruning with them loses no block graph. Memoised per shape."""
+        are lower bounds and pruning with them loses no block graph. None (no pruning) when
+        there are more than ``_CLOSURE_MAX`` tiles or the search was stopped. Memoised."""
         memo_key = ("dist", tuple((t.key, t.dcls) for t in inputs), self.shape.frange,
                     self.reduction_dimx(self.shape), self.goal)
         if memo_key in self.memo:
@@ -179,10 +180,11 @@ class BlockSearch:
                 for a in t.args:
                     users.setdefault(closed[a].key, set()).add(t.key)
             k += 1
+        dist: dict[Any, int] | None
         if k < len(closed):  # too many tiles to close over (or stopped): no pruning
-            dist = {t.key: 0 for t in closed}
             if self.stop():
-                return dist
+                return None
+            dist = None
         else:
             dist = {t.key: 0 for t in closed if t.cls == self.goal and t.side == EPILOGUE}
             frontier = list(dist)
