@@ -31,6 +31,7 @@ from .. import benchmarks, handwritten
 from ..errors import GraphError
 from ..graph import KernelGraph
 from ..mugraph.serialize import load
+from .table import aligned
 
 #: the keys of every row ``bench_gpu`` returns
 KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "candidates",
@@ -327,12 +328,7 @@ def table_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as an aligned text table (µs; speedups over the best baseline, like for like)."""
     head, body = table_cells(rows)
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    lines = []
-    for row in (head, *body):
-        cells = [c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells))
-    return "\n".join(lines)
+    return "\n".join(aligned(head, body, left=3))
 
 
 def markdown(rows: Sequence[Mapping[str, Any]], date: str, command: str,

@@ -30,6 +30,7 @@ from .. import benchmarks
 from ..errors import OracleError
 from ..expr import Term
 from ..oracle import Oracle
+from .table import aligned
 
 #: The keys of every row ``bench_oracle`` returns (plus ``term_nodes_mean``).
 KEYS = ("target", "saturate_s", "enodes", "eclasses", "complete", "op_queries_per_s",
@@ -301,9 +302,4 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     body = [(r["target"], f"{r['saturate_s'] * 1e3:.1f}", str(r["enodes"]), str(r["eclasses"]),
              "yes" if r["complete"] else "NO", f"{r['op_queries_per_s']:,.0f}",
              f"{r['term_queries_per_s']:,.0f}") for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    lines = []
-    for row in (head, *body):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-        lines.append("  ".join(cells))
-    return "\n".join(lines)
+    return "\n".join(aligned(head, body))

@@ -33,6 +33,7 @@ from typing import Any
 from .. import benchmarks
 from ..graph import KernelGraph
 from ..search import SearchConfig, superoptimize
+from .table import aligned
 
 KEYS = ("benchmark", "seconds_to_first", "seconds_to_best", "seconds_total", "states",
         "best_num_kernels", "verified", "met")
@@ -117,9 +118,4 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
                      "-" if big is None else f"{big:,} / {r['program_largest_intermediate']:,}",
                      "-" if r["goal_max_kernels"] is None else f"<= {r['goal_max_kernels']}",
                      "yes" if r["met"] else "NO", _secs(r.get("seconds_to_goal"))))
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    lines = []
-    for row in (head, *body):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-        lines.append("  ".join(cells))
-    return "\n".join(lines)
+    return "\n".join(aligned(head, body))

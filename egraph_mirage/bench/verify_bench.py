@@ -51,6 +51,7 @@ from ..mugraph.reference import run_reference
 from ..ops import table as optable
 from ..verify import Verifier, VerifyError, VerifyResult
 from ..verify import field as ff
+from .table import aligned
 
 KEYS = ("benchmark", "mutants", "false_accepts", "equivalents", "false_rejects", "ms_per_verify",
         "bound", "ms_compile", "ambiguous", "skipped_invalid")
@@ -316,11 +317,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
              str(r["ambiguous"]), str(r["skipped_invalid"]), f"{r['bound']:.1e}",
              f"{r['ms_per_verify']:.1f}", f"{r['ms_compile']:.0f}", f"{r['ms_jit_run']:.2f}")
             for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    lines = ["  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in
-                                                   zip(row[1:], widths[1:])])
-             for row in (head, *body)]
-    return "\n".join(lines + [
+    return "\n".join(aligned(head, body) + [
         "mutants: float-non-equivalent mutants checked; equiv: float-equivalent ones; known: "
         "false rejects equal only through a property of sqrt/silu/gelu/relu (sound); rej undec: "
         "false rejects by VerifyError; unexpl.: other false rejects; bound: largest stated "

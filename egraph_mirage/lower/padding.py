@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..mugraph.threadblock import BlockTensor, ThreadBlockGraph
 from ..ops import lookup
 from ..ops.spec import TileDims
+from ..unionfind import UnionFind
 from .accumulate import accumulator_emission, rescaled_dims, running_max_dims
 
 #: tl.dot's smallest block size along M, N and K on the GPU
@@ -54,27 +55,10 @@ class Padding:
         return self.padded[index]
 
 
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[Key, Key] = {}
-
-    def find(self, k: Key) -> Key:
-        self.parent.setdefault(k, k)
-        while self.parent[k] != k:
-            self.parent[k] = self.parent[self.parent[k]]
-            k = self.parent[k]
-        return k
-
-    def union(self, a: Key, b: Key) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[ra] = rb
-
-
 def solve(tb: ThreadBlockGraph, live: Iterable[int]) -> Padding:
     """Padded shapes of the live tiles of ``tb``."""
     tiles = [tb.tensors[i] for i in sorted(live)]
-    uf = _UnionFind()
+    uf = UnionFind()
     dot_keys: list[Key] = []
     for t in tiles:
         rel = tile_dims(t, tb)

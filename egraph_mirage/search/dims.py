@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import EMError
 from ..graph import KernelGraph
 from ..ops import lookup
+from ..unionfind import UnionFind
 
 Dims = tuple[int, ...]
 #: per operand, per dimension: the output dimension it becomes (None: summed away or size 1)
@@ -115,23 +116,6 @@ def _probe(op: str, dims: list[Dims], params: dict[str, Any]) -> tuple[Links, Co
     return tuple(links), tuple(pairs)
 
 
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[Hashable, Hashable] = {}
-
-    def find(self, x: Hashable) -> Hashable:
-        self.parent.setdefault(x, x)
-        while self.parent[x] != x:
-            self.parent[x] = self.parent[self.parent[x]]
-            x = self.parent[x]
-        return x
-
-    def union(self, a: Hashable, b: Hashable) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb, key=repr)] = min(ra, rb, key=repr)
-
-
 def dim_classes(g: KernelGraph, probe: LinkProbe
                 ) -> tuple[list[tuple[str | None, ...]], list[tuple[str | None, ...]]]:
     """Classes of the dimensions of ``g``'s inputs and of its outputs (None for size-1 dims).
@@ -139,7 +123,7 @@ def dim_classes(g: KernelGraph, probe: LinkProbe
     Input classes are named ``"d<k>"`` in order of first appearance; an output dimension linked
     to no input dimension gets a name of its own after those.
     """
-    uf = _UnionFind()
+    uf = UnionFind()
     for t in g.operators:
         ls, pairs = probe.links(t.op, [o.dims for o in t.operands], t.params)  # type: ignore[arg-type]
         for o, row in zip(t.operands, ls):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ..errors import EMError
@@ -89,6 +90,11 @@ class _Context:
         self.final_shapes = [ks for ks in self.first_shapes
                              if can_finish(ks, payload.out_classes)]
 
+    @cached_property
+    def library_moves(self) -> list[tuple[list[DTensor], list[Step]]]:
+        """Library operators on the inputs whose result is reachable and new."""
+        return _library_moves(self, list(self.payload.inputs))
+
     @property
     def verifier(self) -> Any:
         if self._verifier is None:
@@ -123,7 +129,7 @@ def list_tasks(payload: Payload) -> list[Task]:
     tasks = [Task(FINAL, i, (k, k)) for k in range(1, most + 1)
              for i in range(len(ctx.final_shapes))]
     if payload.config.max_kernel_ops >= 1:
-        tasks += [Task(LIBRARY, i, (0, 0)) for i in range(len(_library_moves(ctx, payload.inputs)))]
+        tasks += [Task(LIBRARY, i, (0, 0)) for i in range(len(ctx.library_moves))]
     if payload.config.max_kernels >= 2:
         bands = [(1, min(SHALLOW, most))] + ([(SHALLOW + 1, most)] if most > SHALLOW else [])
         tasks += [Task(INTERMEDIATE, i, band) for band in bands
@@ -144,7 +150,7 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None) -> Tas
                                                 task.ops):
             run.finals(tensors, steps, must_use=len(inputs))
     else:
-        tensors, steps = _library_moves(ctx, inputs)[task.index]
+        tensors, steps = ctx.library_moves[task.index]
         run.finals(tensors, steps, must_use=len(inputs))
     res = run.result
     res.task = task.name
