@@ -144,6 +144,12 @@ class TileContext:
         extra = ""
         if self.dot_dtype == "tl.float32":
             extra = f', input_precision="{self.dot_precision}"'
+        if r == 3 and a.padded[0] == 1 and b.padded[0] == 1:
+            # a batch of one: a plain 2-D dot (Triton's batched dot is far slower on the GPU)
+            m, k, n = a.padded[1], a.padded[2], b.padded[2]
+            product = (f"tl.dot(tl.reshape({texts[0]}, ({m}, {k})), "
+                       f"tl.reshape({texts[1]}, ({k}, {n})){extra})")
+            return f"tl.reshape({product}, (1, {m}, {n}))"
         return f"tl.dot({texts[0]}, {texts[1]}{extra})"
 
     def concat(self, a: str, b: str, dim: int) -> str:
