@@ -1,24 +1,46 @@
 """Hand-written fused μGraphs for the benchmark programs.
 
 Each builder takes the benchmark's kernel graph and returns a μGraph over the same inputs that
-computes the same outputs with graph-defined kernels. Tile sizes come from the shapes (at most 64
-along each tiled dimension), never from the program's name. These serve as references for the
-verifier and the lowering, and as the forms the search should rediscover.
+computes the same outputs with graph-defined kernels. Tile sizes come from the shapes under the
+caps of a ``Tiles`` (by default at most 64 along each tiled dimension), never from the program's
+name. These serve as references for the verifier and the lowering, and as the forms the search
+should rediscover. ``variants(name, g)`` gives the same form under a few tile caps, for a GPU
+tuner to choose among: the tile sizes are part of the μGraph, not knobs of its lowering.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from .errors import GraphError
+from .errors import GraphError, ResourceError
 from .graph import KernelGraph, Tensor, new_kernel_graph
 from .mugraph import new_threadblock_graph
+from .mugraph.threadblock import ThreadBlockGraph
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Caps on the tiles of a hand-written μGraph (each tile is the largest power of two that
+    divides its dimension under its cap)."""
+
+    #: along a dimension the grid splits into tiles (W's columns, query rows)
+    grid: int = 64
+    #: along the dimension the for-loop walks
+    loop: int = 64
+    #: most pieces split-KV cuts the key/value length into
+    splits: int = 8
 
 
 def _tile(n: int, limit: int = 64) -> int:
     """The largest power of two that divides n, at most ``limit`` and at most n / 4 (so that a
     loop over the dimension has several iterations)."""
-    limit = min(limit, max(1, n // 4))
+    return _grid_tile(n, min(limit, max(1, n // 4)))
+
+
+def _grid_tile(n: int, limit: int = 64) -> int:
+    """The largest power of two that divides n, at most ``limit``."""
     t = 1
     while t * 2 <= limit and n % (t * 2) == 0:
         t *= 2
@@ -30,13 +52,13 @@ def _same_inputs(g: KernelGraph) -> tuple[KernelGraph, list[Tensor]]:
     return h, [h.new_input(t.dims, t.dtype) for t in g.inputs]
 
 
-def rmsnorm_linear(g: KernelGraph) -> KernelGraph:
+def rmsnorm_linear(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     """One kernel: grid over W's columns, loop over the hidden dimension; the block accumulates
     X @ W and the rms of X, and divides after the loop."""
     h, ins = _same_inputs(g)
     X, W = ins[0], ins[1]
     k, n = X.dims[1], W.dims[1]
-    tk, tn = _tile(k), _tile(n)
+    tk, tn = _tile(k, tiles.loop), _tile(n, tiles.grid)
     tb = new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=k // tk)
     x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
     w = tb.new_input(W, (1, -1, -1), forloop_dim=0)
@@ -55,7 +77,54 @@ def rmsnorm_linear(g: KernelGraph) -> KernelGraph:
     return h
 
 
-def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor,
+def _split_k_products(h: KernelGraph, X: Tensor, Ws: list[Tensor], gain: Tensor | None,
+                      tiles: Tiles) -> tuple[list[Tensor], int]:
+    """Kernel 1 of a split-K plan: grid (W's column tiles, ``splits`` pieces of the contraction);
+    each block's loop walks its piece and accumulates ``X @ W`` for every W (X's columns scaled
+    by ``gain`` first, if given). Piece ``s`` of the partial products is written to rows
+    ``s * M .. (s + 1) * M`` of a (splits * M, N) tensor. Returns the partials and the splits."""
+    k, n = X.dims[1], Ws[0].dims[1]
+    splits = _grid_tile(k // 64, tiles.splits) if k >= 128 else 1
+    piece = k // splits
+    tk, tn = _tile(piece, tiles.loop), _tile(n, tiles.grid)
+    tb = new_threadblock_graph(grid_dim=(n // tn, splits, 1), forloop_range=piece // tk)
+    x = tb.new_input(X, (-1, 1, -1), forloop_dim=1)
+    sources = [X]
+    if gain is not None:
+        x = tb.mul(x, tb.new_input(gain, (-1, 1, -1), forloop_dim=1))
+        sources.append(gain)
+    for W in Ws:
+        w = tb.new_input(W, (1, 0, -1), forloop_dim=0)
+        tb.new_output(tb.forloop_accum(tb.matmul(x, w)), (1, 0, -1))
+        sources.append(W)
+    return h.customized(sources, tb), splits
+
+
+def _split_k_combine(tb_range: int, n: int, tiles: Tiles) -> ThreadBlockGraph:
+    """Kernel 2's thread-block graph: grid over the column tiles, a loop over the pieces."""
+    tn = _tile(n, tiles.grid)
+    return new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=tb_range)
+
+
+def rmsnorm_linear_split_k(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
+    """Two kernels, split-K: kernel 1 spreads the contraction of X @ W over the grid as well
+    (``_split_k_products``, no norm); kernel 2 sums the partial products in a loop over the
+    pieces, whose steps also walk X to accumulate its rms, and divides. More blocks than the
+    one-kernel form when X has few rows."""
+    h, ins = _same_inputs(g)
+    X, W = ins[0], ins[1]
+    gain = ins[2] if len(ins) == 3 else None
+    (P,), splits = _split_k_products(h, X, [W], gain, tiles)
+    tb = _split_k_combine(splits, W.dims[1], tiles)
+    xw = tb.forloop_accum(tb.new_input(P, (1, -1, -1), forloop_dim=0))
+    rms = tb.forloop_accum(tb.new_input(X, (-1, -1, -1), forloop_dim=1), "rms")
+    tb.new_output(tb.div(xw, rms), (1, -1, -1))
+    (O,) = h.customized([P, X], tb)
+    h.mark_output(O)
+    return h
+
+
+def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor, tiles: Tiles,
                         norm_q: bool = False, norm_v: bool = False) -> Tensor:
     """Split-KV attention without max subtraction, in two kernels.
 
@@ -65,8 +134,8 @@ def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor,
     """
     heads, lq, d = Q.dims
     lk = K.dims[2]
-    tq, tk = _tile(lq), _tile(lk)
-    splits = max(1, min(lk // tk // 2, 8))  # at least two loop iterations per split
+    tq, tk = _grid_tile(lq, tiles.grid), _tile(lk, tiles.loop)
+    splits = max(1, min(lk // tk // 2, tiles.splits))  # at least two loop iterations per split
     loop = lk // (tk * splits)
     tb = new_threadblock_graph(grid_dim=(heads, splits, lq // tq), forloop_range=loop,
                                reduction_dimx=d)
@@ -82,7 +151,7 @@ def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor,
     tb.new_output(tb.forloop_accum(e, "sum"), (0, 2, 1))
     num, den = h.customized([Q, K, V], tb)
 
-    tq2 = _tile(lq, 16)  # the partials of all splits sit in one tile here: keep it short
+    tq2 = _grid_tile(lq, 16)  # the partials of all splits sit in one tile here: keep it short
     tb2 = new_threadblock_graph(grid_dim=(heads, 1, lq // tq2), forloop_range=1, reduction_dimx=d)
     n = tb2.new_input(num, (0, -1, 1), forloop_dim=-1)
     s = tb2.new_input(den, (0, -1, 1), forloop_dim=-1)
@@ -92,9 +161,9 @@ def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor,
     return O
 
 
-def attention(g: KernelGraph) -> KernelGraph:
+def attention(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     h, (Q, K, V) = _same_inputs(g)
-    h.mark_output(_split_kv_attention(h, Q, K, V))
+    h.mark_output(_split_kv_attention(h, Q, K, V, tiles))
     return h
 
 
@@ -125,19 +194,19 @@ def flash_attention(g: KernelGraph) -> KernelGraph:
     return h
 
 
-def qknorm(g: KernelGraph) -> KernelGraph:
+def qknorm(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     """Attention with the rms_norm of Q and V done inside kernel 1."""
     h, (Q, K, V) = _same_inputs(g)
-    h.mark_output(_split_kv_attention(h, Q, K, V, norm_q=True, norm_v=True))
+    h.mark_output(_split_kv_attention(h, Q, K, V, tiles, norm_q=True, norm_v=True))
     return h
 
 
-def lora(g: KernelGraph) -> KernelGraph:
+def lora(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     """One kernel: grid over the output columns, loop over the hidden dimension accumulating
     X @ W and X @ A; after the loop (X @ A) @ B is added, B's tile being loaded once."""
     h, (X, W, A, B) = _same_inputs(g)
     k, n = W.dims
-    tk, tn = _tile(k), _tile(n)
+    tk, tn = _tile(k, tiles.loop), _tile(n, tiles.grid)
     tb = new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=k // tk)
     x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
     w = tb.new_input(W, (1, -1, -1), forloop_dim=0)
@@ -177,11 +246,11 @@ def lora_concat(g: KernelGraph) -> KernelGraph:
     return h
 
 
-def gated_mlp(g: KernelGraph) -> KernelGraph:
+def gated_mlp(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     """One kernel: both matmuls share X's tiles in one loop; silu and the product after it."""
     h, (X, W1, W2) = _same_inputs(g)
     k, n = W1.dims
-    tk, tn = _tile(k), _tile(n)
+    tk, tn = _tile(k, tiles.loop), _tile(n, tiles.grid)
     tb = new_threadblock_graph(grid_dim=(n // tn, 1, 1), forloop_range=k // tk)
     x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
     w1 = tb.new_input(W1, (1, -1, -1), forloop_dim=0)
@@ -194,7 +263,21 @@ def gated_mlp(g: KernelGraph) -> KernelGraph:
     return h
 
 
-def ntrans(g: KernelGraph) -> KernelGraph:
+def gated_mlp_split_k(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
+    """Two kernels, split-K: kernel 1 writes partial X @ W1 and X @ W2 per piece of the
+    contraction; kernel 2 sums them in a loop over the pieces, then silu and the product."""
+    h, (X, W1, W2) = _same_inputs(g)
+    (P1, P2), splits = _split_k_products(h, X, [W1, W2], None, tiles)
+    tb = _split_k_combine(splits, W1.dims[1], tiles)
+    a = tb.forloop_accum(tb.new_input(P1, (1, -1, -1), forloop_dim=0))
+    b = tb.forloop_accum(tb.new_input(P2, (1, -1, -1), forloop_dim=0))
+    tb.new_output(tb.mul(tb.silu(a), b), (1, -1, -1))
+    (O,) = h.customized([P1, P2], tb)
+    h.mark_output(O)
+    return h
+
+
+def ntrans(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     """One kernel: one row per block; both norms and the element-wise chain in registers."""
     h, (H, X, alpha) = _same_inputs(g)
     rows = H.dims[0]
@@ -207,14 +290,46 @@ def ntrans(g: KernelGraph) -> KernelGraph:
     return h
 
 
-BUILDERS: dict[str, Callable[[KernelGraph], KernelGraph]] = {
-    "gqa": attention, "mha": attention, "mqa": attention, "qknorm": qknorm,
-    "rmsnorm_linear": rmsnorm_linear, "lora": lora, "gated_mlp": gated_mlp, "ntrans": ntrans,
+Builder = Callable[..., KernelGraph]
+#: per benchmark, its hand-written forms, the one ``fused`` returns first
+BUILDERS: dict[str, tuple[Builder, ...]] = {
+    "gqa": (attention,), "mha": (attention,), "mqa": (attention,), "qknorm": (qknorm,),
+    "rmsnorm_linear": (rmsnorm_linear, rmsnorm_linear_split_k), "lora": (lora,),
+    "gated_mlp": (gated_mlp, gated_mlp_split_k), "ntrans": (ntrans,),
 }
+#: tile caps ``variants`` tries: the defaults first, then narrower grid tiles (more blocks) and
+#: longer loop steps (fewer iterations), or more KV splits for the split-KV forms
+TILE_CHOICES: tuple[Tiles, ...] = (
+    Tiles(), Tiles(grid=32), Tiles(grid=16), Tiles(grid=32, loop=128), Tiles(grid=16, loop=256),
+    Tiles(splits=16), Tiles(loop=128, splits=16),
+)
 
 
-def fused(name: str, g: KernelGraph) -> KernelGraph:
-    """The hand-written fused μGraph of benchmark ``name`` for program ``g``."""
+def _builders(name: str) -> tuple[Builder, ...]:
     if name not in BUILDERS:
         raise GraphError(f"no hand-written μGraph for {name!r}; known: {', '.join(BUILDERS)}")
-    return BUILDERS[name](g)
+    return BUILDERS[name]
+
+
+def fused(name: str, g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
+    """The hand-written fused μGraph of benchmark ``name`` for program ``g`` (its first form)."""
+    return _builders(name)[0](g, tiles)
+
+
+def variants(name: str, g: KernelGraph) -> list[KernelGraph]:
+    """Every hand-written form of ``name`` under each of ``TILE_CHOICES``, distinct ones only,
+    ``fused(name, g)`` first; tilings whose tiles overflow shared memory are left out."""
+    seen: set[str] = set()
+    out = []
+    for build, tiles in itertools.product(_builders(name), TILE_CHOICES):
+        try:
+            h = build(g, tiles)
+        except ResourceError:
+            if tiles == Tiles():
+                raise
+            continue
+        key = h.to_json()
+        if key not in seen:
+            seen.add(key)
+            out.append(h)
+    return out

@@ -146,7 +146,9 @@ def test_single_mugraph_files(tmp_path: Path) -> None:
     assert found.files == [str(tmp_path / "lora_b2.json"), str(tmp_path / "lora_b2_1.json")]
     gm = em.benchmarks.get("gated_mlp", batch=2, small=True)
     found = gb.candidates("gated_mlp", 2, gm, str(tmp_path))
-    assert len(found.graphs) == 1 and found.source == "handwritten" and found.files == [None]
+    assert found.source == "handwritten" and found.files == [None] * len(found.graphs)
+    assert [h.to_json() for h in found.graphs] == [h.to_json() for h in
+                                                   em.handwritten.variants("gated_mlp", gm)]
     (tmp_path / "lora_b2_1.json").unlink()
     em.handwritten.lora(em.benchmarks.get("lora", small=True)).save(tmp_path / "lora_b2_2.json")
     with pytest.raises(GraphError, match="differ"):

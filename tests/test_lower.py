@@ -60,6 +60,12 @@ def test_handwritten_small(name: str, dtype: em.DType) -> None:
     _check(em.handwritten.fused(name, g), dtype, reference=g.evaluate)
 
 
+@pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
+def test_split_k_forms_small(name: str) -> None:
+    g = em.benchmarks.get(name, small=True)
+    _check(em.handwritten.BUILDERS[name][1](g), em.float16, reference=g.evaluate)
+
+
 @pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
 def test_lora_concat_small(dtype: em.DType) -> None:
     g = em.benchmarks.get("lora", small=True, dtype=dtype)
@@ -421,6 +427,9 @@ assert "triton" not in sys.modules and src.count("@triton.jit") == 2
 BUILDERS = {name: (name, em.handwritten.fused) for name in BENCHMARKS}
 BUILDERS["lora_concat"] = ("lora", lambda name, g: em.handwritten.lora_concat(g))
 BUILDERS["flash_gqa"] = ("gqa", lambda name, g: em.handwritten.flash_attention(g))
+BUILDERS["rmsnorm_linear_split_k"] = ("rmsnorm_linear",
+                                      lambda name, g: em.handwritten.rmsnorm_linear_split_k(g))
+BUILDERS["gated_mlp_split_k"] = ("gated_mlp", lambda name, g: em.handwritten.gated_mlp_split_k(g))
 
 
 @pytest.mark.gpu

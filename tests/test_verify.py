@@ -45,6 +45,34 @@ def test_handwritten_mugraph_verifies(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_handwritten_form_and_tiling_verifies(name: str) -> None:
+    """The split-K forms and the other tile sizes that ``bench gpu`` tunes over are equal too."""
+    g = em.benchmarks.get(name, small=True)
+    hs = em.handwritten.variants(name, g)
+    assert hs[0].to_json() == em.handwritten.fused(name, g).to_json()
+    for h in hs:
+        res = verifier(name).check(h)
+        assert res.equivalent, res.reason
+        assert em.check_numerics(h, g) < 1e-9
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
+def test_split_k_forms_verify_at_paper_shapes(name: str) -> None:
+    g = em.benchmarks.get(name)
+    forms = em.handwritten.BUILDERS[name]
+    assert len(forms) == 2
+    assert em.verify(g, forms[1](g)).equivalent
+
+
+def test_split_k_rmsnorm_linear_spreads_the_contraction_over_the_grid() -> None:
+    g = em.benchmarks.get("rmsnorm_linear", gain=True)
+    h = em.handwritten.rmsnorm_linear_split_k(g)
+    kernels = [t.params["kernel"].tb for t in h.operators if t.op == "customized"]
+    assert [tb.grid_dim for tb in kernels] == [(96, 8, 1), (96, 1, 1)]
+    assert em.verify(g, h).equivalent
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_mutation_run_has_no_false_verdicts(name: str) -> None:
     row = bench_target(name, small=True, min_mutants=MUTANTS, jit_sample=2)
     info = {k: v for k, v in row.items() if k != "examples"}

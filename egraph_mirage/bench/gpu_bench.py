@@ -4,8 +4,9 @@ For each benchmark program and batch size, in fp16:
 
 * ours: the μGraphs the search wrote under ``--mugraph-dir DIR`` (``candidates``: an
   ``egraph-mirage optimize --out`` folder ``DIR/<name>_b<batch>/`` or ``DIR/<name>/``, or single
-  files ``DIR/<name>_b<batch>[_*].json``), else the hand-written fused μGraph
-  (``handwritten.fused``); the row's ``source`` says which ("search" / "handwritten") and
+  files ``DIR/<name>_b<batch>[_*].json``), else the hand-written fused μGraphs
+  (``handwritten.variants``: each form under a few tile sizes); the row's ``source`` says which
+  ("search" / "handwritten") and
   ``mugraph_file`` which file won. Every candidate is lowered, tuned over the lowering's knobs
   and numerically checked against PyTorch in float32 (``gpu.tune.rank``); the fastest is checked
   again on fresh inputs and timed; None while no lowering exists. ``--from-search`` first runs
@@ -42,6 +43,8 @@ KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "candidates",
 DEFAULT_SEARCH_DIR = "egraph-mirage-out/search"
 
 Log = Callable[[str], None]
+#: the one knob setting at which many candidates are pre-ranked before tuning
+QUICK_KNOBS = {"num_stages": 3, "num_warps": 4}
 
 
 def _stderr(msg: str) -> None:
@@ -68,6 +71,9 @@ class GpuBenchConfig:
     search_budget: float = 300.0
     search_config: Any = None  # a ``SearchConfig``; None: the default one
     search_workers: int | None = None  # None: every core
+    #: with more candidates than this, all are first timed at ``QUICK_KNOBS`` and only this many
+    #: of the fastest are tuned over the whole knob space
+    tune_top: int = 3
 
 
 @dataclass
@@ -110,7 +116,7 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     2. ``DIR/<name>/``: the same, for a search run at one batch: μGraphs for other shapes are
        left out (with a note when none is left);
     3. ``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: single μGraph files;
-    4. the hand-written fused μGraph.
+    4. the hand-written fused μGraph, under each of its tilings (``handwritten.variants``).
 
     ``max_candidates`` keeps the first that many of a folder (the search's best by its cost
     model)."""
@@ -131,7 +137,8 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
                 return Candidates(graphs[:n], kept[:n], "search", notes)
             if files:
                 notes.append(f"{files[0].parent}: no μGraph for batch {batch} (other shapes)")
-    return Candidates([handwritten.fused(name, g)], [None], "handwritten", notes)
+    graphs = handwritten.variants(name, g)
+    return Candidates(graphs, [None] * len(graphs), "handwritten", notes)
 
 
 def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
@@ -201,7 +208,7 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
         cache = TuneCache(cfg.cache_dir)
         space = None if cfg.tune else {}
 
-        def tuner(h: KernelGraph) -> Any:
+        def _tune_safely(h: KernelGraph, space: Any) -> Any:
             try:
                 return tune(h, g, compiler=compiler, timer=tune_timer or timer,
                             input_sets=sets, check_inputs=check_inputs, device=device_name,
@@ -209,8 +216,20 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
             except Exception as exc:  # one broken candidate must not end the benchmark
                 return TuneResult([Trial({}, "failed", message=f"{type(exc).__name__}: {exc}")])
 
-        ranked = rank(found.graphs, tuner)
-        row["candidates_us"] = {where[id(r.mugraph)] or "handwritten": r.us for r in ranked}
+        def tuner(h: KernelGraph) -> Any:
+            return _tune_safely(h, space)
+
+        graphs = found.graphs
+        if cfg.tune and len(graphs) > cfg.tune_top:  # pre-rank at one knob setting
+            pre = rank(graphs, lambda h: _tune_safely(h, {k: (v,) for k, v in
+                                                          QUICK_KNOBS.items()}))
+            graphs = [r.mugraph for r in pre[:cfg.tune_top] if r.us is not None] or graphs
+            notes.append(f"ours: {len(found.graphs)} μGraphs pre-ranked at {QUICK_KNOBS}, "
+                         f"the fastest {len(graphs)} tuned")
+        ranked = rank(graphs, tuner)
+        label = {id(h): f or f"handwritten[{k}]" for k, (h, f) in
+                 enumerate(zip(found.graphs, found.files))}
+        row["candidates_us"] = {label[id(r.mugraph)]: r.us for r in ranked}
         top = ranked[0]
         if top.us is None or top.tuned is None or top.tuned.fn is None:
             msgs = {f"{t.status}: {t.message or t.error}" for r in ranked if r.tuned
@@ -418,6 +437,9 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
     if args.max_candidates is not None and args.max_candidates < 1:
         print("error: --max-candidates must be at least 1", file=sys.stderr)
         return 2
+    if args.tune_top < 1:
+        print("error: --tune-top must be at least 1", file=sys.stderr)
+        return 2
     if args.search_budget <= 0:
         print("error: --search-budget must be positive", file=sys.stderr)
         return 2
@@ -425,7 +447,8 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
                          mugraph_dir=args.mugraph_dir, use_compile=not args.no_compile,
                          max_autotune=args.max_autotune, tune=not args.no_tune, cache_dir=cache,
                          max_candidates=args.max_candidates, from_search=args.from_search,
-                         search_budget=args.search_budget, search_workers=args.search_workers)
+                         search_budget=args.search_budget, search_workers=args.search_workers,
+                         tune_top=args.tune_top)
     if cfg.from_search:
         from ..search.profile import keep_jax_off_the_gpu
 
