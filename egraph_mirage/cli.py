@@ -103,9 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     bg.add_argument("--max-autotune", action="store_true",
                     help="torch.compile in max-autotune mode (slow to compile)")
     bg.add_argument("--no-tune", action="store_true", help="the lowering's default knobs only")
-    bg.add_argument("--tune-top", type=int, default=3, metavar="K",
+    bg.add_argument("--tune-top", type=int, default=4, metavar="K",
                     help="with more μGraphs than K, time each at one knob setting first and "
-                    "tune only the fastest K (default 3)")
+                    "tune only the fastest K (default 4)")
     bg.add_argument("--cache-dir", metavar="DIR",
                     help="tuning cache (default $EGRAPH_MIRAGE_CACHE or ~/.cache/egraph-mirage)")
     bg.add_argument("--no-cache", action="store_true", help="re-time every tuning trial")

@@ -73,7 +73,7 @@ class GpuBenchConfig:
     search_workers: int | None = None  # None: every core
     #: with more candidates than this, all are first timed at ``QUICK_KNOBS`` and only this many
     #: of the fastest are tuned over the whole knob space
-    tune_top: int = 3
+    tune_top: int = 4
 
 
 @dataclass
