@@ -167,7 +167,7 @@ def attention(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     return h
 
 
-def flash_attention(g: KernelGraph) -> KernelGraph:
+def flash_attention(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     """Attention as one kernel with online softmax (FlashAttention's running max).
 
     Grid (heads, query tiles, 1); the loop walks the KV tiles. Iteration i computes
@@ -178,7 +178,7 @@ def flash_attention(g: KernelGraph) -> KernelGraph:
     h, (Q, K, V) = _same_inputs(g)
     heads, lq, _ = Q.dims
     lk = K.dims[2]
-    tq, tk = _tile(lq), _tile(lk)
+    tq, tk = _grid_tile(lq, tiles.grid), _tile(lk, tiles.loop)
     tb = new_threadblock_graph(grid_dim=(heads, lq // tq, 1), forloop_range=lk // tk)
     q = tb.new_input(Q, (0, 1, -1), forloop_dim=-1)  # (1, tq, d), the same every iteration
     k = tb.new_input(K, (0, -1, -1), forloop_dim=2)  # (1, d, tk)
@@ -293,7 +293,8 @@ def ntrans(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
 Builder = Callable[..., KernelGraph]
 #: per benchmark, its hand-written forms, the one ``fused`` returns first
 BUILDERS: dict[str, tuple[Builder, ...]] = {
-    "gqa": (attention,), "mha": (attention,), "mqa": (attention,), "qknorm": (qknorm,),
+    "gqa": (attention, flash_attention), "mha": (attention, flash_attention),
+    "mqa": (attention, flash_attention), "qknorm": (qknorm,),
     "rmsnorm_linear": (rmsnorm_linear, rmsnorm_linear_split_k), "lora": (lora,),
     "gated_mlp": (gated_mlp, gated_mlp_split_k), "ntrans": (ntrans,),
 }
@@ -301,7 +302,7 @@ BUILDERS: dict[str, tuple[Builder, ...]] = {
 #: longer loop steps (fewer iterations), or more KV splits for the split-KV forms
 TILE_CHOICES: tuple[Tiles, ...] = (
     Tiles(), Tiles(grid=32), Tiles(grid=16), Tiles(grid=32, loop=128), Tiles(grid=16, loop=256),
-    Tiles(splits=16), Tiles(loop=128, splits=16),
+    Tiles(splits=16), Tiles(loop=128, splits=16), Tiles(grid=128), Tiles(grid=128, splits=4),
 )
 
 
