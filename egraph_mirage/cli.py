@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
                     "(default: the hand-written ones)")
     bg.add_argument("--max-candidates", type=int, default=None, metavar="K",
                     help="time only the first K μGraphs of a folder, the search's best first")
+    bg.add_argument("--and-handwritten", action="store_true",
+                    help="time the hand-written μGraphs beside the search's; the row's source "
+                    "says which was fastest")
     bg.add_argument("--from-search", action="store_true",
                     help="run the search for each program and batch first, into "
                     "DIR/<name>_b<batch>/ (DIR: --mugraph-dir, default "

@@ -208,6 +208,17 @@ def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
     assert r["mugraph_file"] == files[2] and r["ours_graph_us"] == 5.0  # not the cost model's
     assert r["speedup_vs_best_graph"] == 8.0 and r["notes"] == []
 
+    # beside the hand-written variants: the fastest of all wins, and the row says whose it is
+    hand = em.handwritten.variants("rmsnorm_linear", g)
+    fake.us[hand[-1].to_json()] = 3.0
+    (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1], and_handwritten=True,
+                             mugraph_dir=str(tmp_path)),
+                        timer=fake, floor=Floor(4e12), compiler=fake.compiler,
+                        device_name="fake", log=lambda m: None)
+    assert r["candidates"] == 3 + len(hand) and r["ours_graph_us"] == 3.0
+    assert r["source"] == "handwritten" and r["mugraph_file"] is None
+    assert r["candidates_us"][f"handwritten[{len(hand) - 1}]"] == 3.0
+
     few = gb.candidates("rmsnorm_linear", 1, g, str(tmp_path), max_candidates=2)
     assert few.files == files[:2] and few.notes == ["timed the first 2 of 3 μGraphs"]
     for f in files:  # a folder with best.json alone

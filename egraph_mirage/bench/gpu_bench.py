@@ -74,6 +74,8 @@ class GpuBenchConfig:
     #: with more candidates than this, all are first timed at ``QUICK_KNOBS`` and only this many
     #: of the fastest are tuned over the whole knob space
     tune_top: int = 4
+    #: with search results, also time the hand-written variants; ``source`` says who won
+    and_handwritten: bool = False
 
 
 @dataclass
@@ -194,6 +196,10 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
                            "floor_us": floor.us(g), "input_sets": count}
 
     found = candidates(name, batch, g, cfg.mugraph_dir, cfg.max_candidates)
+    if cfg.and_handwritten and found.source == "search":
+        extra = handwritten.variants(name, g)
+        found = Candidates(found.graphs + extra, found.files + [None] * len(extra), "search",
+                           found.notes)
     notes += found.notes
     if cfg.from_search and found.source == "handwritten":
         notes.append("the search found no μGraph: the hand-written one is ours")
@@ -227,8 +233,9 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
             notes.append(f"ours: {len(found.graphs)} μGraphs pre-ranked at {QUICK_KNOBS}, "
                          f"the fastest {len(graphs)} tuned")
         ranked = rank(graphs, tuner)
-        label = {id(h): f or f"handwritten[{k}]" for k, (h, f) in
-                 enumerate(zip(found.graphs, found.files))}
+        hand = [h for h, f in zip(found.graphs, found.files) if f is None]
+        label = {id(h): f or f"handwritten[{hand.index(h)}]" for h, f in
+                 zip(found.graphs, found.files)}
         row["candidates_us"] = {label[id(r.mugraph)]: r.us for r in ranked}
         top = ranked[0]
         if top.us is None or top.tuned is None or top.tuned.fn is None:
@@ -239,6 +246,7 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
         else:
             knobs = top.tuned.best.knobs if top.tuned.best else None
             row["mugraph_file"] = where[id(top.mugraph)]
+            row["source"] = "handwritten" if row["mugraph_file"] is None else "search"
             failed = sum(r.us is None for r in ranked)
             if failed:
                 notes.append(f"ours: {failed} of {len(ranked)} μGraphs failed to lower or "
@@ -364,7 +372,7 @@ def markdown(rows: Sequence[Mapping[str, Any]], date: str, command: str,
               "of a captured CUDA graph, inputs rotated when they fit in L2. Speedup: best "
               "baseline over ours, plain vs plain and graph vs graph. `source`: where ours came "
               "from: `search` (the fastest of the search's μGraphs, each tuned; the JSON rows "
-              "name its file) or `handwritten` (the hand-written fused μGraph).", "",
+              "name its file) or `handwritten` (a hand-written fused μGraph).", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     where: dict[str, list[str]] = {}  # a note shared by several rows is written once
@@ -448,7 +456,7 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
                          max_autotune=args.max_autotune, tune=not args.no_tune, cache_dir=cache,
                          max_candidates=args.max_candidates, from_search=args.from_search,
                          search_budget=args.search_budget, search_workers=args.search_workers,
-                         tune_top=args.tune_top)
+                         tune_top=args.tune_top, and_handwritten=args.and_handwritten)
     if cfg.from_search:
         from ..search.profile import keep_jax_off_the_gpu
 
