@@ -149,3 +149,61 @@ def test_goal_distances_lose_no_block_graph(name: str, ops: int) -> None:
     pruned, pruned_states = complete(root)
     assert plain and pruned == plain
     assert pruned_states < plain_states
+
+
+#: block graphs of up to 5 operators: the split-K plans of the small RMSNorm + Linear have 2 + 3
+SPLIT = SearchConfig(max_block_ops=5, max_kernel_ops=0)
+
+
+def _is_split_plan(g, x_dims) -> bool:
+    """Two graph-defined kernels, the first cutting X's columns (the contraction, which the
+    output lacks) into a few pieces over its grid: partial products that the second combines."""
+    kernels = [t for t in g.operators if t.op == "customized" and t.params["output"] == 0]
+    if len(kernels) != 2:
+        return False
+    tb = kernels[0].params["kernel"].tb
+    return any(src.dims == x_dims and any(d == 1 and tb.grid_dim[a] in SPLIT.grid_splits
+                                          for a, d in enumerate(ld.params["input_map"]))
+               for ld, src in zip(tb.inputs, kernels[0].operands))
+
+
+def test_split_tasks_come_between_the_one_kernel_sizes(rmsnorm):
+    from egraph_mirage.search.driver import prepare
+    from egraph_mirage.search.tasks import FINAL, SPLIT_LAG, list_tasks
+    from egraph_mirage.search.tasks import SPLIT as SPLIT_TASK
+
+    payload = prepare(rmsnorm, SearchConfig())
+    tasks = list_tasks(payload)
+    names = [t.name for t in tasks]
+    assert len(set(names)) == len(names)
+    assert names == [t.name for t in list_tasks(prepare(rmsnorm, SearchConfig()))]  # same order
+    kinds = [t.kind for t in tasks]
+    first_split = kinds.index(SPLIT_TASK)
+    last_final = len(kinds) - 1 - kinds[::-1].index(FINAL)
+    assert first_split < last_final
+    # the first split tasks of first-kernel size k run right after the one-kernel tasks of
+    # k + SPLIT_LAG
+    assert tasks[first_split - 1].kind == FINAL
+    assert tasks[first_split - 1].ops[0] == tasks[first_split].ops[0] + SPLIT_LAG
+
+
+def test_a_split_k_plan_is_found_early(rmsnorm):
+    """In task order, a split-K plan (kernel 1: partial products over pieces of the contraction;
+    kernel 2: sums them in a loop that also walks X for its rms) comes before the one-kernel
+    tasks are done, verified like every result."""
+    from egraph_mirage.search.driver import prepare
+    from egraph_mirage.search.tasks import FINAL, list_tasks, run_task
+
+    payload = prepare(rmsnorm, SPLIT)
+    tasks = list_tasks(payload)
+    x_dims = rmsnorm.inputs[0].dims
+    last_final = max(i for i, t in enumerate(tasks) if t.kind == FINAL)
+    for i, task in enumerate(tasks[: last_final + 1]):
+        found = [em.loads(f[0]) for f in run_task(payload, task).found]
+        split = [g for g in found if _is_split_plan(g, x_dims)]
+        if split:
+            assert task.kind == "split"
+            assert em.verify(rmsnorm, split[0], seed=3).equivalent
+            break
+    else:
+        pytest.fail("no split-K plan before the last one-kernel task")

@@ -10,11 +10,12 @@ loop iteration (a replicated input is read by every block) and writes its output
 operator reads its operands and writes its result. A grid of fewer blocks than the GPU has
 multiprocessors reaches only that fraction of the bandwidth, which is why small-batch programs
 gain from splitting a reduction across the grid. A kernel also computes: its block operators run
-once per block (and per loop iteration on the loop's side), matmuls on tensor cores with every
-dimension padded to 16, the rest element by element; a kernel takes the longer of its memory and
-its compute time (a grid that recomputes a product in every block is not free). Rough by design:
-measured GPU time replaces it where a GPU is present (``superoptimize(..., profile=True)``,
-``gpu.tune.rank`` with a tuner).
+once per block (and per loop iteration on the loop's side), matmuls on tensor cores with each
+matrix dimension padded to 16 (batch dimensions are not padded: they run one after another), the
+rest element by element; a library matmul computes the same way. A kernel takes the longer of its
+memory and its compute time (a grid that recomputes a product in every block is not free). Rough
+by design: measured GPU time replaces it where a GPU is present (``superoptimize(...,
+profile=True)``, ``gpu.tune.rank`` with a tuner).
 """
 
 from __future__ import annotations
@@ -51,11 +52,17 @@ class ProgramCost:
                 continue
             times = blocks * (tb.forloop_range if b.side == LOOP_SIDE else 1)
             if b.op == "matmul":
-                a, w = b.operands[0].dims, b.operands[1].dims
-                mm += times * 2 * math.prod(_pad(d) for d in (*b.dims[:-2], a[-2], a[-1], w[-1]))
+                mm += times * self.matmul_flop(b.operands[0].dims, b.operands[1].dims)
             else:
                 vec += times * math.prod(b.dims)
         return mm / self.matmul_flops + vec / self.vector_flops
+
+    @staticmethod
+    def matmul_flop(a: tuple[int, ...], w: tuple[int, ...]) -> int:
+        """Tensor-core work of ``a @ w``: the batch dimensions run one after another, only the
+        matrix dimensions (M, K, N) are padded to 16."""
+        batch = math.prod(max(x, y) for x, y in zip(a[:-2], w[:-2]))
+        return 2 * batch * math.prod(_pad(d) for d in (a[-2], a[-1], w[-1]))
 
     def kernels(self, g: KernelGraph) -> list[tuple[str, int, int]]:
         """(kind, bytes, blocks) per kernel launch, in order."""
@@ -92,8 +99,13 @@ class ProgramCost:
                     if not (t.op == "customized" and t.params["output"])]
         for t, (_, moved, blocks) in zip(launches, self.kernels(g)):
             share = min(1.0, blocks / self.multiprocessors)
-            compute = (self.compute_seconds(t.params["kernel"].tb)
-                       if t.op == "customized" else 0.0)
+            if t.op == "customized":
+                compute = self.compute_seconds(t.params["kernel"].tb)
+            elif t.op == "matmul":  # a library matmul computes too
+                compute = (self.matmul_flop(t.operands[0].dims, t.operands[1].dims)
+                           / self.matmul_flops)
+            else:
+                compute = 0.0
             total += self.launch_seconds + max(moved / self.bandwidth, compute) / share
         return total
 

@@ -19,7 +19,7 @@ from .config import SearchError
 from .tasks import Payload, TaskResult
 
 FORMAT = "egraph-mirage-checkpoint"
-VERSION = 2  # 2: tasks are one block-graph size each, one-kernel plans first
+VERSION = 3  # 3: split two-kernel tasks between the one-kernel sizes (2: one size per task)
 
 
 def fingerprint(payload: Payload, seed: int) -> str:

@@ -70,7 +70,13 @@ def _loader(t: DTensor, grid: tuple[int, int, int], axis_classes: Sequence[Any],
             loop_class: Any, config: SearchConfig) -> Loader | None:
     imap = tuple(t.dcls.index(c) if c is not None and c in t.dcls else -1
                  for c in axis_classes)
-    fdim = t.dcls.index(loop_class) if loop_class is not None and loop_class in t.dcls else -1
+    fdim = -1
+    if loop_class is not None:
+        if loop_class in t.dcls:
+            fdim = t.dcls.index(loop_class)
+        else:  # partial results of a split of the loop's class, one piece per iteration
+            fdim = next((d for d, c in enumerate(t.dcls) if split_of(c) == (loop_class, frange)),
+                        -1)
     if config.imaps is not None and imap not in config.imaps:
         return None
     if config.fmaps is not None and fdim not in config.fmaps:
@@ -120,6 +126,15 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[
         yield ks
 
 
+def split_of(cls: Any) -> tuple[Any, int] | None:
+    """(class, pieces) when ``cls`` is the dimension along which a kernel whose grid cut
+    ``class`` into ``pieces`` wrote its partial results side by side (``plan.output_maps``)."""
+    if isinstance(cls, tuple) and len(cls) == 4 and cls[0] == "split":
+        _, axis_classes, a, grid = cls
+        return axis_classes[a], grid[a]
+    return None
+
+
 def can_finish(ks: KernelShape, out_classes: Sequence[Any]) -> bool:
     """Whether a kernel of this shape can write the program's output on its own.
 
@@ -148,11 +163,19 @@ def _loops(sizes: dict[Any, list[int]], grid: dict[Any, int], config: SearchConf
     if config.fmaps is None or -1 in config.fmaps:
         if config.franges is None or 1 in config.franges:
             yield None, 1
+    pieces: dict[Any, set[int]] = {}
+    for c in sizes:
+        if (sp := split_of(c)) is not None:
+            pieces.setdefault(sp[0], set()).add(sp[1])
     for c in sorted(sizes, key=repr):
         per_block = [s // grid.get(c, 1) for s in sizes[c] if s % grid.get(c, 1) == 0]
         if len(per_block) != len(sizes[c]):
             continue
-        for f in loop_parts(config, per_block):
+        # a loop may also walk the pieces of an earlier kernel's split of this class
+        extra = {p for p in pieces.get(c, ()) if c not in grid and all(s % p == 0 and s > p
+                                                                      for s in per_block)
+                 and (config.franges is None or p in config.franges)}
+        for f in sorted(set(loop_parts(config, per_block)) | extra):
             yield c, f
 
 

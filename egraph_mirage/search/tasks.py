@@ -34,9 +34,18 @@ from .plan import (
 from .reach import ReachIndex, ref
 from .shapes import DTensor, KernelShape, can_finish, kernel_shapes
 
-FINAL, INTERMEDIATE, LIBRARY = "final", "intermediate", "library"
+FINAL, INTERMEDIATE, LIBRARY, SPLIT = "final", "intermediate", "library", "split"
 #: block graphs of two-kernel plans: first kernels up to this many operators, then the larger ones
 SHALLOW = 5
+#: a split task whose first kernel has ``k`` operators runs after the one-kernel tasks of
+#: ``k + SPLIT_LAG``: its second kernel at least accumulates the pieces and finishes
+SPLIT_LAG = 2
+#: split tasks start at first kernels of this many operators (one operator only accumulates an
+#: input: those plans are searched with the other two-kernel plans)
+SPLIT_MIN = 2
+#: per size, the split tasks of this many split shapes (the best by the shape heuristic) run
+#: between the one-kernel sizes; the others right after the one-kernel tasks
+SPLIT_EARLY = 8
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,10 @@ class _Context:
         #: the shapes over the inputs that can write the output in one kernel
         self.final_shapes = [ks for ks in self.first_shapes
                              if can_finish(ks, payload.out_classes)]
+        #: indices (into ``first_shapes``) of the shapes that split a reduction: split-K/KV
+        self.split_shapes = [i for i, ks in enumerate(self.first_shapes)
+                             if splits_reduction(ks, payload.out_classes, payload.config)]
+        self.split_set = frozenset(self.split_shapes)
 
     @cached_property
     def library_moves(self) -> list[tuple[list[DTensor], list[Step]]]:
@@ -119,22 +132,49 @@ def _context(payload: Payload) -> _Context:
 def list_tasks(payload: Payload) -> list[Task]:
     """The tasks of a search, in the order they should run: cheap and likely first.
 
-    One-kernel plans come first, one block-graph size at a time over every shape (a task searches
-    exactly ``k`` operators), so a small fused kernel of any shape is found before a large one of
-    the first; the goal distances keep even the largest sizes cheap. Library operators and
-    two-kernel plans follow: their tasks search every final kernel behind their first step.
+    Tasks are ordered by an estimate of the block operators of their plans. A one-kernel task
+    searches exactly ``k`` operators (one size at a time over every shape, so a small fused kernel
+    of any shape is found before a large one of the first). A *split* task is a two-kernel plan
+    whose first kernel's grid cuts a dimension class the output lacks into a few large pieces
+    (``SearchConfig.grid_splits``: split-K, split-KV), has exactly ``k`` operators and writes
+    only partial results; its second kernel accumulates them and finishes, about two operators
+    more, so it runs right after the one-kernel tasks of ``k + SPLIT_LAG`` operators (for the
+    first ``SPLIT_EARLY`` split shapes; the others follow the one-kernel tasks: each split task
+    searches every final kernel behind each first kernel, which is costly). Library operators
+    and the other two-kernel plans follow. The list depends only on the payload.
     """
     ctx = _context(payload)
     most = payload.config.max_block_ops
-    tasks = [Task(FINAL, i, (k, k)) for k in range(1, most + 1)
-             for i in range(len(ctx.final_shapes))]
+    two = payload.config.max_kernels >= 2
+    shallow = min(SHALLOW, most)
+    sizes = range(SPLIT_MIN, shallow + 1) if two else range(0)
+    early, late = ctx.split_shapes[:SPLIT_EARLY], ctx.split_shapes[SPLIT_EARLY:]
+    tasks = []
+    for k in range(1, most + SPLIT_LAG + 1):
+        if k <= most:
+            tasks += [Task(FINAL, i, (k, k)) for i in range(len(ctx.final_shapes))]
+        if k - SPLIT_LAG in sizes:
+            tasks += [Task(SPLIT, i, (k - SPLIT_LAG,) * 2) for i in early]
+    tasks += [Task(SPLIT, i, (k, k)) for k in sizes for i in late]
     if payload.config.max_kernel_ops >= 1:
         tasks += [Task(LIBRARY, i, (0, 0)) for i in range(len(ctx.library_moves))]
-    if payload.config.max_kernels >= 2:
-        bands = [(1, min(SHALLOW, most))] + ([(SHALLOW + 1, most)] if most > SHALLOW else [])
-        tasks += [Task(INTERMEDIATE, i, band) for band in bands
-                  for i in range(len(ctx.first_shapes))]
+    if two:
+        tasks += [Task(INTERMEDIATE, i, (1, shallow)) for i in range(len(ctx.first_shapes))]
+        if most > SHALLOW:
+            tasks += [Task(INTERMEDIATE, i, (SHALLOW + 1, most))
+                      for i in range(len(ctx.first_shapes))]
     return tasks
+
+
+def splits_reduction(ks: KernelShape, out_classes: Sequence[Any], config: SearchConfig) -> bool:
+    """Whether a grid axis of ``ks`` cuts a dimension class the output lacks into a few large
+    pieces (a ``grid_splits`` count) and each block walks its piece with the loop (or loads it
+    whole): each block then holds a partial result of a reduction, which a second kernel
+    combines (split-K, split-KV)."""
+    wanted = {c for c in out_classes if c is not None}
+    cut = [c for g, c in zip(ks.grid, ks.axis_classes)
+           if g > 1 and c not in wanted and g in config.grid_splits]
+    return bool(cut) and (ks.frange == 1 or ks.loop_class in cut)
 
 
 def run_task(payload: Payload, task: Task, deadline: float | None = None) -> TaskResult:
@@ -145,9 +185,13 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None) -> Tas
     inputs = list(payload.inputs)
     if task.kind == FINAL:
         run.final(ctx.final_shapes[task.index], inputs, [], ops=task.ops)
-    elif task.kind == INTERMEDIATE:
+    elif task.kind in (INTERMEDIATE, SPLIT):
+        # a split task takes the first kernels that write only partial results; the
+        # intermediate task of a split shape, over the same sizes, all the others
+        partials = (True if task.kind == SPLIT else
+                    False if task.index in ctx.split_set and task.ops[1] <= SHALLOW else None)
         for tensors, steps in run.intermediates(ctx.first_shapes[task.index], inputs, [],
-                                                task.ops):
+                                                task.ops, partials):
             run.finals(tensors, steps, must_use=len(inputs))
     else:
         tensors, steps = ctx.library_moves[task.index]
@@ -259,14 +303,25 @@ class _Run:
 
     # --- a kernel whose outputs a later kernel reads --------------------------------------------
     def intermediates(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
-                      ops: tuple[int, int]):
+                      ops: tuple[int, int], partials: bool | None = None):
+        """First kernels of two-kernel plans. ``partials``: True keeps only those whose every
+        output has reduced away each class the grid cuts that the program's output lacks (the
+        partial results of a split reduction), False only the others, None all."""
         have = {t.key for t in tensors}
         roots = set(self.ctx.payload.reach.roots)
+        wanted = {c for c in self.ctx.payload.out_classes if c is not None}
+        cut = {c for g, c in zip(shape.grid, shape.axis_classes) if g > 1 and c not in wanted}
 
         def accept(tiles: list[Tile], sinks: list[int]) -> bool:
-            return (len(sinks) <= self.config.max_block_outputs
+            if not (len(sinks) <= self.config.max_block_outputs
                     and all(tiles[i].cls not in roots and tiles[i].key[0] not in have
-                            for i in sinks))
+                            for i in sinks)):
+                return False
+            if partials is None:
+                return True
+            ops = sum(1 for t in tiles if t.op != "input")
+            return partials == (ops >= SPLIT_MIN
+                                and all(cut.isdisjoint(tiles[i].dcls) for i in sinks))
 
         for tiles, sinks in self._search(shape, accept, self.config.max_block_outputs).run(ops):
             options = [list(output_maps(tiles[i], shape, self.config.omaps)) for i in sinks]
