@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="switch e-graph pruning off, to measure what it buys")
     bs.add_argument("--max-block-ops", type=int, default=None, metavar="N",
                     help="most operators per block graph (default: SearchConfig's)")
+    bs.add_argument("--out", metavar="DIR",
+                    help="also write each program's results to DIR/<name>_b<batch>/ (the "
+                    "layout `optimize --out` writes and `bench gpu --mugraph-dir` reads)")
     bg = bsub.add_parser("gpu", help="our best μGraphs against PyTorch baselines on a CUDA GPU")
     bg.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     bg.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16], metavar="B",
@@ -171,7 +174,7 @@ def _bench_search(args: argparse.Namespace) -> int:
 
     rows = bench_search(args.programs, small=args.small, batch=args.batch, budget=args.budget,
                         workers=args.workers, use_oracle=not args.no_oracle,
-                        max_block_ops=args.max_block_ops,
+                        max_block_ops=args.max_block_ops, out=args.out,
                         on_row=lambda r: print(json.dumps(r), file=sys.stderr, flush=True))
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0

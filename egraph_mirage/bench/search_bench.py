@@ -28,11 +28,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .. import benchmarks
 from ..graph import KernelGraph
 from ..search import SearchConfig, superoptimize
+from ..search.layout import write_results
 from .table import aligned
 
 KEYS = ("benchmark", "seconds_to_first", "seconds_to_best", "seconds_total", "states",
@@ -51,9 +53,11 @@ def largest_intermediate(g: KernelGraph) -> int:
 def bench_search(names: Sequence[str] | None = None, *, small: bool = False, batch: int = 1,
                  budget: float | None = 600.0, workers: Any = None, use_oracle: bool = True,
                  max_block_ops: int | None = None,
-                 on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                 on_row: Callable[[dict[str, Any]], None] | None = None,
+                 out: str | Path | None = None) -> list[dict[str, Any]]:
     """One row per program; see the module docstring for the keys. ``on_row`` sees each row as
-    soon as its program is done."""
+    soon as its program is done. ``out``: each program's results are also written to
+    ``out/<name>_b<batch>/`` in ``optimize``'s layout (what ``bench gpu --mugraph-dir`` reads)."""
     rows = []
     for name in names or benchmarks.names():
         g = benchmarks.get(name, batch=batch, small=small)
@@ -64,6 +68,9 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
         t0 = time.perf_counter()
         results = superoptimize(g, config, time_budget=budget, workers=workers, progress=False)
         total = time.perf_counter() - t0
+        if out is not None:
+            write_results(Path(out) / f"{name}_b{batch}", results,
+                          {"name": name, "batch": batch, "small": small})
         st, best = results.stats, results.best
         program_big = largest_intermediate(g)
         best_big = largest_intermediate(best.graph) if best is not None else None

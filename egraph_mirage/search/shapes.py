@@ -107,9 +107,13 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[
                 if config.griddims is not None and grid not in config.griddims:
                     continue
                 for loop_class, frange in _loops(sizes, dict(zip(chosen, parts)), config):
+                    # a tile over the shared-memory budget on its own can never be loaded:
+                    # the tensor is left out of this shape (a later kernel that reads only
+                    # the small partials of an earlier one still has a shape)
                     loaders = [ld for t in tensors
                                if (ld := _loader(t, grid, axis_classes, frange, loop_class,
-                                                 config)) is not None]
+                                                 config)) is not None
+                               and math.prod(ld.tile) * t.dtype.itemsize <= config.smem_bytes]
                     if not _uses_grid(grid, loaders) or not loaders:
                         continue
                     if frange > 1 and all(ld.fdim == -1 for ld in loaders):
