@@ -147,10 +147,16 @@ def can_finish(ks: KernelShape, out_classes: Sequence[Any]) -> bool:
     combine); a loop over a class the output has leaves the epilogue only one iteration's share of
     that dimension. Neither kernel produces the output, so a final kernel needs neither.
     """
-    wanted = {c for c in out_classes if c is not None}
-    if any(g > 1 and c not in wanted for g, c in zip(ks.grid, ks.axis_classes)):
+    if reduced_cuts(ks, out_classes):
         return False
-    return ks.frange == 1 or ks.loop_class not in wanted
+    return ks.frange == 1 or ks.loop_class is None or ks.loop_class not in out_classes
+
+
+def reduced_cuts(ks: KernelShape, out_classes: Sequence[Any]) -> list[tuple[int, Any]]:
+    """(blocks, class) of each grid axis of ``ks`` that cuts a class the output lacks: its
+    blocks each hold a part of a reduction."""
+    return [(g, c) for g, c in zip(ks.grid, ks.axis_classes)
+            if g > 1 and (c is None or c not in out_classes)]
 
 
 def _score(ks: KernelShape, config: SearchConfig) -> float:

@@ -32,7 +32,7 @@ from .plan import (
     uses_whole_shape,
 )
 from .reach import ReachIndex, ref
-from .shapes import DTensor, KernelShape, can_finish, kernel_shapes
+from .shapes import DTensor, KernelShape, can_finish, kernel_shapes, reduced_cuts
 
 FINAL, INTERMEDIATE, LIBRARY, SPLIT = "final", "intermediate", "library", "split"
 #: block graphs of two-kernel plans: first kernels up to this many operators, then the larger ones
@@ -173,9 +173,7 @@ def splits_reduction(ks: KernelShape, out_classes: Sequence[Any], config: Search
     pieces (a ``grid_splits`` count) and each block walks its piece with the loop (or loads it
     whole): each block then holds a partial result of a reduction, which a second kernel
     combines (split-K, split-KV)."""
-    wanted = {c for c in out_classes if c is not None}
-    cut = [c for g, c in zip(ks.grid, ks.axis_classes)
-           if g > 1 and c not in wanted and g in config.grid_splits]
+    cut = [c for g, c in reduced_cuts(ks, out_classes) if g in config.grid_splits]
     return bool(cut) and (ks.frange == 1 or ks.loop_class in cut)
 
 
@@ -311,8 +309,7 @@ class _Run:
         partial results of a split reduction), False only the others, None all."""
         have = {t.key for t in tensors}
         roots = set(self.ctx.payload.reach.roots)
-        wanted = {c for c in self.ctx.payload.out_classes if c is not None}
-        cut = {c for g, c in zip(shape.grid, shape.axis_classes) if g > 1 and c not in wanted}
+        cut = {c for _, c in reduced_cuts(shape, self.ctx.payload.out_classes)}
 
         def accept(tiles: list[Tile], sinks: list[int]) -> bool:
             if not (len(sinks) <= self.config.max_block_outputs
