@@ -29,7 +29,8 @@ class Tiles:
     grid: int = 64
     #: along the dimension the for-loop walks
     loop: int = 64
-    #: most pieces split-KV cuts the key/value length into
+    #: most pieces a split form cuts its reduction into (the key/value length of split-KV
+    #: attention, the contraction of split-K)
     splits: int = 8
 
 
