@@ -79,17 +79,20 @@ def rmsnorm_linear(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
 
 
 def _split_k_products(h: KernelGraph, X: Tensor, Ws: list[Tensor], gain: Tensor | None,
-                      tiles: Tiles) -> tuple[list[Tensor], int]:
+                      tiles: Tiles, squares: bool = False) -> tuple[list[Tensor], int]:
     """Kernel 1 of a split-K plan: grid (W's column tiles, ``splits`` pieces of the contraction);
     each block's loop walks its piece and accumulates ``X @ W`` for every W (X's columns scaled
     by ``gain`` first, if given). Piece ``s`` of the partial products is written to rows
-    ``s * M .. (s + 1) * M`` of a (splits * M, N) tensor. Returns the partials and the splits."""
+    ``s * M .. (s + 1) * M`` of a (splits * M, N) tensor. With ``squares``, a last output holds
+    each row's sum of squares of X over the piece (the X tiles are loaded anyway): block
+    (j, s) writes column j of rows ``s * M ..`` of a (splits * M, column tiles) tensor, every
+    column the same. Returns the outputs and the splits."""
     k, n = X.dims[1], Ws[0].dims[1]
     splits = _grid_tile(k // 64, tiles.splits) if k >= 128 else 1
     piece = k // splits
     tk, tn = _tile(piece, tiles.loop), _tile(n, tiles.grid)
     tb = new_threadblock_graph(grid_dim=(n // tn, splits, 1), forloop_range=piece // tk)
-    x = tb.new_input(X, (-1, 1, -1), forloop_dim=1)
+    x_raw = x = tb.new_input(X, (-1, 1, -1), forloop_dim=1)
     sources = [X]
     if gain is not None:
         x = tb.mul(x, tb.new_input(gain, (-1, 1, -1), forloop_dim=1))
@@ -98,6 +101,8 @@ def _split_k_products(h: KernelGraph, X: Tensor, Ws: list[Tensor], gain: Tensor 
         w = tb.new_input(W, (1, 0, -1), forloop_dim=0)
         tb.new_output(tb.forloop_accum(tb.matmul(x, w)), (1, 0, -1))
         sources.append(W)
+    if squares:
+        tb.new_output(tb.forloop_accum(tb.square(x_raw), "sum"), (1, 0, -1))
     return h.customized(sources, tb), splits
 
 
@@ -109,18 +114,19 @@ def _split_k_combine(tb_range: int, n: int, tiles: Tiles) -> ThreadBlockGraph:
 
 def rmsnorm_linear_split_k(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     """Two kernels, split-K: kernel 1 spreads the contraction of X @ W over the grid as well
-    (``_split_k_products``, no norm); kernel 2 sums the partial products in a loop over the
-    pieces, whose steps also walk X to accumulate its rms, and divides. More blocks than the
-    one-kernel form when X has few rows."""
+    and also writes each piece's sums of squares of X (``_split_k_products``); kernel 2 sums
+    both in a loop over the pieces and divides by ``sqrt(sum of squares / hidden)``. More
+    blocks than the one-kernel form when X has few rows, and kernel 2 never reads X."""
     h, ins = _same_inputs(g)
     X, W = ins[0], ins[1]
     gain = ins[2] if len(ins) == 3 else None
-    (P,), splits = _split_k_products(h, X, [W], gain, tiles)
+    (P, S), splits = _split_k_products(h, X, [W], gain, tiles, squares=True)
     tb = _split_k_combine(splits, W.dims[1], tiles)
     xw = tb.forloop_accum(tb.new_input(P, (1, -1, -1), forloop_dim=0))
-    rms = tb.forloop_accum(tb.new_input(X, (-1, -1, -1), forloop_dim=1), "rms")
+    squares = tb.forloop_accum(tb.new_input(S, (1, -1, -1), forloop_dim=0), "sum")
+    rms = tb.sqrt(tb.mul_scalar(squares, 1.0 / X.dims[1]))
     tb.new_output(tb.div(xw, rms), (1, -1, -1))
-    (O,) = h.customized([P, X], tb)
+    (O,) = h.customized([P, S], tb)
     h.mark_output(O)
     return h
 

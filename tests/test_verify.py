@@ -67,8 +67,11 @@ def test_split_k_forms_verify_at_paper_shapes(name: str) -> None:
 def test_split_k_rmsnorm_linear_spreads_the_contraction_over_the_grid() -> None:
     g = em.benchmarks.get("rmsnorm_linear", gain=True)
     h = em.handwritten.rmsnorm_linear_split_k(g)
-    kernels = [t.params["kernel"].tb for t in h.operators if t.op == "customized"]
+    launches = {id(t.params["kernel"]): t for t in h.operators if t.op == "customized"}
+    kernels = [t.params["kernel"].tb for t in launches.values()]
     assert [tb.grid_dim for tb in kernels] == [(96, 8, 1), (96, 1, 1)]
+    # kernel 2 reads the partial products and the partial sums of squares, never X itself
+    assert all(o.op == "customized" for o in list(launches.values())[1].operands)
     assert em.verify(g, h).equivalent
 
 
