@@ -137,7 +137,8 @@ def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor, tiles: 
 
     Kernel 1, grid (heads, KV splits, query tiles): per split, the loop walks the split's KV tiles
     and accumulates exp(Q K) V and the row sums of exp(Q K); partials are written side by side
-    along the last dimension. Kernel 2 adds the partials (``sum_todimx``) and divides.
+    along the last dimension. Kernel 2, grid (heads, 1, query tiles), adds the partials in a
+    loop over the splits and divides.
     """
     heads, lq, d = Q.dims
     lk = K.dims[2]
@@ -158,12 +159,12 @@ def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor, tiles: 
     tb.new_output(tb.forloop_accum(e, "sum"), (0, 2, 1))
     num, den = h.customized([Q, K, V], tb)
 
-    tq2 = _grid_tile(lq, 16)  # the partials of all splits sit in one tile here: keep it short
-    tb2 = new_threadblock_graph(grid_dim=(heads, 1, lq // tq2), forloop_range=1, reduction_dimx=d)
-    n = tb2.new_input(num, (0, -1, 1), forloop_dim=-1)
-    s = tb2.new_input(den, (0, -1, 1), forloop_dim=-1)
-    tb2.new_output(tb2.div(tb2.forloop_accum(n, "sum_todimx"), tb2.forloop_accum(s, "sum")),
-                   (0, -1, 1))
+    # kernel 2 keeps kernel 1's heads and query tiles, and its loop walks the splits: the
+    # lowering can run it inside kernel 1 (``lower.fuse``)
+    tb2 = new_threadblock_graph(grid_dim=(heads, 1, lq // tq), forloop_range=splits)
+    n = tb2.new_input(num, (0, -1, 1), forloop_dim=2)
+    s = tb2.new_input(den, (0, -1, 1), forloop_dim=2)
+    tb2.new_output(tb2.div(tb2.forloop_accum(n), tb2.forloop_accum(s)), (0, -1, 1))
     (O,) = h.customized([num, den], tb2)
     return O
 

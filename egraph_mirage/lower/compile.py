@@ -66,38 +66,48 @@ class CompiledGraph:
 
     def __init__(self, graph: KernelGraph, module: ModuleType, source: str, path: Path,
                  interpret: bool) -> None:
+        import torch
+
         self.inputs = [(t.dims, t.dtype) for t in graph.inputs]
         self.module, self.source, self.path, self.interpret = module, source, path, interpret
+        self._expected = [(torch.Size(t.dims), getattr(torch, TORCH_DTYPE[t.dtype][6:]))
+                          for t in graph.inputs]
 
     def __call__(self, *inputs: Any, **launch: int) -> list[Any]:
         """``launch``: ``num_warps`` / ``num_stages`` overriding the compiled defaults."""
-        import torch
-
-        if len(inputs) != len(self.inputs):
-            raise ShapeError(f"compiled μGraph: takes {len(self.inputs)} inputs, got "
-                             f"{len(inputs)}")
-        for k, (x, (dims, dtype)) in enumerate(zip(inputs, self.inputs)):
-            if not isinstance(x, torch.Tensor):
-                raise DTypeError(f"compiled μGraph: input {k} is {type(x).__name__}, not a "
-                                 "torch.Tensor")
-            if tuple(x.shape) != dims:
-                raise ShapeError(f"compiled μGraph: input {k} has shape {tuple(x.shape)}, "
-                                 f"expected {dims}")
-            if str(x.dtype) != TORCH_DTYPE[dtype]:
-                raise DTypeError(f"compiled μGraph: input {k} is {x.dtype}, expected "
-                                 f"{TORCH_DTYPE[dtype]}")
+        xs = self._checked(inputs)
         try:
             if self.interpret:
                 import numpy as np
 
                 with np.errstate(all="ignore"):  # padding may divide 0 by 0; it is never stored
-                    return self.module.run(*inputs, **launch)
-            return self.module.run(*inputs, **launch)
+                    return self.module.launch(*xs, **launch)
+            return self.module.launch(*xs, **launch)
         except Exception as e:
             if type(e).__module__.split(".")[0] != "triton":
                 raise
             raise LowerError(f"Triton failed on the program {self.path}: {type(e).__name__}: "
                              f"{str(e)[:2000]}") from e
+
+    def _checked(self, inputs: Sequence[Any]) -> list[Any]:
+        """The inputs, contiguous, after typed checks of their number, types, shapes, dtypes."""
+        import torch
+
+        if len(inputs) != len(self._expected):
+            raise ShapeError(f"compiled μGraph: takes {len(self._expected)} inputs, got "
+                             f"{len(inputs)}")
+        xs = []
+        for k, (x, (shape, dtype)) in enumerate(zip(inputs, self._expected)):
+            if not isinstance(x, torch.Tensor):
+                raise DTypeError(f"compiled μGraph: input {k} is {type(x).__name__}, not a "
+                                 "torch.Tensor")
+            if x.shape != shape:
+                raise ShapeError(f"compiled μGraph: input {k} has shape {tuple(x.shape)}, "
+                                 f"expected {tuple(shape)}")
+            if x.dtype != dtype:
+                raise DTypeError(f"compiled μGraph: input {k} is {x.dtype}, expected {dtype}")
+            xs.append(x if x.is_contiguous() else x.contiguous())
+        return xs
 
 
 def compile_graph(graph: KernelGraph, *, interpret: bool | None = None,

@@ -65,8 +65,17 @@ def _strides(dims: Sequence[int]) -> list[int]:
 class KernelWriter:
     """Writes the Triton source of one thread-block graph."""
 
-    def __init__(self, tb: ThreadBlockGraph, name: str, dots: DotConfig) -> None:
+    def __init__(self, tb: ThreadBlockGraph, name: str, dots: DotConfig,
+                 cg_inputs: frozenset[int] = frozenset(), extra_args: Sequence[str] = (),
+                 tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset()) -> None:
+        """``cg_inputs``: input positions loaded with ``.cg`` (bypassing L1: tensors other
+        blocks of the same launch wrote); ``extra_args`` and ``tail``: parameters and closing
+        lines of a producer that runs a fused combine (``fuse.producer_tail``);
+        ``fp32_outputs``: outputs stored in fp32 whatever their dtype (partials that only the
+        fused combine reads)."""
         self.tb, self.name, self.dots = tb, name, dots
+        self.cg_inputs, self.extra_args, self.tail = cg_inputs, list(extra_args), list(tail)
+        self.fp32_outputs = fp32_outputs
         self.live = live_tiles(tb)
         self.pad = padding.solve(tb, self.live)
         self.vals: dict[int, Val] = {}
@@ -111,6 +120,7 @@ class KernelWriter:
         tb = self.tb
         args = [f"in{k}" for k in range(len(tb.inputs))] + [f"out{k}" for k in
                                                               range(len(tb.outputs))]
+        args += self.extra_args
         head = ["@triton.jit", f"def {self.name}({', '.join(args)}):"]
         doc = [f"# grid {tb.grid_dim}, forloop_range {tb.forloop_range}; block graph:"]
         doc += [f"#   {line.strip()}" for line in repr(tb).splitlines()[1:]]
@@ -120,7 +130,7 @@ class KernelWriter:
             body += [f"    {line}" for line in self.loop + self.loop_tail]
         else:
             body += self.loop
-        body += self.post
+        body += self.post + self.tail
         return "\n".join(head + [f"    {line}" for line in doc + body]) + "\n"
 
     # --- parts ------------------------------------------------------------------------------
@@ -150,7 +160,9 @@ class KernelWriter:
         ptr = f"in{k} + {name}_off"
         if fdim != -1 and self.looped:
             ptr += f" + i * {t.dims[fdim] * strides[fdim]}"
-        load = f"tl.load({ptr}, mask={name}_mask, other=0.0)" if mask else f"tl.load({ptr})"
+        how = (f", mask={name}_mask, other=0.0" if mask else "") + (
+            ', cache_modifier=".cg"' if k in self.cg_inputs else "")
+        load = f"tl.load({ptr}{how})"
         self._section(t.side).append(f"{name} = {load}")
         self.vals[t.index] = Val(name, t.dims, padded, TL_DTYPE[t.dtype], zero_pad=True)
 
@@ -305,7 +317,7 @@ class KernelWriter:
             term = arange(v.padded[d], d, rank, start)
             terms.append(term if strides[d] == 1 else f"{term} * {strides[d]}")
         mask = pad_mask(t.dims, v.padded, range(rank))
-        value = f"{v.name}.to({TL_DTYPE[t.dtype]})"
+        value = f"{v.name}.to({'tl.float32' if k in self.fp32_outputs else TL_DTYPE[t.dtype]})"
         self.post.append(f"# output {k}: tile {t.dims} of {out_dims}, output_map {tuple(omap)}")
         self.post.append(f"out{k}_off = {' + '.join(terms)}")
         self.post.append(f"tl.store(out{k} + out{k}_off, {value}"
@@ -325,6 +337,9 @@ class KernelWriter:
                                  "the generated offsets are 32-bit")
 
 
-def kernel_source(tb: ThreadBlockGraph, name: str, dots: DotConfig = DotConfig()) -> str:
-    """The ``@triton.jit`` source of thread-block graph ``tb`` as kernel ``name``."""
-    return KernelWriter(tb, name, dots).source()
+def kernel_source(tb: ThreadBlockGraph, name: str, dots: DotConfig = DotConfig(),
+                  cg_inputs: frozenset[int] = frozenset(), extra_args: Sequence[str] = (),
+                  tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset()) -> str:
+    """The ``@triton.jit`` source of thread-block graph ``tb`` as kernel ``name`` (the other
+    arguments: see ``KernelWriter``)."""
+    return KernelWriter(tb, name, dots, cg_inputs, extra_args, tail, fp32_outputs).source()

@@ -1,9 +1,11 @@
 """A whole μGraph as one standalone Python file: the Triton kernels and a host ``run``.
 
-The file imports only torch and triton. ``run(*inputs)`` checks the inputs, allocates every
-intermediate and output tensor, launches the graph-defined kernels in graph order (one launch
-per kernel, all of its outputs at once) and computes library operators with torch, in fp32,
-through each op-table entry's ``triton.host`` emission. It returns the list of outputs.
+The file imports only torch and triton. ``run(*inputs)`` checks the inputs and calls
+``launch``, which allocates every intermediate and output tensor, launches the graph-defined
+kernels in graph order (one launch per kernel, all of its outputs at once; a combine kernel
+fused into its producer by ``fuse`` is no launch of its own) and computes library operators with
+torch, in fp32, through each op-table entry's ``triton.host`` emission. It returns the list of
+outputs. Launches after the first skip Triton's per-call argument binding (``HELPERS``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from ..errors import EMError, GraphError, LowerError
 from ..files import write_atomic
 from ..graph import KernelGraph, Tensor
 from ..ops import lookup
+from ..mugraph.threadblock import ThreadBlockGraph
+from . import fuse
 from .kernel_codegen import DotConfig, kernel_source
 
 TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16",
@@ -34,13 +38,15 @@ class LowerOptions:
     also takes them as keyword arguments, so a tuner can try others without regenerating).
     ``fp32_dots`` casts ``tl.dot`` operands to fp32 (needed for bfloat16 in Triton's
     interpreter); ``fp32_precision`` is the precision of dots on fp32 operands (``"ieee"``,
-    ``"tf32"``, ``"tf32x3"``).
+    ``"tf32"``, ``"tf32x3"``). ``fuse_combines`` runs a kernel that combines the partials of
+    the kernel before it inside that kernel, where ``fuse.plan`` finds this exact.
     """
 
     num_warps: int = 4
     num_stages: int = 2
     fp32_dots: bool = False
     fp32_precision: str = "ieee"
+    fuse_combines: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_warps", "num_stages"):
@@ -50,6 +56,10 @@ class LowerOptions:
         if self.num_warps & (self.num_warps - 1):
             raise LowerError(f"lowering option num_warps must be a power of two, got "
                              f"{self.num_warps}")
+        for name in ("fp32_dots", "fuse_combines"):
+            if not isinstance(getattr(self, name), bool):
+                raise LowerError(f"lowering option {name} must be True or False, got "
+                                 f"{getattr(self, name)!r}")
         if self.fp32_precision not in PRECISIONS:
             raise LowerError(f"lowering option fp32_precision must be one of {PRECISIONS}, got "
                              f"{self.fp32_precision!r}")
@@ -86,8 +96,30 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
         raise GraphError("lowering: the graph has no outputs; call mark_output")
     names = _names(graph)
     dots = DotConfig(options.fp32_dots, options.fp32_precision)
-    kernels: dict[int, str] = {}  # id(block graph) -> kernel name
+    combines = fuse.plan(graph) if options.fuse_combines else {}
+    outputs = {id(k): outs for k, outs in fuse.launches(graph)}
+    kernels: dict[tuple[int, str], str] = {}  # (id(block graph), role) -> kernel name
     kernel_sources: list[str] = []
+
+    def kernel_name(tb: ThreadBlockGraph, role: str, **how: Any) -> str:
+        if (id(tb), role) not in kernels:
+            kernels[id(tb), role] = name = f"kernel_{len(kernels)}"
+            kernel_sources.append(kernel_source(tb, name, dots, **how))
+        return kernels[id(tb), role]
+
+    def producer_name(c: fuse.Combine) -> str:
+        """The producer's kernel, written before the consumer's function it calls."""
+        tb = c.producer.tb
+        if (id(tb), "producer") not in kernels:
+            kernels[id(tb), "producer"] = name = f"kernel_{len(kernels)}"
+            at = len(kernel_sources)
+            cg = frozenset(j for j, k in enumerate(c.from_producer) if k is not None)
+            inner = kernel_name(c.consumer.tb, "consumer", cg_inputs=cg)
+            extra, tail = fuse.producer_tail(c, inner)
+            kernel_sources.insert(at, kernel_source(tb, name, dots, extra_args=extra,
+                                                    tail=tail, fp32_outputs=c.private))
+        return kernels[id(tb), "producer"]
+
     launched: set[int] = set()
     body: list[str] = []
     for t in graph.operators:
@@ -98,24 +130,91 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
         if id(kernel) in launched:
             continue
         launched.add(id(kernel))
-        tb = kernel.tb
-        if id(tb) not in kernels:
-            kernels[id(tb)] = f"kernel_{len(kernels)}"
-            kernel_sources.append(kernel_source(tb, kernels[id(tb)], dots))
-        outs = sorted((u for u in graph.operators if u.op == "customized"
-                       and u.params["kernel"] is kernel), key=lambda u: u.params["output"])
-        device = names[t.operands[0].index]
-        for u in outs:
-            body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype="
-                        f"{TORCH_DTYPE[u.dtype]}, device={device}.device)")
+        c = combines.get(id(kernel))
+        if c is not None and c.consumer is kernel:
+            continue  # runs inside its producer's launch
+        outs = list(outputs[id(kernel)])
         args = [names[o.index] for o in t.operands] + [names[u.index] for u in outs]
-        body.append(f"{kernels[id(tb)]}[{tb.grid_dim}]({', '.join(args)}, "
-                    "num_warps=num_warps, num_stages=num_stages)")
-    return _file(graph, names, options, kernel_sources, body)
+        device = names[t.operands[0].index]
+        if c is None:
+            name = kernel_name(kernel.tb, "plain")
+        else:
+            name = producer_name(c)
+            first = next(u for u in graph.operators if u.op == "customized"
+                         and u.params["kernel"] is c.consumer)
+            args += [names[first.operands[j].index] for j, k in enumerate(c.from_producer)
+                     if k is None]
+            b_outs = outputs[id(c.consumer)]
+            args += [names[u.index] for u in b_outs]
+            args.append(f"_counters({device}.device, {c.groups})")
+            outs += b_outs
+        private = {outputs[id(c.producer)][k].index for k in c.private} if c else set()
+        for u in outs:
+            dtype = "torch.float32" if u.index in private else TORCH_DTYPE[u.dtype]
+            body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype={dtype}, "
+                        f"device={device}.device)")
+        body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args)},), "
+                    "num_warps, num_stages)")
+    return _file(graph, names, options, kernel_sources, body, bool(combines))
+
+
+#: the generated file's helpers: checking inputs, launching kernels, the fused combines
+#: completion counters (``fuse``)
+HELPERS = """
+def _checked(xs):
+    out = []
+    for k, (x, (dims, dtype)) in enumerate(zip(xs, INPUTS)):
+        if tuple(x.shape) != dims or x.dtype != dtype:
+            raise ValueError(f'input {k}: expected {dtype} {dims}, got {x.dtype} {tuple(x.shape)}')
+        out.append(x.contiguous())
+    return out
+
+
+# A kernel's first launch for a device and knob setting goes through Triton (kernel[grid](...),
+# which compiles it). Later launches call the compiled kernel's launcher directly, skipping
+# Triton's per-call argument binding, when nothing Triton decides per call can differ: Triton
+# has ``triton.knobs`` (3.4 and later), no launch hooks are set, and every pointer is 16-byte
+# aligned as at the first launch (the compiled kernel assumes it). Otherwise Triton launches.
+_RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
+_COMPILED = {}
+
+
+def _launch(kernel, grid, args, num_warps, num_stages):
+    device = torch.cuda.current_device() if args[0].is_cuda else -1
+    key = (kernel, device, num_warps, num_stages)
+    compiled = _COMPILED.get(key)
+    if (compiled is not None and _RUNTIME.launch_enter_hook is None
+            and _RUNTIME.launch_exit_hook is None and all(a.data_ptr() % 16 == 0 for a in args)):
+        stream = triton.runtime.driver.active.get_current_stream(device)
+        compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *args)
+        return
+    compiled = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+    if key not in _COMPILED:
+        direct = (_RUNTIME is not None and device >= 0 and hasattr(compiled, "packed_metadata")
+                  and all(a.data_ptr() % 16 == 0 for a in args))
+        _COMPILED[key] = compiled if direct else None
+"""
+COUNTERS_HELPER = """
+
+# Completion counters of the fused combines: one zeroed int32 buffer per device and stream,
+# made on first use. Every launch leaves its counters at zero again, so launches on one stream
+# share the buffer; launches on other streams get their own.
+_COUNTERS = {}
+
+
+def _counters(device, n):
+    cuda = device.type == "cuda"
+    key = (device, triton.runtime.driver.active.get_current_stream(device.index) if cuda else 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
+"""
 
 
 def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
-          kernel_sources: list[str], body: list[str]) -> str:
+          kernel_sources: list[str], body: list[str], counters: bool) -> str:
     ins = [names[t.index] for t in graph.inputs]
     outs = [names[t.index] for t in graph.outputs]
     signature = ", ".join(ins)
@@ -152,22 +251,17 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
         f"def run({signature}, *, num_warps=NUM_WARPS, num_stages=NUM_STAGES):",
         '    """The μGraph on torch tensors (on the GPU, or on the CPU under the interpreter);',
         '    returns the list of outputs."""',
-        f"    {signature}{',' if len(ins) == 1 else ''} = _checked([{signature}])",
+        f"    return launch(*_checked([{signature}]), num_warps=num_warps, num_stages=num_stages)",
+        "",
+        "",
+        f"def launch({signature}, *, num_warps=NUM_WARPS, num_stages=NUM_STAGES):",
+        '    """``run`` on inputs already checked: contiguous tensors of the shapes and dtypes in',
+        '    INPUTS."""',
         *[f"    {line}" for line in body],
         f"    return [{', '.join(outs)}]",
         "",
-        "",
-        "def _checked(xs):",
-        "    out = []",
-        "    for k, (x, (dims, dtype)) in enumerate(zip(xs, INPUTS)):",
-        "        if tuple(x.shape) != dims or x.dtype != dtype:",
-        "            raise ValueError(f'input {k}: expected {dtype} {dims}, got {x.dtype} "
-        "{tuple(x.shape)}')",
-        "        out.append(x.contiguous())",
-        "    return out",
-        "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines) + HELPERS + (COUNTERS_HELPER if counters else "")
 
 
 def _count(items: list[Any], what: str) -> str:

@@ -1,0 +1,171 @@
+"""Fused combines (``egraph_mirage.lower.fuse``): a kernel that sums another kernel's partials
+runs inside it, in the last block of each group, where that is exact; otherwise the two kernels
+are launched as they are. Numerics run in Triton's interpreter (no GPU) or on the GPU."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import egraph_mirage as em
+from egraph_mirage import handwritten as hw
+from egraph_mirage.lower import fuse, generate_source
+from egraph_mirage.lower.program import LowerOptions
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _combines(h: em.KernelGraph) -> list[fuse.Combine]:
+    return list({id(c): c for c in fuse.plan(h).values()}.values())
+
+
+def _launches(source: str) -> int:
+    return len(re.findall(r"^    _launch\(", source, re.M))
+
+
+def _max_rel_error(h: em.KernelGraph, g: em.KernelGraph, seed: int = 0, **options: object
+                   ) -> float:
+    rng = np.random.default_rng(seed)
+    xs = [torch.tensor(0.1 * rng.standard_normal(t.dims), dtype=torch.float16, device=DEVICE)
+          for t in g.inputs]
+    (ref,) = g.evaluate([x.double().cpu().numpy() for x in xs])
+    fn = h.compile(**options)
+    for _ in range(2):  # the second call finds the counters the first left at zero
+        (out,) = fn(*xs)
+    return float(np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max())
+
+
+def _split_k_program(rows: int = 3, hidden: int = 256, cols: int = 48) -> em.KernelGraph:
+    g = em.new_kernel_graph()
+    X, W = g.new_input((rows, hidden)), g.new_input((hidden, cols))
+    g.mark_output(g.matmul(g.rms_norm(X, (hidden,)), W))
+    return g
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
+def test_split_k_combine_is_fused_at_paper_shapes(name: str) -> None:
+    g = em.benchmarks.get(name)
+    h = em.handwritten.BUILDERS[name][1](g)
+    (c,) = _combines(h)
+    assert c.producer.tb.grid_dim == (96 if name == "rmsnorm_linear" else 64, 8, 1)
+    assert c.kept == (0,) and c.group == 8 and c.groups == c.producer.tb.grid_dim[0]
+    assert c.private == frozenset(range(len(c.producer.tb.outputs)))  # partials stay in fp32
+    source = generate_source(h)
+    assert _launches(source) == 1 and "if ticket == 7:" in source
+    assert _launches(generate_source(h, LowerOptions(fuse_combines=False))) == 2
+
+
+@pytest.mark.parametrize("name", ["gqa", "mha", "mqa", "qknorm"])
+def test_split_kv_combine_is_fused_at_paper_shapes(name: str) -> None:
+    g = em.benchmarks.get(name)
+    (c,) = _combines(em.handwritten.fused(name, g))
+    heads, splits, qtiles = c.producer.tb.grid_dim
+    # the heads and query tiles the grid has more than one of (mqa has one head at b = 1; mha's
+    # 16 query rows are one tile)
+    assert c.kept == tuple(ax for ax in (0, 2) if c.producer.tb.grid_dim[ax] > 1)
+    assert c.group == splits > 1 and c.groups == heads * qtiles
+
+
+def test_one_kernel_forms_have_nothing_to_fuse() -> None:
+    for name in ["rmsnorm_linear", "gated_mlp", "lora", "ntrans"]:
+        g = em.benchmarks.get(name)
+        assert fuse.plan(em.handwritten.fused(name, g)) == {}
+
+
+def test_a_consumer_with_other_tiles_along_a_kept_axis_is_not_fused() -> None:
+    """Kernel 2 reads query tiles of 16 rows where kernel 1 wrote tiles of 64: one block of
+    kernel 2 would need partials of another group."""
+    g = em.benchmarks.get("gqa")
+    h = em.new_kernel_graph()
+    Q, K, V = (h.new_input(t.dims, t.dtype) for t in g.inputs)
+    tb = em.new_threadblock_graph(grid_dim=(2, 4, 4), forloop_range=16)
+    q = tb.new_input(Q, (0, -1, 1), forloop_dim=-1)
+    k = tb.new_input(K, (0, 2, -1), forloop_dim=2)
+    v = tb.new_input(V, (0, 1, -1), forloop_dim=1)
+    e = tb.exp(tb.matmul(q, k))
+    tb.new_output(tb.forloop_accum(tb.matmul(e, v)), (0, 2, 1))
+    tb.new_output(tb.forloop_accum(e, "sum"), (0, 2, 1))
+    num, den = h.customized([Q, K, V], tb)
+    tb2 = em.new_threadblock_graph(grid_dim=(2, 1, 16), forloop_range=4)
+    n = tb2.new_input(num, (0, -1, 1), forloop_dim=2)
+    s = tb2.new_input(den, (0, -1, 1), forloop_dim=2)
+    tb2.new_output(tb2.div(tb2.forloop_accum(n), tb2.forloop_accum(s)), (0, -1, 1))
+    (O,) = h.customized([num, den], tb2)
+    h.mark_output(O)
+    assert em.verify(g, h).equivalent
+    assert fuse.plan(h) == {}
+    assert _launches(generate_source(h)) == 2
+
+
+def test_a_consumer_reading_a_tensor_computed_after_the_producer_is_not_fused() -> None:
+    g = _split_k_program()
+    h0 = hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4))
+    h = em.new_kernel_graph()
+    X, W = (h.new_input(t.dims, t.dtype) for t in g.inputs)
+    (P, S), splits = hw._split_k_products(h, X, [W], None, hw.Tiles(grid=16, loop=32, splits=4),
+                                          squares=True)
+    S2 = h.mul_scalar(S, 1.0)  # a library operator between the two kernels
+    tb = hw._split_k_combine(splits, 48, hw.Tiles(grid=16))
+    xw = tb.forloop_accum(tb.new_input(P, (1, -1, -1), forloop_dim=0))
+    sq = tb.forloop_accum(tb.new_input(S2, (1, -1, -1), forloop_dim=0), "sum")
+    tb.new_output(tb.div(xw, tb.sqrt(tb.mul_scalar(sq, 1.0 / 256))), (1, -1, -1))
+    (O,) = h.customized([P, S2], tb)
+    h.mark_output(O)
+    assert len(_combines(h0)) == 1
+    assert fuse.plan(h) == {}
+    assert _max_rel_error(h, g) < 1e-2
+
+
+def test_a_partial_that_is_also_returned_keeps_its_dtype() -> None:
+    g = _split_k_program()
+    h = hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4))
+    P = next(t for t in h.operators if t.op == "customized" and t.params["output"] == 0)
+    h.mark_output(P)
+    (c,) = _combines(h)
+    assert c.private == frozenset({1})
+    source = generate_source(h)
+    assert source.count("dtype=torch.float32") == 1  # the sums of squares only
+
+
+@pytest.mark.parametrize("tiles", [hw.Tiles(grid=16, loop=32, splits=4),
+                                   hw.Tiles(grid=32, loop=64, splits=2)])
+def test_fused_split_k_matches_the_program(tiles: hw.Tiles) -> None:
+    g = _split_k_program()
+    h = hw.rmsnorm_linear_split_k(g, tiles)
+    assert _combines(h)[0].group == tiles.splits
+    assert _max_rel_error(h, g) < 1e-2
+    assert _max_rel_error(h, g, fuse_combines=False) < 1e-2
+
+
+def test_fused_split_kv_attention_matches_the_program() -> None:
+    g = em.new_kernel_graph()
+    Q, K, V = g.new_input((2, 32, 16)), g.new_input((2, 16, 512)), g.new_input((2, 512, 16))
+    E = g.exp(g.matmul(Q, K))
+    g.mark_output(g.div(g.matmul(E, V), g.reduction(E, 2)))
+    h = hw.attention(g, hw.Tiles(grid=16, loop=64, splits=4))
+    (c,) = _combines(h)
+    assert c.group == 4 and c.groups == 4
+    assert _max_rel_error(h, g) < 1e-2
+
+
+@pytest.mark.gpu
+def test_direct_launches_match_and_misaligned_inputs_take_tritons_path() -> None:
+    """After the first launch, kernels are launched straight through the compiled launcher; an
+    input that is not 16-byte aligned goes through Triton again (and stays right)."""
+    g = em.benchmarks.get("rmsnorm_linear")
+    h = hw.rmsnorm_linear_split_k(g)
+    fn = h.compile()
+    rng = np.random.default_rng(0)
+    X = torch.tensor(0.1 * rng.standard_normal((2, 4096)), dtype=torch.float16, device="cuda")
+    W = torch.tensor(0.1 * rng.standard_normal((4096, 6144)), dtype=torch.float16,
+                     device="cuda")
+    first = fn(X, W)[0]
+    again = fn(X, W)[0]
+    assert torch.equal(first, again)
+    shifted = torch.empty(2 * 4096 + 1, dtype=torch.float16, device="cuda")[1:].view(2, 4096)
+    shifted.copy_(X)
+    assert shifted.data_ptr() % 16 != 0
+    assert torch.allclose(fn(shifted, W)[0].float(), first.float(), atol=1e-2, rtol=1e-2)
