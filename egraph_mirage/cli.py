@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="torch.compile in max-autotune mode (slow to compile)")
     bg.add_argument("--no-tune", action="store_true", help="the lowering's default knobs only")
     bg.add_argument("--tune-top", type=int, default=4, metavar="K",
-                    help="with more μGraphs than K, time each at one knob setting first and "
+                    help="with more μGraphs than K, time each at a few knob settings first and "
                     "tune only the fastest K (default 4)")
     bg.add_argument("--cache-dir", metavar="DIR",
                     help="tuning cache (default $EGRAPH_MIRAGE_CACHE or ~/.cache/egraph-mirage)")

@@ -311,6 +311,7 @@ BUILDERS: dict[str, tuple[Builder, ...]] = {
 TILE_CHOICES: tuple[Tiles, ...] = (
     Tiles(), Tiles(grid=32), Tiles(grid=16), Tiles(grid=32, loop=128), Tiles(grid=16, loop=256),
     Tiles(splits=16), Tiles(loop=128, splits=16), Tiles(grid=128), Tiles(grid=128, splits=4),
+    Tiles(grid=128, splits=2), Tiles(loop=128, splits=2), Tiles(grid=128, loop=128),
 )
 
 

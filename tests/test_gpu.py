@@ -278,6 +278,17 @@ def test_knob_space_default() -> None:
     assert knob_space({"a": (1, 2), "b": (3,)}) == [{"a": 1, "b": 3}, {"a": 2, "b": 3}]
 
 
+def test_knob_space_tries_the_fused_combine_only_where_there_is_one() -> None:
+    g = em.benchmarks.get("gqa")
+    split, flash = em.handwritten.attention(g), em.handwritten.flash_attention(g)
+    quick = {"num_warps": (4, 8), "num_stages": (3,)}
+    assert {k["fuse_combines"] for k in knob_space(quick, split)} == {True, False}
+    assert len(knob_space(quick, split)) == 4 and len(knob_space(None, split)) == 24
+    assert knob_space(quick, flash) == knob_space(quick)
+    assert knob_space({}, split) == [{}]  # the lowering's defaults alone
+    assert knob_space({"fuse_combines": (False,)}, split) == [{"fuse_combines": False}]
+
+
 def test_tune_rejects_wrong_and_caches(tmp_path: Any) -> None:
     g = em.benchmarks.get("gated_mlp", small=True)
     h = em.handwritten.fused("gated_mlp", g)

@@ -43,8 +43,8 @@ KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "candidates",
 DEFAULT_SEARCH_DIR = "egraph-mirage-out/search"
 
 Log = Callable[[str], None]
-#: the one knob setting at which many candidates are pre-ranked before tuning
-QUICK_KNOBS = {"num_stages": 3, "num_warps": 4}
+#: the knob settings at which many candidates are pre-ranked before tuning (the faster counts)
+QUICK_KNOBS: dict[str, tuple[int, ...]] = {"num_stages": (3,), "num_warps": (4, 8)}
 
 
 def _stderr(msg: str) -> None:
@@ -226,9 +226,8 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
             return _tune_safely(h, space)
 
         graphs = found.graphs
-        if cfg.tune and len(graphs) > cfg.tune_top:  # pre-rank at one knob setting
-            pre = rank(graphs, lambda h: _tune_safely(h, {k: (v,) for k, v in
-                                                          QUICK_KNOBS.items()}))
+        if cfg.tune and len(graphs) > cfg.tune_top:  # pre-rank at a few knob settings
+            pre = rank(graphs, lambda h: _tune_safely(h, QUICK_KNOBS))
             graphs = [r.mugraph for r in pre[:cfg.tune_top] if r.us is not None] or graphs
             notes.append(f"ours: {len(found.graphs)} μGraphs pre-ranked at {QUICK_KNOBS}, "
                          f"the fastest {len(graphs)} tuned")

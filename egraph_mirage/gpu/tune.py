@@ -56,11 +56,17 @@ def default_compiler() -> Compiler | None:
     return None
 
 
-def knob_space(space: Mapping[str, Sequence[Any]] | None = None) -> list[Knobs]:
-    """Every combination of the knob values (the lowering's ``KNOBS`` if it names them)."""
+def knob_space(space: Mapping[str, Sequence[Any]] | None = None,
+               mugraph: KernelGraph | None = None) -> list[Knobs]:
+    """Every combination of the knob values (the lowering's ``KNOBS`` if it names them). With
+    ``mugraph``, a space that is not empty also gets the knobs that matter for that μGraph only
+    (the lowering's ``graph_knobs``) where it does not name them; ``{}`` stays the lowering's
+    defaults alone."""
+    lower = importlib.import_module("egraph_mirage.lower")
     if space is None:
-        lower = importlib.import_module("egraph_mirage.lower")
         space = getattr(lower, "KNOBS", None) or DEFAULT_KNOBS
+    if space and mugraph is not None and callable(getattr(lower, "graph_knobs", None)):
+        space = {**lower.graph_knobs(mugraph), **space}
     keys = sorted(space)
     return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
 
@@ -160,7 +166,7 @@ def tune(mugraph: KernelGraph, program: KernelGraph, *, compiler: Compiler, time
     text, lowering = mugraph.to_json(), lowering_fingerprint()
     result = TuneResult()
     refs: list[Any] = []  # the reference outputs, computed at the first trial that needs them
-    for knobs in knob_space(space):
+    for knobs in knob_space(space, mugraph):
         key = cache_key(text, device, knobs, timing, lowering)
         hit = cache.get(key)
         if hit is not None:

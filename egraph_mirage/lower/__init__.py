@@ -16,7 +16,7 @@ from __future__ import annotations
 from .accumulate import ACCUMULATOR_EMISSIONS, AccumulatorEmission
 from .compile import CompiledGraph, compile_graph, use_interpreter
 from .kernel_codegen import DotConfig, kernel_source
-from .program import KNOBS, LowerOptions, generate_source, options_from, write_program
+from .program import KNOBS, LowerOptions, generate_source, graph_knobs, options_from, write_program
 from .tile_context import TileContext
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "TileContext",
     "compile_graph",
     "generate_source",
+    "graph_knobs",
     "kernel_source",
     "options_from",
     "use_interpreter",

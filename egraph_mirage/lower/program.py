@@ -30,6 +30,13 @@ PRECISIONS = ("ieee", "tf32", "tf32x3")
 KNOBS: dict[str, tuple[int, ...]] = {"num_warps": (2, 4, 8), "num_stages": (1, 2, 3, 4)}
 
 
+def graph_knobs(graph: KernelGraph) -> dict[str, tuple[bool, ...]]:
+    """Knobs that matter for ``graph`` only: ``fuse_combines`` where a combine can be fused (a
+    fused combine saves a launch but keeps its partials in fp32 and leaves the combine to the
+    last blocks; which is faster depends on the sizes)."""
+    return {"fuse_combines": (True, False)} if fuse.plan(graph) else {}
+
+
 @dataclass(frozen=True)
 class LowerOptions:
     """Meta-parameters of the lowering.
@@ -173,7 +180,7 @@ def _checked(xs):
 # A kernel's first launch for a device and knob setting goes through Triton (kernel[grid](...),
 # which compiles it). Later launches call the compiled kernel's launcher directly, skipping
 # Triton's per-call argument binding, when nothing Triton decides per call can differ: Triton
-# has ``triton.knobs`` (3.4 and later), no launch hooks are set, and every pointer is 16-byte
+# has ``triton.knobs`` (3.4 and later), no launch hook is set, and every pointer is 16-byte
 # aligned as at the first launch (the compiled kernel assumes it). Otherwise Triton launches.
 _RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
 _COMPILED = {}
@@ -183,8 +190,7 @@ def _launch(kernel, grid, args, num_warps, num_stages):
     device = torch.cuda.current_device() if args[0].is_cuda else -1
     key = (kernel, device, num_warps, num_stages)
     compiled = _COMPILED.get(key)
-    if (compiled is not None and _RUNTIME.launch_enter_hook is None
-            and _RUNTIME.launch_exit_hook is None and all(a.data_ptr() % 16 == 0 for a in args)):
+    if compiled is not None and _unhooked() and all(a.data_ptr() % 16 == 0 for a in args):
         stream = triton.runtime.driver.active.get_current_stream(device)
         compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args)
@@ -194,6 +200,11 @@ def _launch(kernel, grid, args, num_warps, num_stages):
         direct = (_RUNTIME is not None and device >= 0 and hasattr(compiled, "packed_metadata")
                   and all(a.data_ptr() % 16 == 0 for a in args))
         _COMPILED[key] = compiled if direct else None
+
+
+def _unhooked():  # no launch hook is set (each is None, or a chain of no calls)
+    return all(h is None or getattr(h, "calls", None) == []
+               for h in (_RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook))
 """
 COUNTERS_HELPER = """
 
