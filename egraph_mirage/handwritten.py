@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .errors import GraphError, ResourceError
 from .graph import KernelGraph, Tensor, new_kernel_graph
 from .mugraph import new_threadblock_graph
-from .mugraph.threadblock import ThreadBlockGraph
+from .mugraph.threadblock import DEFAULT_SMEM_BYTES, ThreadBlockGraph
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class Tiles:
     #: most pieces a split form cuts its reduction into (the key/value length of split-KV
     #: attention, the contraction of split-K)
     splits: int = 8
+    #: shared-memory budget of the FlashAttention form's block graph (its tiles mostly live in
+    #: registers once lowered; Triton reports a kernel that does not fit when it compiles)
+    smem: int = DEFAULT_SMEM_BYTES
 
 
 def _tile(n: int, limit: int = 64) -> int:
@@ -187,7 +190,8 @@ def flash_attention(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGraph:
     heads, lq, _ = Q.dims
     lk = K.dims[2]
     tq, tk = _grid_tile(lq, tiles.grid), _tile(lk, tiles.loop)
-    tb = new_threadblock_graph(grid_dim=(heads, lq // tq, 1), forloop_range=lk // tk)
+    tb = new_threadblock_graph(grid_dim=(heads, lq // tq, 1), forloop_range=lk // tk,
+                               smem_bytes=tiles.smem)
     q = tb.new_input(Q, (0, 1, -1), forloop_dim=-1)  # (1, tq, d), the same every iteration
     k = tb.new_input(K, (0, -1, -1), forloop_dim=2)  # (1, d, tk)
     v = tb.new_input(V, (0, -1, -1), forloop_dim=1)  # (1, tk, d)
@@ -306,12 +310,15 @@ BUILDERS: dict[str, tuple[Builder, ...]] = {
     "rmsnorm_linear": (rmsnorm_linear, rmsnorm_linear_split_k), "lora": (lora,),
     "gated_mlp": (gated_mlp, gated_mlp_split_k), "ntrans": (ntrans,),
 }
+#: the shared memory one block may use on an H100 / H200
+HOPPER_SMEM_BYTES = 227 * 1024
 #: tile caps ``variants`` tries: the defaults first, then narrower grid tiles (more blocks) and
 #: longer loop steps (fewer iterations), or more KV splits for the split-KV forms
 TILE_CHOICES: tuple[Tiles, ...] = (
     Tiles(), Tiles(grid=32), Tiles(grid=16), Tiles(grid=32, loop=128), Tiles(grid=16, loop=256),
     Tiles(splits=16), Tiles(loop=128, splits=16), Tiles(grid=128), Tiles(grid=128, splits=4),
     Tiles(grid=128, splits=2), Tiles(loop=128, splits=2), Tiles(grid=128, loop=128),
+    Tiles(grid=128, smem=HOPPER_SMEM_BYTES),
 )
 
 
