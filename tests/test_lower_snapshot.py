@@ -1,4 +1,5 @@
-"""Snapshot of the generated Triton source for the small hand-written RMSNorm + Linear μGraph.
+"""Snapshots of generated Triton sources: the small hand-written RMSNorm + Linear μGraph, and a
+split-K form whose combine kernel is fused into its producer.
 
 A change in the generated code shows up here as a diff. To accept it, regenerate:
 
@@ -14,16 +15,31 @@ from pathlib import Path
 import egraph_mirage as em
 from egraph_mirage.lower import generate_source
 
-SNAPSHOT = Path(__file__).resolve().parent / "snapshots" / "rmsnorm_linear_small.py.snap"
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
+
+def _check(name: str, source: str) -> None:
+    snapshot = SNAPSHOTS / name
+    if os.environ.get("EM_UPDATE_SNAPSHOTS") == "1":
+        snapshot.write_text(source, encoding="utf-8")
+    expected = snapshot.read_text(encoding="utf-8")
+    diff = "".join(difflib.unified_diff(expected.splitlines(True), source.splitlines(True),
+                                        snapshot.name, "generated"))
+    assert source == expected, ("generated source differs from the snapshot (regenerate with "
+                                f"EM_UPDATE_SNAPSHOTS=1):\n{diff}")
 
 
 def test_rmsnorm_linear_source_snapshot() -> None:
     g = em.benchmarks.get("rmsnorm_linear", small=True)
-    source = generate_source(em.handwritten.fused("rmsnorm_linear", g))
-    if os.environ.get("EM_UPDATE_SNAPSHOTS") == "1":
-        SNAPSHOT.write_text(source, encoding="utf-8")
-    expected = SNAPSHOT.read_text(encoding="utf-8")
-    diff = "".join(difflib.unified_diff(expected.splitlines(True), source.splitlines(True),
-                                        str(SNAPSHOT.name), "generated"))
-    assert source == expected, ("generated source differs from the snapshot (regenerate with "
-                                f"EM_UPDATE_SNAPSHOTS=1):\n{diff}")
+    _check("rmsnorm_linear_small.py.snap",
+           generate_source(em.handwritten.fused("rmsnorm_linear", g)))
+
+
+def test_fused_split_k_source_snapshot() -> None:
+    """The split-K form with its combine fused: one kernel whose last block per column tile
+    sums the fp32 partials."""
+    g = em.new_kernel_graph()
+    X, W = g.new_input((2, 256)), g.new_input((256, 32))
+    g.mark_output(g.matmul(g.rms_norm(X, (256,)), W))
+    h = em.handwritten.rmsnorm_linear_split_k(g, em.handwritten.Tiles(grid=16, splits=4))
+    _check("rmsnorm_linear_split_k_fused.py.snap", generate_source(h))

@@ -67,15 +67,16 @@ class KernelWriter:
 
     def __init__(self, tb: ThreadBlockGraph, name: str, dots: DotConfig,
                  cg_inputs: frozenset[int] = frozenset(), extra_args: Sequence[str] = (),
-                 tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset()) -> None:
+                 tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset(),
+                 fp32_inputs: frozenset[int] = frozenset()) -> None:
         """``cg_inputs``: input positions loaded with ``.cg`` (bypassing L1: tensors other
         blocks of the same launch wrote); ``extra_args`` and ``tail``: parameters and closing
         lines of a producer that runs a fused combine (``fuse.producer_tail``);
-        ``fp32_outputs``: outputs stored in fp32 whatever their dtype (partials that only the
-        fused combine reads)."""
+        ``fp32_outputs`` / ``fp32_inputs``: outputs stored and inputs read in fp32 whatever
+        their dtype (partials that only the fused combine reads)."""
         self.tb, self.name, self.dots = tb, name, dots
         self.cg_inputs, self.extra_args, self.tail = cg_inputs, list(extra_args), list(tail)
-        self.fp32_outputs = fp32_outputs
+        self.fp32_outputs, self.fp32_inputs = fp32_outputs, fp32_inputs
         self.live = live_tiles(tb)
         self.pad = padding.solve(tb, self.live)
         self.vals: dict[int, Val] = {}
@@ -164,7 +165,8 @@ class KernelWriter:
             ', cache_modifier=".cg"' if k in self.cg_inputs else "")
         load = f"tl.load({ptr}{how})"
         self._section(t.side).append(f"{name} = {load}")
-        self.vals[t.index] = Val(name, t.dims, padded, TL_DTYPE[t.dtype], zero_pad=True)
+        dtype = "tl.float32" if k in self.fp32_inputs else TL_DTYPE[t.dtype]
+        self.vals[t.index] = Val(name, t.dims, padded, dtype, zero_pad=True)
 
     def _context(self, t: BlockTensor, operands: Sequence[Val], lines: list[str]) -> TileContext:
         def bind(expr: str, hint: str) -> str:
@@ -339,7 +341,9 @@ class KernelWriter:
 
 def kernel_source(tb: ThreadBlockGraph, name: str, dots: DotConfig = DotConfig(),
                   cg_inputs: frozenset[int] = frozenset(), extra_args: Sequence[str] = (),
-                  tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset()) -> str:
+                  tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset(),
+                  fp32_inputs: frozenset[int] = frozenset()) -> str:
     """The ``@triton.jit`` source of thread-block graph ``tb`` as kernel ``name`` (the other
     arguments: see ``KernelWriter``)."""
-    return KernelWriter(tb, name, dots, cg_inputs, extra_args, tail, fp32_outputs).source()
+    return KernelWriter(tb, name, dots, cg_inputs, extra_args, tail, fp32_outputs,
+                        fp32_inputs).source()

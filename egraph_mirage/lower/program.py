@@ -121,7 +121,8 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
             kernels[id(tb), "producer"] = name = f"kernel_{len(kernels)}"
             at = len(kernel_sources)
             cg = frozenset(j for j, k in enumerate(c.from_producer) if k is not None)
-            inner = kernel_name(c.consumer.tb, "consumer", cg_inputs=cg)
+            wide = frozenset(j for j, k in enumerate(c.from_producer) if k in c.private)
+            inner = kernel_name(c.consumer.tb, "consumer", cg_inputs=cg, fp32_inputs=wide)
             extra, tail = fuse.producer_tail(c, inner)
             kernel_sources.insert(at, kernel_source(tb, name, dots, extra_args=extra,
                                                     tail=tail, fp32_outputs=c.private))
@@ -168,6 +169,7 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
 #: the generated file's helpers: checking inputs, launching kernels, the fused combines
 #: completion counters (``fuse``)
 HELPERS = """
+
 def _checked(xs):
     out = []
     for k, (x, (dims, dtype)) in enumerate(zip(xs, INPUTS)):
