@@ -98,6 +98,22 @@ def test_rows_with_a_fake_timer() -> None:
     assert len(table.splitlines()) == 5
 
 
+def test_a_timer_that_profiles_kernels_adds_our_per_kernel_times() -> None:
+    class ProfilingTimer(FakeTimer):
+        def kernels(self, fn: Any, sets: Any) -> dict[str, float]:
+            assert getattr(fn, "ours", False)  # only ours is profiled
+            return {"kernel_0": 7.5, "kernel_1": 2.5}
+
+    rows = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1]), timer=ProfilingTimer(),
+                        floor=Floor(4e12), compiler=_compiler, device_name="fake",
+                        log=lambda m: None)
+    assert rows[0]["kernel_us"] == {"kernel_0": 7.5, "kernel_1": 2.5}
+    assert "kernel_us" not in gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1]),
+                                           timer=FakeTimer(), floor=Floor(4e12),
+                                           compiler=_compiler, device_name="fake",
+                                           log=lambda m: None)[0]
+
+
 def test_rows_without_a_lowering() -> None:
     rows = gb.bench_gpu(_cfg(batches=[1]), timer=FakeTimer(), floor=Floor(4e12), compiler=None,
                         device_name="fake", log=lambda m: None)

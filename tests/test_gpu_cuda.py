@@ -95,3 +95,6 @@ def test_one_row_on_the_gpu(torch_cuda, tmp_path: Path) -> None:  # type: ignore
     (r,) = gb.bench_gpu(cfg, timer=timer, floor=Floor(4e12), log=lambda m: None)
     assert set(gb.KEYS) <= set(r)
     assert r["baselines_us"]["eager"] > 0 and r["baselines_graph_us"]["sdpa"] > 0
+    # where our time goes: the profiler sees the generated kernels by name
+    assert r["kernel_us"] and all(v > 0 for v in r["kernel_us"].values())
+    assert any(k.startswith("kernel_") for k in r["kernel_us"])

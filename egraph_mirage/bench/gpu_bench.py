@@ -257,6 +257,8 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
             else:
                 ours = timer.plain(top.tuned.fn, sets)
                 ours_graph = timer.graph(top.tuned.fn, sets)
+                if callable(getattr(timer, "kernels", None)):  # where our time goes
+                    row["kernel_us"] = timer.kernels(top.tuned.fn, sets)
     row.update(ours_us=ours, ours_graph_us=ours_graph, knobs=knobs)
 
     plain: dict[str, float | None] = {}
@@ -285,7 +287,8 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
         + f", best of {len(found.graphs)}) {_fmt(ours)} / {_fmt(ours_graph)} µs (graph), baselines "
         + ", ".join(f"{k} {_fmt(plain[k])} / {_fmt(graph.get(k))}" for k in plain)
         + (f"; {'; '.join(notes)}" if notes else ""))
-    return {k: row[k] for k in KEYS} | {"input_sets": count}
+    extra = {k: row[k] for k in ("kernel_us",) if k in row}
+    return {k: row[k] for k in KEYS} | extra | {"input_sets": count}
 
 
 def bench_gpu(cfg: GpuBenchConfig, *, timer: Any = None, floor: Any = None, compiler: Any = "auto",

@@ -158,6 +158,29 @@ class CudaTimer:
         return statistics.median(times) * 1e3
 
 
+    def kernels(self, fn: Program, input_sets: Sequence[InputSet], calls: int = 20
+                ) -> dict[str, float]:
+        """Device time of each GPU kernel ``fn`` launches, µs per call, by kernel name (torch's
+        profiler over ``calls`` plain calls after a warm-up): where a program's time goes."""
+        from torch.profiler import ProfilerActivity, profile
+
+        call = _Cycle(fn, input_sets)
+        with torch.no_grad():
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    call()
+                torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for e in prof.key_averages():
+            us = float(getattr(e, "device_time_total", 0.0) or 0.0)
+            if us > 0:
+                out[e.key[:80]] = out.get(e.key[:80], 0.0) + us / calls
+        return out
+
+
 def _event_ms(work: Callable[[], object]) -> float:
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
