@@ -26,6 +26,7 @@ groups differ along some kept axis, where their tiles are disjoint.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -90,7 +91,7 @@ def plan(graph: KernelGraph) -> dict[int, Combine]:
     returned = {t.index for t in graph.outputs}
     out: dict[int, Combine] = {}
     order = launches(graph)
-    for (a, a_outs), (b, _) in zip(order, order[1:]):
+    for (a, a_outs), (b, _) in itertools.pairwise(order):
         if id(a) in out or id(b) in out:
             continue
         c = _combine(a, b, first_op[id(a)], position)
@@ -139,7 +140,7 @@ def _aligned(ta: ThreadBlockGraph, k: int, tb: ThreadBlockGraph, imap: tuple[int
 def producer_tail(c: Combine, consumer_name: str) -> tuple[list[str], list[str]]:
     """The producer's extra parameters and the lines that end its body: the completion count and
     the consumer's call (``consumer_name`` is its ``@triton.jit`` function)."""
-    ta, tb = c.producer.tb, c.consumer.tb
+    tb = c.consumer.tb
     extra = [f"cin{j}" for j, k in enumerate(c.from_producer) if k is None]
     extra += [f"cout{k}" for k in range(len(tb.outputs))] + ["counters"]
     group = "0"

@@ -18,8 +18,8 @@ from ..dtypes import DType
 from ..errors import EMError, GraphError, LowerError
 from ..files import write_atomic
 from ..graph import KernelGraph, Tensor
-from ..ops import lookup
 from ..mugraph.threadblock import ThreadBlockGraph
+from ..ops import lookup
 from . import fuse
 from .kernel_codegen import DotConfig, kernel_source
 
