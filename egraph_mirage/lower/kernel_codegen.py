@@ -68,15 +68,17 @@ class KernelWriter:
     def __init__(self, tb: ThreadBlockGraph, name: str, dots: DotConfig,
                  cg_inputs: frozenset[int] = frozenset(), extra_args: Sequence[str] = (),
                  tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset(),
-                 fp32_inputs: frozenset[int] = frozenset()) -> None:
+                 fp32_inputs: frozenset[int] = frozenset(), unroll: bool = False) -> None:
         """``cg_inputs``: input positions loaded with ``.cg`` (bypassing L1: tensors other
         blocks of the same launch wrote); ``extra_args`` and ``tail``: parameters and closing
         lines of a producer that runs a fused combine (``fuse.producer_tail``);
         ``fp32_outputs`` / ``fp32_inputs``: outputs stored and inputs read in fp32 whatever
-        their dtype (partials that only the fused combine reads)."""
+        their dtype (partials that only the fused combine reads); ``unroll``: the for-loop as
+        ``tl.static_range`` (a fused combine's short loop, whose loads can then all be issued
+        at once)."""
         self.tb, self.name, self.dots = tb, name, dots
         self.cg_inputs, self.extra_args, self.tail = cg_inputs, list(extra_args), list(tail)
-        self.fp32_outputs, self.fp32_inputs = fp32_outputs, fp32_inputs
+        self.fp32_outputs, self.fp32_inputs, self.unroll = fp32_outputs, fp32_inputs, unroll
         self.live = live_tiles(tb)
         self.pad = padding.solve(tb, self.live)
         self.vals: dict[int, Val] = {}
@@ -127,7 +129,8 @@ class KernelWriter:
         doc += [f"#   {line.strip()}" for line in repr(tb).splitlines()[1:]]
         body = list(self.pre)
         if self.looped and self.loop + self.loop_tail:  # all tiles invariant: no loop at all
-            body.append(f"for i in range({tb.forloop_range}):")
+            loop = "tl.static_range" if self.unroll else "range"
+            body.append(f"for i in {loop}({tb.forloop_range}):")
             body += [f"    {line}" for line in self.loop + self.loop_tail]
         else:
             body += self.loop
@@ -342,8 +345,8 @@ class KernelWriter:
 def kernel_source(tb: ThreadBlockGraph, name: str, dots: DotConfig = DotConfig(),
                   cg_inputs: frozenset[int] = frozenset(), extra_args: Sequence[str] = (),
                   tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset(),
-                  fp32_inputs: frozenset[int] = frozenset()) -> str:
+                  fp32_inputs: frozenset[int] = frozenset(), unroll: bool = False) -> str:
     """The ``@triton.jit`` source of thread-block graph ``tb`` as kernel ``name`` (the other
     arguments: see ``KernelWriter``)."""
     return KernelWriter(tb, name, dots, cg_inputs, extra_args, tail, fp32_outputs,
-                        fp32_inputs).source()
+                        fp32_inputs, unroll).source()

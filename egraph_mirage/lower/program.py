@@ -26,6 +26,8 @@ from .kernel_codegen import DotConfig, kernel_source
 TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16",
                DType.float32: "torch.float32"}
 PRECISIONS = ("ieee", "tf32", "tf32x3")
+#: a fused combine's loop of at most this many steps is unrolled (``tl.static_range``)
+MAX_UNROLL = 16
 #: the meta-parameters a tuner may vary (they change speed, never results)
 KNOBS: dict[str, tuple[int, ...]] = {"num_warps": (2, 4, 8), "num_stages": (1, 2, 3, 4)}
 
@@ -122,7 +124,8 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
             at = len(kernel_sources)
             cg = frozenset(j for j, k in enumerate(c.from_producer) if k is not None)
             wide = frozenset(j for j, k in enumerate(c.from_producer) if k in c.private)
-            inner = kernel_name(c.consumer.tb, "consumer", cg_inputs=cg, fp32_inputs=wide)
+            inner = kernel_name(c.consumer.tb, "consumer", cg_inputs=cg, fp32_inputs=wide,
+                                unroll=c.consumer.tb.forloop_range <= MAX_UNROLL)
             extra, tail = fuse.producer_tail(c, inner)
             kernel_sources.insert(at, kernel_source(tb, name, dots, extra_args=extra,
                                                     tail=tail, fp32_outputs=c.private))
