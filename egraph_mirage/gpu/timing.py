@@ -157,7 +157,6 @@ class CudaTimer:
             del graph
         return statistics.median(times) * 1e3
 
-
     def kernels(self, fn: Program, input_sets: Sequence[InputSet], calls: int = 20
                 ) -> dict[str, float]:
         """Device time of each GPU kernel ``fn`` launches, µs per call, by kernel name (torch's
