@@ -21,7 +21,7 @@ from ..dtypes import DType
 from ..errors import DTypeError, LowerError, ShapeError
 from ..files import write_atomic
 from ..graph import KernelGraph
-from .program import TORCH_DTYPE, generate_source, options_from
+from .program import generate_source, options_from
 
 #: where generated programs are written before import (one file per distinct source)
 CACHE_DIR = Path(tempfile.gettempdir()) / "egraph_mirage_triton"
@@ -70,8 +70,8 @@ class CompiledGraph:
 
         self.inputs = [(t.dims, t.dtype) for t in graph.inputs]
         self.module, self.source, self.path, self.interpret = module, source, path, interpret
-        self._expected = [(torch.Size(t.dims), getattr(torch, TORCH_DTYPE[t.dtype][6:]))
-                          for t in graph.inputs]
+        self._expected = [(torch.Size(dims), getattr(torch, dtype.value))
+                          for dims, dtype in self.inputs]
 
     def __call__(self, *inputs: Any, **launch: int) -> list[Any]:
         """``launch``: ``num_warps`` / ``num_stages`` overriding the compiled defaults."""

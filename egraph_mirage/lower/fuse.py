@@ -33,6 +33,10 @@ from dataclasses import dataclass, replace
 from ..graph import KernelGraph, Tensor
 from ..mugraph.kernel import GraphKernel
 from ..mugraph.threadblock import ThreadBlockGraph
+from .kernel_codegen import FusedRole
+
+#: a fused combine's loop of at most this many steps is unrolled (``tl.static_range``)
+MAX_UNROLL = 16
 
 
 @dataclass(frozen=True)
@@ -137,9 +141,19 @@ def _aligned(ta: ThreadBlockGraph, k: int, tb: ThreadBlockGraph, imap: tuple[int
     return True
 
 
-def producer_tail(c: Combine, consumer_name: str) -> tuple[list[str], list[str]]:
-    """The producer's extra parameters and the lines that end its body: the completion count and
-    the consumer's call (``consumer_name`` is its ``@triton.jit`` function)."""
+def consumer_role(c: Combine) -> FusedRole:
+    """The consumer, called in the producer: partials through L2, private ones in fp32, a short
+    loop unrolled."""
+    return FusedRole(
+        cg_inputs=frozenset(j for j, k in enumerate(c.from_producer) if k is not None),
+        fp32_inputs=frozenset(j for j, k in enumerate(c.from_producer) if k in c.private),
+        unroll=c.consumer.tb.forloop_range <= MAX_UNROLL)
+
+
+def producer_role(c: Combine, consumer_name: str) -> FusedRole:
+    """The producer: private outputs in fp32, and extra parameters and closing lines for the
+    completion count and the consumer's call (``consumer_name`` is its ``@triton.jit``
+    function)."""
     tb = c.consumer.tb
     extra = [f"cin{j}" for j, k in enumerate(c.from_producer) if k is None]
     extra += [f"cout{k}" for k in range(len(tb.outputs))] + ["counters"]
@@ -149,7 +163,7 @@ def producer_tail(c: Combine, consumer_name: str) -> tuple[list[str], list[str]]
         group = pid if group == "0" else f"({group}) * {tb.grid_dim[ax]} + {pid}"
     args = [f"out{k}" if k is not None else f"cin{j}" for j, k in enumerate(c.from_producer)]
     args += [f"cout{k}" for k in range(len(tb.outputs))]
-    lines = [
+    tail = (
         f"# fused combine: the last of the {c.group} blocks of this group (they differ only along",
         f"# the grid axes cut into pieces) runs {consumer_name} for the group",
         "tl.debug_barrier()",
@@ -158,5 +172,5 @@ def producer_tail(c: Combine, consumer_name: str) -> tuple[list[str], list[str]]
         f"if ticket == {c.group - 1}:",
         f"    {consumer_name}({', '.join(args)})",
         "    tl.store(counters + group, 0)",
-    ]
-    return extra, lines
+    )
+    return FusedRole(fp32_outputs=c.private, extra_args=tuple(extra), tail=tail)

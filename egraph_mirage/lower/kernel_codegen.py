@@ -62,23 +62,31 @@ def _strides(dims: Sequence[int]) -> list[int]:
     return [math.prod(dims[d + 1:]) for d in range(len(dims))]
 
 
+@dataclass(frozen=True)
+class FusedRole:
+    """How a kernel takes part in a fused combine (``fuse``); the default: it does not."""
+
+    #: input positions loaded with ``.cg`` (bypassing L1: tensors other blocks of the same
+    #: launch wrote)
+    cg_inputs: frozenset[int] = frozenset()
+    #: input positions read, and output positions stored, in fp32 whatever their dtype
+    #: (partials that only the fused combine reads)
+    fp32_inputs: frozenset[int] = frozenset()
+    fp32_outputs: frozenset[int] = frozenset()
+    #: parameters and closing lines of a producer that runs the combine
+    extra_args: tuple[str, ...] = ()
+    tail: tuple[str, ...] = ()
+    #: the for-loop as ``tl.static_range`` (a combine's short loop, whose loads can then all
+    #: be issued at once)
+    unroll: bool = False
+
+
 class KernelWriter:
     """Writes the Triton source of one thread-block graph."""
 
     def __init__(self, tb: ThreadBlockGraph, name: str, dots: DotConfig,
-                 cg_inputs: frozenset[int] = frozenset(), extra_args: Sequence[str] = (),
-                 tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset(),
-                 fp32_inputs: frozenset[int] = frozenset(), unroll: bool = False) -> None:
-        """``cg_inputs``: input positions loaded with ``.cg`` (bypassing L1: tensors other
-        blocks of the same launch wrote); ``extra_args`` and ``tail``: parameters and closing
-        lines of a producer that runs a fused combine (``fuse.producer_tail``);
-        ``fp32_outputs`` / ``fp32_inputs``: outputs stored and inputs read in fp32 whatever
-        their dtype (partials that only the fused combine reads); ``unroll``: the for-loop as
-        ``tl.static_range`` (a fused combine's short loop, whose loads can then all be issued
-        at once)."""
-        self.tb, self.name, self.dots = tb, name, dots
-        self.cg_inputs, self.extra_args, self.tail = cg_inputs, list(extra_args), list(tail)
-        self.fp32_outputs, self.fp32_inputs, self.unroll = fp32_outputs, fp32_inputs, unroll
+                 role: FusedRole = FusedRole()) -> None:
+        self.tb, self.name, self.dots, self.role = tb, name, dots, role
         self.live = live_tiles(tb)
         self.pad = padding.solve(tb, self.live)
         self.vals: dict[int, Val] = {}
@@ -123,18 +131,18 @@ class KernelWriter:
         tb = self.tb
         args = [f"in{k}" for k in range(len(tb.inputs))] + [f"out{k}" for k in
                                                               range(len(tb.outputs))]
-        args += self.extra_args
+        args += self.role.extra_args
         head = ["@triton.jit", f"def {self.name}({', '.join(args)}):"]
         doc = [f"# grid {tb.grid_dim}, forloop_range {tb.forloop_range}; block graph:"]
         doc += [f"#   {line.strip()}" for line in repr(tb).splitlines()[1:]]
         body = list(self.pre)
         if self.looped and self.loop + self.loop_tail:  # all tiles invariant: no loop at all
-            loop = "tl.static_range" if self.unroll else "range"
+            loop = "tl.static_range" if self.role.unroll else "range"
             body.append(f"for i in {loop}({tb.forloop_range}):")
             body += [f"    {line}" for line in self.loop + self.loop_tail]
         else:
             body += self.loop
-        body += self.post + self.tail
+        body += self.post + list(self.role.tail)
         return "\n".join(head + [f"    {line}" for line in doc + body]) + "\n"
 
     # --- parts ------------------------------------------------------------------------------
@@ -165,10 +173,10 @@ class KernelWriter:
         if fdim != -1 and self.looped:
             ptr += f" + i * {t.dims[fdim] * strides[fdim]}"
         how = (f", mask={name}_mask, other=0.0" if mask else "") + (
-            ', cache_modifier=".cg"' if k in self.cg_inputs else "")
+            ', cache_modifier=".cg"' if k in self.role.cg_inputs else "")
         load = f"tl.load({ptr}{how})"
         self._section(t.side).append(f"{name} = {load}")
-        dtype = "tl.float32" if k in self.fp32_inputs else TL_DTYPE[t.dtype]
+        dtype = "tl.float32" if k in self.role.fp32_inputs else TL_DTYPE[t.dtype]
         self.vals[t.index] = Val(name, t.dims, padded, dtype, zero_pad=True)
 
     def _context(self, t: BlockTensor, operands: Sequence[Val], lines: list[str]) -> TileContext:
@@ -322,7 +330,8 @@ class KernelWriter:
             term = arange(v.padded[d], d, rank, start)
             terms.append(term if strides[d] == 1 else f"{term} * {strides[d]}")
         mask = pad_mask(t.dims, v.padded, range(rank))
-        value = f"{v.name}.to({'tl.float32' if k in self.fp32_outputs else TL_DTYPE[t.dtype]})"
+        dtype = "tl.float32" if k in self.role.fp32_outputs else TL_DTYPE[t.dtype]
+        value = f"{v.name}.to({dtype})"
         self.post.append(f"# output {k}: tile {t.dims} of {out_dims}, output_map {tuple(omap)}")
         self.post.append(f"out{k}_off = {' + '.join(terms)}")
         self.post.append(f"tl.store(out{k} + out{k}_off, {value}"
@@ -343,10 +352,6 @@ class KernelWriter:
 
 
 def kernel_source(tb: ThreadBlockGraph, name: str, dots: DotConfig = DotConfig(),
-                  cg_inputs: frozenset[int] = frozenset(), extra_args: Sequence[str] = (),
-                  tail: Sequence[str] = (), fp32_outputs: frozenset[int] = frozenset(),
-                  fp32_inputs: frozenset[int] = frozenset(), unroll: bool = False) -> str:
-    """The ``@triton.jit`` source of thread-block graph ``tb`` as kernel ``name`` (the other
-    arguments: see ``KernelWriter``)."""
-    return KernelWriter(tb, name, dots, cg_inputs, extra_args, tail, fp32_outputs,
-                        fp32_inputs, unroll).source()
+                  role: FusedRole = FusedRole()) -> str:
+    """The ``@triton.jit`` source of thread-block graph ``tb`` as kernel ``name``."""
+    return KernelWriter(tb, name, dots, role).source()

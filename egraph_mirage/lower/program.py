@@ -21,13 +21,11 @@ from ..graph import KernelGraph, Tensor
 from ..mugraph.threadblock import ThreadBlockGraph
 from ..ops import lookup
 from . import fuse
-from .kernel_codegen import DotConfig, kernel_source
+from .kernel_codegen import DotConfig, FusedRole, kernel_source
 
 TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16",
                DType.float32: "torch.float32"}
 PRECISIONS = ("ieee", "tf32", "tf32x3")
-#: a fused combine's loop of at most this many steps is unrolled (``tl.static_range``)
-MAX_UNROLL = 16
 #: the meta-parameters a tuner may vary (they change speed, never results)
 KNOBS: dict[str, tuple[int, ...]] = {"num_warps": (2, 4, 8), "num_stages": (1, 2, 3, 4)}
 
@@ -110,10 +108,10 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
     kernels: dict[tuple[int, str], str] = {}  # (id(block graph), role) -> kernel name
     kernel_sources: list[str] = []
 
-    def kernel_name(tb: ThreadBlockGraph, role: str, **how: Any) -> str:
+    def kernel_name(tb: ThreadBlockGraph, role: str, how: FusedRole = FusedRole()) -> str:
         if (id(tb), role) not in kernels:
             kernels[id(tb), role] = name = f"kernel_{len(kernels)}"
-            kernel_sources.append(kernel_source(tb, name, dots, **how))
+            kernel_sources.append(kernel_source(tb, name, dots, how))
         return kernels[id(tb), role]
 
     def producer_name(c: fuse.Combine) -> str:
@@ -122,13 +120,9 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
         if (id(tb), "producer") not in kernels:
             kernels[id(tb), "producer"] = name = f"kernel_{len(kernels)}"
             at = len(kernel_sources)
-            cg = frozenset(j for j, k in enumerate(c.from_producer) if k is not None)
-            wide = frozenset(j for j, k in enumerate(c.from_producer) if k in c.private)
-            inner = kernel_name(c.consumer.tb, "consumer", cg_inputs=cg, fp32_inputs=wide,
-                                unroll=c.consumer.tb.forloop_range <= MAX_UNROLL)
-            extra, tail = fuse.producer_tail(c, inner)
-            kernel_sources.insert(at, kernel_source(tb, name, dots, extra_args=extra,
-                                                    tail=tail, fp32_outputs=c.private))
+            inner = kernel_name(c.consumer.tb, "consumer", fuse.consumer_role(c))
+            kernel_sources.insert(at, kernel_source(tb, name, dots,
+                                                    fuse.producer_role(c, inner)))
         return kernels[id(tb), "producer"]
 
     launched: set[int] = set()
@@ -151,11 +145,9 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
             name = kernel_name(kernel.tb, "plain")
         else:
             name = producer_name(c)
-            first = next(u for u in graph.operators if u.op == "customized"
-                         and u.params["kernel"] is c.consumer)
-            args += [names[first.operands[j].index] for j, k in enumerate(c.from_producer)
-                     if k is None]
             b_outs = outputs[id(c.consumer)]
+            args += [names[b_outs[0].operands[j].index] for j, k in enumerate(c.from_producer)
+                     if k is None]
             args += [names[u.index] for u in b_outs]
             args.append(f"_counters({device}.device, {c.groups})")
             outs += b_outs
