@@ -1,5 +1,6 @@
-"""Snapshots of generated Triton sources: the small hand-written RMSNorm + Linear μGraph, and a
-split-K form whose combine kernel is fused into its producer.
+"""Snapshots of generated Triton sources: the small hand-written RMSNorm + Linear μGraph, a
+split-K form whose combine kernel is fused into its producer, and one-kernel attention (2-D
+blocks for tiles with a batch of one).
 
 A change in the generated code shows up here as a diff. To accept it, regenerate:
 
@@ -43,3 +44,10 @@ def test_fused_split_k_source_snapshot() -> None:
     g.mark_output(g.matmul(g.rms_norm(X, (256,)), W))
     h = em.handwritten.rmsnorm_linear_split_k(g, em.handwritten.Tiles(grid=16, splits=4))
     _check("rmsnorm_linear_split_k_fused.py.snap", generate_source(h))
+
+
+def test_one_kernel_attention_source_snapshot() -> None:
+    """Attention in one kernel: every tile is (1, rows, cols), written as 2-D blocks (the batch
+    dimension of one left out), so both products are plain tl.dot calls."""
+    g = em.benchmarks.get("gqa", small=True)
+    _check("gqa_one_kernel_small.py.snap", generate_source(em.handwritten.attention_one_kernel(g)))

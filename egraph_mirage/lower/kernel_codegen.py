@@ -24,7 +24,8 @@ from ..ops import lookup
 from ..ops.spec import TileDims
 from . import padding
 from .accumulate import accumulator_emission, rescaled_dims, running_max_dims
-from .tile_context import TL_DTYPE, TileContext, Val, arange, broadcast, fmt_shape, pad_mask, shrink
+from .tile_context import (TL_DTYPE, TileContext, Val, arange, broadcast, pad_mask, shrink,
+                           squeezed)
 
 #: the largest block Triton accepts (elements)
 MAX_BLOCK_NUMEL = 1 << 20
@@ -89,6 +90,8 @@ class KernelWriter:
         self.tb, self.name, self.dots, self.role = tb, name, dots, role
         self.live = live_tiles(tb)
         self.pad = padding.solve(tb, self.live)
+        #: batch dimensions of block size 1 in every tile are left out of the code
+        self.layout = squeezed([self.pad[i] for i in self.live])
         self.vals: dict[int, Val] = {}
         self.pre: list[str] = []
         self.loop: list[str] = []
@@ -154,19 +157,16 @@ class KernelWriter:
         src = tb.sources[k]
         imap, fdim = t.params["input_map"], t.params["forloop_dim"]
         padded, strides, rank = self.pad[t.index], _strides(src.dims), len(t.dims)
-        terms = []
+        starts = {}
         for d in range(rank):
-            start = ""
             for axis, m in enumerate(imap):
                 if m == d and tb.grid_dim[axis] > 1:
-                    start = _scaled(f"pid_{AXES[axis]}", src.dims[d] // tb.grid_dim[axis])
-            term = arange(padded[d], d, rank, start)
-            terms.append(term if strides[d] == 1 else f"{term} * {strides[d]}")
+                    starts[d] = _scaled(f"pid_{AXES[axis]}", src.dims[d] // tb.grid_dim[axis])
         name = f"b{t.index}"
         self.pre.append(f"# b{t.index}: tile {t.dims} of input {k} {src.dims}, "
                         f"input_map {imap}, forloop_dim {fdim}; block {padded}")
-        self.pre.append(f"{name}_off = {' + '.join(terms)}")
-        mask = pad_mask(t.dims, padded, range(rank))
+        self.pre.append(f"{name}_off = {self._offsets(padded, strides, starts)}")
+        mask = pad_mask(t.dims, padded, range(rank), self.layout)
         if mask:
             self.pre.append(f"{name}_mask = {mask}")
         ptr = f"in{k} + {name}_off"
@@ -187,7 +187,7 @@ class KernelWriter:
 
         dot_dtype = "tl.float32" if self.dots.fp32_dots else TL_DTYPE[t.dtype]
         return TileContext(operands, t.dims, self.pad[t.index], bind, dot_dtype,
-                           self.dots.fp32_precision)
+                           self.dots.fp32_precision, self.layout)
 
     def _operator(self, t: BlockTensor) -> None:
         spec = lookup(t.op)
@@ -216,7 +216,7 @@ class KernelWriter:
 
     def _shrink(self, v: Val, dims: Sequence[int], hint: str, lines: list[str]) -> Val:
         """``v`` with block dimensions ``dims`` brought down to 1, bound to a fresh name."""
-        small = shrink(v, dims)
+        small = shrink(v, dims, self.layout)
         if small is v:
             return v
         self._fresh += 1
@@ -243,7 +243,8 @@ class KernelWriter:
                 keeps_zero: bool, lines: list[str]) -> None:
         """Bind ``expr`` as tile ``t``, broadcast to its block shape where it came out smaller."""
         natural, zero = self._natural(t, rel, operands, keeps_zero)
-        v = broadcast(Val(expr, t.dims, natural, "tl.float32", zero), self.pad[t.index])
+        v = broadcast(Val(expr, t.dims, natural, "tl.float32", zero), self.pad[t.index],
+                      self.layout)
         lines.append(f"b{t.index} = {v.name}")
         self.vals[t.index] = Val(f"b{t.index}", t.dims, v.padded, "tl.float32", v.zero_pad)
 
@@ -269,7 +270,7 @@ class KernelWriter:
             x = self._shrink(self.vals[t.operands[0].index], dims.get(0, []),
                              f"b{t.operands[0].index}_row", self.loop)
             step = emit.step(x.f32, self._context(t, [x], self.loop), self.tb.reduction_dimx)
-            self.pre.append(f"{name} = tl.zeros({fmt_shape(padded)}, tl.float32)")
+            self.pre.append(f"{name} = tl.zeros({self.layout.shape(padded)}, tl.float32)")
             operands = [x]
             if len(t.operands) == 2:
                 operands.append(self._rescale_factor(t.operands[1], dims.get(1, [])))
@@ -291,11 +292,11 @@ class KernelWriter:
         m = self.vals[tile.index]
         if tile.index not in self._prev:  # m of the previous iteration, fp32 (loop-carried)
             self._prev[tile.index] = prev = f"b{tile.index}_prev"
-            self.pre.append(f"{prev} = tl.zeros({fmt_shape(m.padded)}, tl.float32)")
+            self.pre.append(f"{prev} = tl.zeros({self.layout.shape(m.padded)}, tl.float32)")
             self.loop_tail.append(f"{prev} = {m.f32}")
         full = Val(f"tl.where(i > 0, tl.exp({self._prev[tile.index]} - {m.f32}), 0.0)",
                    m.real, m.padded, "tl.float32", zero_pad=False)
-        small = shrink(full, dims)
+        small = shrink(full, dims, self.layout)
         if small.name not in self._factors:
             self._fresh += 1
             self._factors[small.name] = f"b{tile.index}_scale{self._fresh}"
@@ -312,7 +313,8 @@ class KernelWriter:
             self._result(t, rel, operands, row, False, lines)
             return
         name, padded = f"b{t.index}", self.pad[t.index]
-        self.pre.append(f"{name} = tl.full({fmt_shape(padded)}, float('-inf'), tl.float32)")
+        self.pre.append(f"{name} = tl.full({self.layout.shape(padded)}, float('-inf'), "
+                        "tl.float32)")
         lines.append(f"{name} = tl.maximum({name}, {row})")
         self.vals[t.index] = Val(name, t.dims, padded, "tl.float32", zero_pad=False)
 
@@ -321,21 +323,34 @@ class KernelWriter:
         v = self.vals[t.index]
         out_dims = tb.output_dims(k)
         strides, rank = _strides(out_dims), len(out_dims)
-        terms = []
+        starts = {}
         for d in range(rank):
-            start = ""
             for axis, m in enumerate(omap):
                 if m == d and tb.grid_dim[axis] > 1:
-                    start = _scaled(f"pid_{AXES[axis]}", t.dims[d])
-            term = arange(v.padded[d], d, rank, start)
-            terms.append(term if strides[d] == 1 else f"{term} * {strides[d]}")
-        mask = pad_mask(t.dims, v.padded, range(rank))
+                    starts[d] = _scaled(f"pid_{AXES[axis]}", t.dims[d])
+        mask = pad_mask(t.dims, v.padded, range(rank), self.layout)
         dtype = "tl.float32" if k in self.role.fp32_outputs else TL_DTYPE[t.dtype]
         value = f"{v.name}.to({dtype})"
         self.post.append(f"# output {k}: tile {t.dims} of {out_dims}, output_map {tuple(omap)}")
-        self.post.append(f"out{k}_off = {' + '.join(terms)}")
+        self.post.append(f"out{k}_off = {self._offsets(v.padded, strides, starts)}")
         self.post.append(f"tl.store(out{k} + out{k}_off, {value}"
                          + (f", mask={mask})" if mask else ")"))
+
+    def _offsets(self, padded: Sequence[int], strides: Sequence[int],
+                 starts: dict[int, str]) -> str:
+        """Element offsets of a block of shape ``padded`` in a tensor of ``strides``, block
+        dimension ``d`` starting at ``starts[d]`` (else 0). A dimension the layout leaves out
+        adds its start only."""
+        rank, terms = len(padded), []
+        for d in range(rank):
+            start = starts.get(d, "")
+            if rank == self.layout.rank and d in self.layout.dropped:
+                term = start
+            else:
+                term = arange(padded[d], d, rank, start, self.layout)
+            if term:
+                terms.append(term if strides[d] == 1 else f"{term} * {strides[d]}")
+        return " + ".join(terms)
 
     def _check_sizes(self) -> None:
         tb = self.tb

@@ -5,6 +5,12 @@ Every tile is a Triton block of its padded shape (``padding``). Elements outside
 masked loads, and operators whose emission keeps zeros). Anything that reduces over a padded
 dimension (sums, rms, the contraction of ``tl.dot``) masks the padding to zero first; stores are
 masked. Helpers here write that code; all shapes are constants of the generated kernel.
+
+Tiles keep the dimensions of their block graph (``Val.real``, ``Val.padded``), but the code may
+hold them at a lower rank: a ``BlockLayout`` leaves out leading dimensions that are 1 in every
+tile of a kernel (a batch tile of one), so attention's (1, m, n) tiles are written as 2-D
+blocks. Every helper here takes dimensions of the block graph and writes axes and shapes of the
+code through the layout.
 """
 
 from __future__ import annotations
@@ -37,42 +43,88 @@ class Val:
         return self.name if self.dtype == "tl.float32" else f"{self.name}.to(tl.float32)"
 
 
-def arange(size: int, dim: int, rank: int, start: str = "") -> str:
-    """``tl.arange(0, size)`` laid along dimension ``dim`` of a rank-``rank`` block."""
-    r = f"tl.arange(0, {size})"
-    if start:
-        r = f"({start} + {r})"
-    if rank == 1:
-        return r
-    return r + "[" + ", ".join(":" if j == dim else "None" for j in range(rank)) + "]"
-
-
-def pad_mask(real: Dims, padded: Dims, dims: Sequence[int]) -> str | None:
-    """Boolean block, true on the real elements along ``dims`` (None if none is padded)."""
-    parts = [f"({arange(padded[d], d, len(padded))} < {real[d]})" for d in dims
-             if padded[d] > real[d]]
-    return " & ".join(parts) if parts else None
-
-
 def fmt_shape(dims: Sequence[int]) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
 
 
-def broadcast(v: Val, padded: Dims) -> Val:
+@dataclass(frozen=True)
+class BlockLayout:
+    """How a kernel's tiles are held in its code: tiles of rank ``rank`` leave out dimensions
+    ``dropped`` (each of block size 1 in every tile). The default leaves out nothing."""
+
+    rank: int = 0
+    dropped: tuple[int, ...] = ()
+
+    def kept(self, rank: int) -> int:
+        """The code's rank for a tile of ``rank`` dimensions."""
+        return rank - len(self.dropped) if rank == self.rank else rank
+
+    def axis(self, dim: int, rank: int) -> int:
+        """The code's axis for dimension ``dim`` of a tile of ``rank`` dimensions."""
+        if rank != self.rank:
+            return dim
+        if dim in self.dropped:
+            raise LowerError(f"dimension {dim} of a rank-{rank} tile is left out of the code")
+        return dim - sum(1 for d in self.dropped if d < dim)
+
+    def shape(self, dims: Sequence[int]) -> str:
+        """``fmt_shape`` of the code's block for block-graph dimensions ``dims``."""
+        if len(dims) != self.rank:
+            return fmt_shape(dims)
+        return fmt_shape([n for d, n in enumerate(dims) if d not in self.dropped])
+
+
+#: the layout that leaves out nothing
+FULL = BlockLayout()
+
+
+def squeezed(padded: Sequence[Dims]) -> BlockLayout:
+    """The layout of a kernel whose live tiles have block shapes ``padded``: when all have one
+    rank of at least 3, its leading (batch) dimensions of block size 1 in every tile are left
+    out; the last two always stay (``tl.dot`` works on them)."""
+    ranks = {len(p) for p in padded}
+    if len(ranks) != 1:
+        return FULL
+    (rank,) = ranks
+    dropped = tuple(d for d in range(rank - 2) if all(p[d] == 1 for p in padded))
+    return BlockLayout(rank, dropped) if dropped else FULL
+
+
+def arange(size: int, dim: int, rank: int, start: str = "", layout: BlockLayout = FULL) -> str:
+    """``tl.arange(0, size)`` laid along dimension ``dim`` of a rank-``rank`` tile."""
+    r = f"tl.arange(0, {size})"
+    if start:
+        r = f"({start} + {r})"
+    at, code_rank = layout.axis(dim, rank), layout.kept(rank)
+    if code_rank == 1:
+        return r
+    return r + "[" + ", ".join(":" if j == at else "None" for j in range(code_rank)) + "]"
+
+
+def pad_mask(real: Dims, padded: Dims, dims: Sequence[int],
+             layout: BlockLayout = FULL) -> str | None:
+    """Boolean block, true on the real elements along ``dims`` (None if none is padded)."""
+    parts = [f"({arange(padded[d], d, len(padded), '', layout)} < {real[d]})" for d in dims
+             if padded[d] > real[d]]
+    return " & ".join(parts) if parts else None
+
+
+def broadcast(v: Val, padded: Dims, layout: BlockLayout = FULL) -> Val:
     """Grow size-1 block dimensions to ``padded`` (the real size stays as it is)."""
     if v.padded == padded:
         return v
-    return replace(v, name=f"tl.broadcast_to({v.name}, {fmt_shape(padded)})", padded=padded,
+    return replace(v, name=f"tl.broadcast_to({v.name}, {layout.shape(padded)})", padded=padded,
                    zero_pad=False)
 
 
-def shrink(v: Val, dims: Sequence[int]) -> Val:
+def shrink(v: Val, dims: Sequence[int], layout: BlockLayout = FULL) -> Val:
     """Block dimensions of real size 1 but padded size > 1 brought down to 1 (element 0)."""
-    text, padded = v.f32, list(v.padded)
+    text, padded, rank = v.f32, list(v.padded), len(v.padded)
     for d in dims:
         if v.real[d] == 1 and padded[d] > 1:
-            first = f"{arange(padded[d], d, len(padded))} == 0"
-            text = f"tl.sum(tl.where({first}, {text}, 0.0), axis={d}, keep_dims=True)"
+            first = f"{arange(padded[d], d, rank, '', layout)} == 0"
+            text = (f"tl.sum(tl.where({first}, {text}, 0.0), axis={layout.axis(d, rank)}, "
+                    "keep_dims=True)")
             padded[d] = 1
     if tuple(padded) == v.padded:
         return v
@@ -83,11 +135,13 @@ class TileContext:
     """The operands of one operator, the shape of its result, and code-writing helpers."""
 
     def __init__(self, operands: Sequence[Val], out_real: Dims, out_padded: Dims,
-                 bind: Callable[[str, str], str], dot_dtype: str, dot_precision: str) -> None:
+                 bind: Callable[[str, str], str], dot_dtype: str, dot_precision: str,
+                 layout: BlockLayout = FULL) -> None:
         self.operands = list(operands)
         self.out_real, self.out_padded = out_real, out_padded
         self._bind = bind
         self.dot_dtype, self.dot_precision = dot_dtype, dot_precision
+        self.layout = layout
 
     # --- shapes -----------------------------------------------------------------------------
     def real(self, i: int) -> Dims:
@@ -105,23 +159,23 @@ class TileContext:
         """``text`` (an expression of operand ``i`` that is 0 where the operand is 0) with
         operand ``i``'s padding along ``dims`` set to 0."""
         v = self.operands[i]
-        mask = None if v.zero_pad else pad_mask(v.real, v.padded, dims)
+        mask = None if v.zero_pad else pad_mask(v.real, v.padded, dims, self.layout)
         return text if mask is None else f"tl.where({mask}, {text}, 0.0)"
 
     def sum(self, text: str, i: int, dims: Sequence[int]) -> str:
         """Sum of ``text`` (shaped like operand ``i``) over ``dims``, padding masked, dims kept."""
-        out = self.zero(text, i, dims)
+        out, rank = self.zero(text, i, dims), len(self.operands[i].padded)
         for d in dims:
-            out = f"tl.sum({out}, axis={d}, keep_dims=True)"
+            out = f"tl.sum({out}, axis={self.layout.axis(d, rank)}, keep_dims=True)"
         return out
 
     def max(self, text: str, i: int, dims: Sequence[int]) -> str:
         """Max of ``text`` (shaped like operand ``i``) over ``dims``, padding masked to -inf."""
         v = self.operands[i]
-        mask = pad_mask(v.real, v.padded, dims)
+        mask = pad_mask(v.real, v.padded, dims, self.layout)
         out = text if mask is None else f"tl.where({mask}, {text}, float('-inf'))"
         for d in dims:
-            out = f"tl.max({out}, axis={d}, keep_dims=True)"
+            out = f"tl.max({out}, axis={self.layout.axis(d, len(v.padded))}, keep_dims=True)"
         return out
 
     # --- structural operators ---------------------------------------------------------------
@@ -132,19 +186,20 @@ class TileContext:
         r = len(a.padded)
         if r not in (2, 3):
             raise LowerError(f"tl.dot takes tiles of rank 2 or 3, got {a.real} @ {b.real}")
+        batched = self.layout.kept(r) == 3  # else the batch dimension is left out of the code
         texts = []
         for v, k, other in ((a, r - 1, b), (b, r - 2, a)):
-            mask = None if v.zero_pad else pad_mask(v.real, v.padded, [k])
+            mask = None if v.zero_pad else pad_mask(v.real, v.padded, [k], self.layout)
             text = v.name if mask is None else f"tl.where({mask}, {v.name}, 0.0)"
             if v.dtype != self.dot_dtype:
                 text = f"{text}.to({self.dot_dtype})"
-            if r == 3 and v.padded[0] < other.padded[0]:
+            if batched and v.padded[0] < other.padded[0]:
                 text = f"tl.broadcast_to({text}, {fmt_shape((other.padded[0], *v.padded[1:]))})"
             texts.append(text)
         extra = ""
         if self.dot_dtype == "tl.float32":
             extra = f', input_precision="{self.dot_precision}"'
-        if r == 3 and a.padded[0] == 1 and b.padded[0] == 1:
+        if batched and a.padded[0] == 1 and b.padded[0] == 1:
             # a batch of one: a plain 2-D dot (Triton's batched dot is far slower on the GPU)
             m, k, n = a.padded[1], a.padded[2], b.padded[2]
             product = (f"tl.dot(tl.reshape({texts[0]}, ({m}, {k})), "
@@ -156,36 +211,40 @@ class TileContext:
         """Operands ``a`` and ``b`` joined along ``dim`` (by gathering from each)."""
         pa, pb = self.padded(0), self.padded(1)
         ra = self.real(0)[dim]
-        out = self.out_padded
+        out, lay = self.out_padded, self.layout
         rank = len(out)
         texts = []
         for text, p in ((a, pa), (b, pb)):  # non-joined dims broadcast to the result's
             want = tuple(p[d] if d == dim else out[d] for d in range(rank))
-            texts.append(text if want == p else f"tl.broadcast_to({text}, {fmt_shape(want)})")
-        pos = arange(out[dim], dim, rank)
-        ia = self.bind(f"tl.broadcast_to(tl.minimum({pos}, {pa[dim] - 1}), {fmt_shape(out)})",
+            texts.append(text if want == p else f"tl.broadcast_to({text}, {lay.shape(want)})")
+        pos = arange(out[dim], dim, rank, "", lay)
+        ia = self.bind(f"tl.broadcast_to(tl.minimum({pos}, {pa[dim] - 1}), {lay.shape(out)})",
                        "ia")
         ib = self.bind(f"tl.broadcast_to(tl.minimum(tl.maximum({pos} - {ra}, 0), "
-                       f"{pb[dim] - 1}), {fmt_shape(out)})", "ib")
-        return (f"tl.where({pos} < {ra}, tl.gather({texts[0]}, {ia}, {dim}), "
-                f"tl.gather({texts[1]}, {ib}, {dim}))")
+                       f"{pb[dim] - 1}), {lay.shape(out)})", "ib")
+        at = lay.axis(dim, rank)
+        return (f"tl.where({pos} < {ra}, tl.gather({texts[0]}, {ia}, {at}), "
+                f"tl.gather({texts[1]}, {ib}, {at}))")
 
     def fold(self, x: str, i: int, dimx: int) -> str:
         """``out[..., j] = sum_k x[..., k * dimx + j]`` (the sum_todimx step)."""
-        v = self.operands[i]
+        v, lay = self.operands[i], self.layout
         rank, last = len(v.padded), len(v.padded) - 1
         p, width = v.padded[last], self.out_padded[last]
         x = self.zero(x, i, [last])
         if width == dimx and p % dimx == 0:  # a reshape into (..., p / dimx, dimx) and a sum
-            shape = fmt_shape((*v.padded[:last], p // dimx, dimx))
-            return f"tl.sum(tl.reshape({x}, {shape}), axis={last})"
+            lead = [n for d, n in enumerate(v.padded[:last])
+                    if rank != lay.rank or d not in lay.dropped]
+            shape = fmt_shape((*lead, p // dimx, dimx))
+            return f"tl.sum(tl.reshape({x}, {shape}), axis={lay.axis(last, rank)})"
         xs = x if x.isidentifier() else self.bind(x, "fold")
-        shape = fmt_shape((*v.padded[:last], width))
+        shape = lay.shape((*v.padded[:last], width))
         terms = []
         for k in range(v.real[last] // dimx):
-            idx = f"tl.minimum({arange(width, last, rank, str(k * dimx))}, {p - 1})"
-            terms.append(f"tl.gather({xs}, tl.broadcast_to({idx}, {shape}), {last})")
+            idx = f"tl.minimum({arange(width, last, rank, str(k * dimx), lay)}, {p - 1})"
+            terms.append(f"tl.gather({xs}, tl.broadcast_to({idx}, {shape}), "
+                         f"{lay.axis(last, rank)})")
         total = " + ".join(terms)
         if width == dimx:
             return total
-        return f"tl.where({arange(width, last, rank)} < {dimx}, {total}, 0.0)"
+        return f"tl.where({arange(width, last, rank, '', lay)} < {dimx}, {total}, 0.0)"
