@@ -282,7 +282,7 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
                floor_fraction=_ratio(row["floor_us"], ours),
                floor_fraction_graph=_ratio(row["floor_us"], ours_graph),
                notes=notes)
-    log(f"{name} b={batch}: ours ({found.source}"
+    log(f"{name} b={batch}: ours ({row['source']}"
         + (f" {row['mugraph_file']}" if row["mugraph_file"] else "")
         + f", best of {len(found.graphs)}) {_fmt(ours)} / {_fmt(ours_graph)} µs (graph), baselines "
         + ", ".join(f"{k} {_fmt(plain[k])} / {_fmt(graph.get(k))}" for k in plain)
