@@ -24,8 +24,7 @@ from ..ops import lookup
 from ..ops.spec import TileDims
 from . import padding
 from .accumulate import accumulator_emission, rescaled_dims, running_max_dims
-from .tile_context import (TL_DTYPE, TileContext, Val, arange, broadcast, pad_mask, shrink,
-                           squeezed)
+from .tile_context import TL_DTYPE, TileContext, Val, arange, broadcast, pad_mask, shrink, squeezed
 
 #: the largest block Triton accepts (elements)
 MAX_BLOCK_NUMEL = 1 << 20
