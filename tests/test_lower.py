@@ -212,12 +212,13 @@ def _batched_todimx() -> em.KernelGraph:
     return h
 
 
-def _batch_of_one() -> em.KernelGraph:
+def _batch_of_one(dimx: int = 12) -> em.KernelGraph:
     """Rank-3 tiles whose batch dimension is 1 in every tile, which the code holds as 2-D
-    blocks: a reduction over a middle dimension broadcast back, sum_todimx to 12, a one-row
+    blocks: a reduction over a middle dimension broadcast back, sum_todimx to ``dimx`` (12:
+    gathers; 16: a reshape and a sum), a one-row
     matmul (padded to 16 rows) added to four rows, concat, online softmax, rms."""
     h, (A, B, Y) = _graph((2, 8, 32), (2, 32, 48), (2, 4, 48))
-    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=2, reduction_dimx=12)
+    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=2, reduction_dimx=dimx)
     a = tb.new_input(A, (0, -1, -1), forloop_dim=2)       # (1, 8, 16)
     b = tb.new_input(B, (0, -1, -1), forloop_dim=1)       # (1, 16, 48)
     y = tb.new_input(Y, (0, -1, -1), forloop_dim=-1)      # (1, 4, 48), invariant
@@ -237,7 +238,7 @@ def _batch_of_one() -> em.KernelGraph:
 
 GENERIC = {"reduction_mean": _reduction_mean, "concat_matmul": _concat_matmul,
            "rms_norm_gain_rows": _rms_norm_gain_rows, "batched_todimx": _batched_todimx,
-           "batch_of_one": _batch_of_one}
+           "batch_of_one": _batch_of_one, "batch_of_one_dimx16": lambda: _batch_of_one(16)}
 
 
 @pytest.mark.parametrize("name", GENERIC)
