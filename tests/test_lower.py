@@ -214,15 +214,15 @@ def _batched_todimx() -> em.KernelGraph:
 
 def _batch_of_one(dimx: int = 12) -> em.KernelGraph:
     """Rank-3 tiles whose batch dimension is 1 in every tile, which the code holds as 2-D
-    blocks: a reduction over a middle dimension broadcast back, sum_todimx to ``dimx`` (12:
-    gathers; 16: a reshape and a sum), a one-row
-    matmul (padded to 16 rows) added to four rows, concat, online softmax, rms."""
+    blocks: reductions over the batch dimension (size 1) and over a middle dimension broadcast
+    back, sum_todimx to ``dimx`` (12: gathers; 16: a reshape and a sum), a one-row matmul
+    (padded to 16 rows) added to four rows, concat, online softmax, rms."""
     h, (A, B, Y) = _graph((2, 8, 32), (2, 32, 48), (2, 4, 48))
     tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=2, reduction_dimx=dimx)
     a = tb.new_input(A, (0, -1, -1), forloop_dim=2)       # (1, 8, 16)
     b = tb.new_input(B, (0, -1, -1), forloop_dim=1)       # (1, 16, 48)
     y = tb.new_input(Y, (0, -1, -1), forloop_dim=-1)      # (1, 4, 48), invariant
-    col = tb.reduction(a, 1)                               # (1, 1, 16)
+    col = tb.reduction(tb.reduction(a, 0), 1)              # (1, 1, 16); dim 0 has size 1
     ab = tb.matmul(tb.add(a, col), b)                      # (1, 8, 48)
     tb.new_output(tb.forloop_accum(ab, "sum_todimx"), (0, -1, -1))
     tb.new_output(tb.forloop_accum(tb.add(tb.matmul(col, b), y)), (0, -1, -1))
@@ -251,7 +251,7 @@ def test_a_batch_of_one_is_written_as_2d_blocks() -> None:
     blocks, no reshapes around tl.dot); a batch tile of 2 keeps its rank-3 blocks."""
     squeezed = generate_source(_batch_of_one())
     assert "[:, None, None]" not in squeezed and "tl.reshape(tl.dot" not in squeezed
-    assert "b16 = tl.zeros((16, 1), tl.float32)" in squeezed  # (1, 8, 1) sums, rows padded
+    assert "tl.zeros((16, 1), tl.float32)" in squeezed  # the (1, 8, 1) sums, rows padded
     assert "[:, None, None]" in generate_source(_batched_todimx())
 
 

@@ -343,7 +343,7 @@ class KernelWriter:
         rank, terms = len(padded), []
         for d in range(rank):
             start = starts.get(d, "")
-            if rank == self.layout.rank and d in self.layout.dropped:
+            if self.layout.left_out(d, rank):
                 term = start
             else:
                 term = arange(padded[d], d, rank, start, self.layout)

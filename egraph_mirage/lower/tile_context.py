@@ -55,6 +55,10 @@ class BlockLayout:
     rank: int = 0
     dropped: tuple[int, ...] = ()
 
+    def left_out(self, dim: int, rank: int) -> bool:
+        """Whether dimension ``dim`` of a tile of ``rank`` dimensions is left out of the code."""
+        return rank == self.rank and dim in self.dropped
+
     def kept(self, rank: int) -> int:
         """The code's rank for a tile of ``rank`` dimensions."""
         return rank - len(self.dropped) if rank == self.rank else rank
@@ -63,7 +67,7 @@ class BlockLayout:
         """The code's axis for dimension ``dim`` of a tile of ``rank`` dimensions."""
         if rank != self.rank:
             return dim
-        if dim in self.dropped:
+        if self.left_out(dim, rank):
             raise LowerError(f"dimension {dim} of a rank-{rank} tile is left out of the code")
         return dim - sum(1 for d in self.dropped if d < dim)
 
@@ -163,8 +167,11 @@ class TileContext:
         return text if mask is None else f"tl.where({mask}, {text}, 0.0)"
 
     def sum(self, text: str, i: int, dims: Sequence[int]) -> str:
-        """Sum of ``text`` (shaped like operand ``i``) over ``dims``, padding masked, dims kept."""
-        out, rank = self.zero(text, i, dims), len(self.operands[i].padded)
+        """Sum of ``text`` (shaped like operand ``i``) over ``dims``, padding masked, dims kept
+        (a sum over a dimension the layout leaves out, of size 1, is the tile itself)."""
+        rank = len(self.operands[i].padded)
+        dims = [d for d in dims if not self.layout.left_out(d, rank)]
+        out = self.zero(text, i, dims)
         for d in dims:
             out = f"tl.sum({out}, axis={self.layout.axis(d, rank)}, keep_dims=True)"
         return out
@@ -172,6 +179,7 @@ class TileContext:
     def max(self, text: str, i: int, dims: Sequence[int]) -> str:
         """Max of ``text`` (shaped like operand ``i``) over ``dims``, padding masked to -inf."""
         v = self.operands[i]
+        dims = [d for d in dims if not self.layout.left_out(d, len(v.padded))]
         mask = pad_mask(v.real, v.padded, dims, self.layout)
         out = text if mask is None else f"tl.where({mask}, {text}, float('-inf'))"
         for d in dims:
