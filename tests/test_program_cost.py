@@ -39,3 +39,16 @@ def test_split_kv_attention_ranks_above_writing_the_scores() -> None:
         split, scores = split_kv_attention(g), _scores_then_kernel(g)
         assert em.verify(g, scores).equivalent
         assert cost.seconds(split) < cost.seconds(scores), name
+
+
+def test_a_fused_combine_pays_no_launch() -> None:
+    """The lowering runs split-K's combine inside the products kernel by default
+    (``lower.fuse``), so the estimate charges one launch for the two kernels; without fusion,
+    two. A plan with nothing to fuse costs the same either way."""
+    g = em.benchmarks.get("rmsnorm_linear")
+    split = em.handwritten.rmsnorm_linear_split_k(g)
+    one = em.handwritten.rmsnorm_linear(g)
+    fused, apart = ProgramCost(), ProgramCost(fused_combines=False)
+    assert fused.launches(split) == apart.launches(split) == 2
+    assert abs(apart.seconds(split) - fused.seconds(split) - apart.launch_seconds) < 1e-12
+    assert fused.seconds(one) == apart.seconds(one)

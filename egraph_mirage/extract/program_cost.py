@@ -5,7 +5,9 @@ results with it, and ``gpu.tune.rank`` orders candidates by it where no GPU time
 bandwidth floor, ``gpu.floor.io_bytes``, is another quantity: the bytes any version must move,
 each input read once and each output written once.)
 
-Every kernel pays a launch; a graph-defined kernel reads each loader's tiles once per block and
+Every kernel pays a launch, except a combine the lowering runs inside the kernel before it
+(``lower.fuse``, the default: ``fused_combines``); a graph-defined kernel reads each loader's
+tiles once per block and
 loop iteration (a replicated input is read by every block) and writes its outputs once; a library
 operator reads its operands and writes its result. A grid of fewer blocks than the GPU has
 multiprocessors reaches only that fraction of the bandwidth, which is why small-batch programs
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph import KernelGraph
+from ..lower import fuse
 from ..mugraph.threadblock import LOOP_SIDE
 
 
@@ -42,6 +45,9 @@ class ProgramCost:
     multiprocessors: int = 132
     matmul_flops: float = 4.0e14  # fp16 tensor-core FLOP/s, whole GPU
     vector_flops: float = 3.0e13  # element-wise operations per second, whole GPU
+    #: price split plans as the lowering runs them by default: a combine fused into its
+    #: producer (``lower.fuse``) is no launch of its own
+    fused_combines: bool = True
 
     def compute_seconds(self, tb: Any) -> float:
         """Time the whole grid of block graph ``tb`` spends computing, at full occupancy."""
@@ -97,6 +103,8 @@ class ProgramCost:
         total = 0.0
         launches = [t for t in g.operators
                     if not (t.op == "customized" and t.params["output"])]
+        fused = ({id(c.consumer) for c in fuse.plan(g).values()} if self.fused_combines
+                 else set())
         for t, (_, moved, blocks) in zip(launches, self.kernels(g)):
             share = min(1.0, blocks / self.multiprocessors)
             if t.op == "customized":
@@ -106,8 +114,11 @@ class ProgramCost:
                            / self.matmul_flops)
             else:
                 compute = 0.0
-            total += self.launch_seconds + max(moved / self.bandwidth, compute) / share
+            launch = 0.0 if t.op == "customized" and id(t.params["kernel"]) in fused else (
+                self.launch_seconds)
+            total += launch + max(moved / self.bandwidth, compute) / share
         return total
 
     def launches(self, g: KernelGraph) -> int:
+        """Kernels of ``g`` (a fused combine counts as a kernel of its own)."""
         return len(self.kernels(g))
