@@ -114,8 +114,8 @@ class ProgramCost:
                            / self.matmul_flops)
             else:
                 compute = 0.0
-            launch = 0.0 if t.op == "customized" and id(t.params["kernel"]) in fused else (
-                self.launch_seconds)
+            fused_here = t.op == "customized" and id(t.params["kernel"]) in fused
+            launch = 0.0 if fused_here else self.launch_seconds
             total += launch + max(moved / self.bandwidth, compute) / share
         return total
 

@@ -156,11 +156,7 @@ class KernelWriter:
         src = tb.sources[k]
         imap, fdim = t.params["input_map"], t.params["forloop_dim"]
         padded, strides, rank = self.pad[t.index], _strides(src.dims), len(t.dims)
-        starts = {}
-        for d in range(rank):
-            for axis, m in enumerate(imap):
-                if m == d and tb.grid_dim[axis] > 1:
-                    starts[d] = _scaled(f"pid_{AXES[axis]}", src.dims[d] // tb.grid_dim[axis])
+        starts = self._starts(imap, src.dims)
         name = f"b{t.index}"
         self.pre.append(f"# b{t.index}: tile {t.dims} of input {k} {src.dims}, "
                         f"input_map {imap}, forloop_dim {fdim}; block {padded}")
@@ -322,11 +318,7 @@ class KernelWriter:
         v = self.vals[t.index]
         out_dims = tb.output_dims(k)
         strides, rank = _strides(out_dims), len(out_dims)
-        starts = {}
-        for d in range(rank):
-            for axis, m in enumerate(omap):
-                if m == d and tb.grid_dim[axis] > 1:
-                    starts[d] = _scaled(f"pid_{AXES[axis]}", t.dims[d])
+        starts = self._starts(omap, out_dims)
         mask = pad_mask(t.dims, v.padded, range(rank), self.layout)
         dtype = "tl.float32" if k in self.role.fp32_outputs else TL_DTYPE[t.dtype]
         value = f"{v.name}.to({dtype})"
@@ -334,6 +326,13 @@ class KernelWriter:
         self.post.append(f"out{k}_off = {self._offsets(v.padded, strides, starts)}")
         self.post.append(f"tl.store(out{k} + out{k}_off, {value}"
                          + (f", mask={mask})" if mask else ")"))
+
+    def _starts(self, dmap: Sequence[int], dims: Sequence[int]) -> dict[int, str]:
+        """Where each block starts along the dimensions of a tensor of ``dims`` that grid axes
+        cut (``dmap``: an input or output map): ``pid`` times the piece of that axis."""
+        grid = self.tb.grid_dim
+        return {d: _scaled(f"pid_{AXES[axis]}", dims[d] // grid[axis])
+                for axis, d in enumerate(dmap) if d >= 0 and grid[axis] > 1}
 
     def _offsets(self, padded: Sequence[int], strides: Sequence[int],
                  starts: dict[int, str]) -> str:

@@ -71,11 +71,13 @@ class BlockLayout:
             raise LowerError(f"dimension {dim} of a rank-{rank} tile is left out of the code")
         return dim - sum(1 for d in self.dropped if d < dim)
 
+    def dims(self, dims: Sequence[int]) -> list[int]:
+        """The code's block dimensions for block-graph dimensions ``dims``."""
+        return [n for d, n in enumerate(dims) if not self.left_out(d, len(dims))]
+
     def shape(self, dims: Sequence[int]) -> str:
         """``fmt_shape`` of the code's block for block-graph dimensions ``dims``."""
-        if len(dims) != self.rank:
-            return fmt_shape(dims)
-        return fmt_shape([n for d, n in enumerate(dims) if d not in self.dropped])
+        return fmt_shape(self.dims(dims))
 
 
 #: the layout that leaves out nothing
@@ -241,9 +243,7 @@ class TileContext:
         p, width = v.padded[last], self.out_padded[last]
         x = self.zero(x, i, [last])
         if width == dimx and p % dimx == 0:  # a reshape into (..., p / dimx, dimx) and a sum
-            lead = [n for d, n in enumerate(v.padded[:last])
-                    if rank != lay.rank or d not in lay.dropped]
-            shape = fmt_shape((*lead, p // dimx, dimx))
+            shape = fmt_shape((*lay.dims(v.padded)[:-1], p // dimx, dimx))
             return f"tl.sum(tl.reshape({x}, {shape}), axis={lay.axis(last, rank)})"
         xs = x if x.isidentifier() else self.bind(x, "fold")
         shape = lay.shape((*v.padded[:last], width))
