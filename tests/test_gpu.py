@@ -32,8 +32,10 @@ from egraph_mirage.gpu.tune import (
     DEFAULT_KNOBS,
     TuneCache,
     cache_key,
+    check,
     knob_space,
     rank,
+    tolerance,
     tune,
 )
 from egraph_mirage.mugraph import ACCUMULATORS
@@ -167,6 +169,26 @@ def test_relative_error_rejects_nan() -> None:
     assert relative_error(x, x) == 0.0
     assert relative_error(torch.tensor([1.0, math.nan, 1.0]), x) == math.inf
     assert relative_error(torch.ones(2), x) == math.inf
+
+
+def test_a_kernel_wrong_in_one_block_is_rejected() -> None:
+    """Wrong by 3% of the largest value in one 32-element block of 32 x 6144 outputs: the
+    norm-wise error stays under the tolerance (miscompiles of this kind, measured on an H200,
+    passed a norm-only check), the worst element's does not; fp16 rounding everywhere passes."""
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    ref = torch.randn(32, 6144, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    wrong = ref.clone()
+    wrong[5, 128:160] += 0.03 * ref.abs().max()
+    assert float(torch.linalg.vector_norm(wrong - ref) / torch.linalg.vector_norm(ref)) < (
+        tolerance(g) / 2)
+    assert relative_error(wrong, ref) > 0.02
+    assert not check(lambda *xs: [wrong], g, [], refs=[ref])[0]
+    rounded = ref.to(torch.float16)
+    assert relative_error(rounded, ref) < 1e-3 and check(lambda *xs: [rounded], g, [],
+                                                         refs=[ref])[0]
+    # bfloat16 programs get 8 times the room (3 fewer mantissa bits)
+    assert tolerance(em.benchmarks.get("rmsnorm_linear", small=True, dtype=em.bfloat16)) == (
+        8 * tolerance(g))
 
 
 # --- inputs, bytes, floor ----------------------------------------------------------------------

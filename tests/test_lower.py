@@ -255,6 +255,22 @@ def test_a_batch_of_one_is_written_as_2d_blocks() -> None:
     assert "[:, None, None]" in generate_source(_batched_todimx())
 
 
+def test_a_tile_feeding_a_large_dot_and_register_code_is_loaded_twice() -> None:
+    """RMSNorm + Linear at 64 rows: X's tile feeds the 64-row dot (Hopper's wgmma, whose
+    operands Triton stages in shared memory) and the sum of squares, so the sum of squares reads
+    its own ``.cg`` load of the tile (Triton 3.6 miscompiled the shared use on an H200); at 32
+    rows the code keeps one load. Either way the numbers match the reference."""
+    big = em.benchmarks.get("rmsnorm_linear", batch=32, small=True)  # X (64, 64)
+    h = em.handwritten.fused("rmsnorm_linear", big)
+    src = generate_source(h)
+    assert 'b0_r = tl.load(in0 + b0_off + i * 16, cache_modifier=".cg")' in src
+    assert "tl.dot(b0, b1)" in src and "b0_r.to(tl.float32) * b0_r.to(tl.float32)" in src
+    _check(h, em.float16, reference=big.evaluate)
+    small = em.handwritten.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear", batch=16,
+                                                                     small=True))
+    assert "_r = tl.load" not in generate_source(small)
+
+
 def test_generic_graphs_cover_the_block_ops_and_accumulators() -> None:
     ops, accs = set(), set()
     graphs = [f() for f in GENERIC.values()]

@@ -183,7 +183,7 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
     ``timer``) ranks the knob settings; the reported figures are ``timer``'s."""
     from ..gpu import baselines as bl
     from ..gpu.timing import graph_bytes, input_sets, l2_bytes, random_inputs, rotation_count
-    from ..gpu.tune import FP16_TOL, Trial, TuneCache, TuneResult, check, rank, tune
+    from ..gpu.tune import Trial, TuneCache, TuneResult, check, rank, tolerance, tune
 
     g = benchmarks.get(name, batch=batch, small=cfg.small)
     if cfg.from_search:
@@ -253,7 +253,7 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
             ok, err = check(top.tuned.fn, g, random_inputs(g, cfg.device, cfg.seed + 20_000,
                                                            cfg.std))
             if not ok:
-                notes.append(f"ours: relative error {err:.2e} on fresh inputs (> {FP16_TOL})")
+                notes.append(f"ours: relative error {err:.2e} on fresh inputs (> {tolerance(g)})")
             else:
                 ours = timer.plain(top.tuned.fn, sets)
                 ours_graph = timer.graph(top.tuned.fn, sets)

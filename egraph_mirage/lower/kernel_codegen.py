@@ -28,6 +28,9 @@ from .tile_context import TL_DTYPE, TileContext, Val, arange, broadcast, pad_mas
 
 #: the largest block Triton accepts (elements)
 MAX_BLOCK_NUMEL = 1 << 20
+#: dots of at least this many rows may run on Hopper's asynchronous tensor-core instruction
+#: (wgmma), whose operands Triton's pipeliner keeps in shared memory
+WGMMA_ROWS = 64
 #: offsets are int32: tensors must have fewer elements than this
 MAX_TENSOR_NUMEL = 1 << 31
 AXES = "xyz"
@@ -100,10 +103,14 @@ class KernelWriter:
         self._factors: dict[str, str] = {}  # rescale factor expression -> its variable
         self._fresh = 0
         self.looped = tb.forloop_range > 1
+        #: loop-loaded tiles that feed a large dot and other operators: loaded twice
+        #: (``_split_loads``); tile -> the copy the dot reads
+        self._dot_vals: dict[int, Val] = {}
         #: block ops that are not op-table entries; every other op goes through ``_operator``
         self._builders = {"input": self._load, "forloop_accum": self._accumulate,
                           "forloop_accum_rescale": self._accumulate,
                           "forloop_max": self._running_max}
+        self._split = self._split_loads()
 
     # --- entry point ------------------------------------------------------------------------
     def source(self) -> str:
@@ -151,6 +158,32 @@ class KernelWriter:
     def _section(self, side: str) -> list[str]:
         return self.pre if side == INVARIANT else self.post if side == EPILOGUE else self.loop
 
+    def _split_loads(self) -> set[int]:
+        """Tiles loaded in the loop that feed both a dot of at least ``WGMMA_ROWS`` rows and
+        some other operator. Measured on an H200 with Triton 3.6: when one loaded tile feeds a
+        wgmma dot and register code (an RMSNorm's sum of squares beside ``X @ W`` at 64 rows),
+        a quarter of the knob settings gave wrong products, differently from run to run; a
+        second load of the tile for the register code, with ``.cg`` so that Triton keeps the
+        two apart, gave none (``docs/lowering.md`` §3b)."""
+        dot_use: set[int] = set()
+        other_use: set[int] = set()
+        for u in self.tb.tensors:
+            if u.index not in self.live:
+                continue
+            spec = lookup(u.op) if u.op not in self._builders else None
+            code = self.layout.dims(self.pad[u.index])
+            big = len(code) == 2 and code[0] >= WGMMA_ROWS
+            for pos, o in enumerate(u.operands):
+                if spec is not None and pos in spec.triton.dot_operands:
+                    if big:
+                        dot_use.add(o.index)
+                else:
+                    other_use.add(o.index)
+        return {t.index for t in self.tb.tensors
+                if t.op == "input" and t.index in dot_use & other_use
+                and t.side not in (INVARIANT, EPILOGUE) and self.looped
+                and t.params["position"] not in self.role.cg_inputs}
+
     def _load(self, t: BlockTensor) -> None:
         tb, k = self.tb, t.params["position"]
         src = tb.sources[k]
@@ -173,6 +206,11 @@ class KernelWriter:
         self._section(t.side).append(f"{name} = {load}")
         dtype = "tl.float32" if k in self.role.fp32_inputs else TL_DTYPE[t.dtype]
         self.vals[t.index] = Val(name, t.dims, padded, dtype, zero_pad=True)
+        if t.index in self._split:  # the dot reads this load, other operators a second one
+            self._dot_vals[t.index] = self.vals[t.index]
+            self._section(t.side).append(
+                f"{name}_r = tl.load({ptr}{how}, cache_modifier=\".cg\")")
+            self.vals[t.index] = Val(f"{name}_r", t.dims, padded, dtype, zero_pad=True)
 
     def _context(self, t: BlockTensor, operands: Sequence[Val], lines: list[str]) -> TileContext:
         def bind(expr: str, hint: str) -> str:
@@ -188,15 +226,19 @@ class KernelWriter:
         spec = lookup(t.op)
         rel = spec.triton.dims([o.dims for o in t.operands], t.params)
         lines = self._section(t.side)
-        operands = self._shrunk(t, rel, lines)
+        operands = self._shrunk(t, rel, lines, spec.triton.dot_operands)
         ctx = self._context(t, operands, lines)
         expr = spec.triton.tile([v.f32 for v in operands], ctx, t.params)
         self._result(t, rel, operands, expr, spec.triton.keeps_zero, lines)
 
-    def _shrunk(self, t: BlockTensor, rel: TileDims, lines: list[str]) -> list[Val]:
-        """Operands with broadcast dimensions (real size 1 against a larger one) at block size 1."""
+    def _shrunk(self, t: BlockTensor, rel: TileDims, lines: list[str],
+                dot_operands: Sequence[int] = ()) -> list[Val]:
+        """Operands with broadcast dimensions (real size 1 against a larger one) at block size 1;
+        operands at ``dot_operands`` from the dot's own load where there is one."""
         dims = self._broadcast_dims(t, rel)
-        return [self._shrink(self.vals[src.index], dims.get(o, []), f"b{src.index}_row", lines)
+        return [self._shrink(self._dot_vals.get(src.index, self.vals[src.index])
+                             if o in dot_operands else self.vals[src.index],
+                             dims.get(o, []), f"b{src.index}_row", lines)
                 for o, src in enumerate(t.operands)]
 
     @staticmethod

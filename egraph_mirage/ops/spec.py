@@ -58,12 +58,16 @@ class TritonEmission:
       (``shapes``: the operands' shapes).
     - ``keeps_zero``: whether the tile expression maps zero padding to zero padding (then the
       lowering need not mask the result before a reduction).
+    - ``dot_operands``: the operands the tile expression hands to ``tl.dot`` (the tensor cores
+      may read them from shared memory; the lowering gives such an operand its own load where
+      the same tile also feeds other operators, ``kernel_codegen``).
     """
 
     tile: Callable[[Sequence[str], Any, Params], str]
     host: Callable[[Sequence[str], Sequence[Shape], Params], str]
     dims: Callable[[Sequence[Shape], Params], TileDims]
     keeps_zero: bool
+    dot_operands: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
         levels=GRAPH_LEVELS, commutative=False,
         triton=TritonEmission(tile=lambda args, ctx, p: ctx.dot(0, 1),
                               host=lambda args, shapes, p: f"torch.matmul({args[0]}, {args[1]})",
-                              dims=_matmul_dims, keeps_zero=True),
+                              dims=_matmul_dims, keeps_zero=True, dot_operands=(0, 1)),
         doc="matrix product over the last two dimensions, batched over the leading ones",
     ),
     _binary("add", "Add", np.add, True, "+", True, "element-wise sum with size-1 broadcasting"),
