@@ -3,9 +3,10 @@
 ``tune(mugraph, program, ...)`` compiles ``mugraph`` once per point of the knob space
 (``num_warps`` × ``num_stages`` unless the lowering names its own), checks each compiled program
 against the PyTorch evaluation of ``program`` in float32 on fresh random inputs (relative error,
-norm-wise or in the worst element, above ``tol`` or any NaN: rejected, never timed), times the rest and keeps the best. Every trial
-is cached on disk under a hash of the μGraph's JSON, the device name and the knobs, so a second
-run re-times nothing; the best is compiled again to hand back a callable.
+norm-wise or in the worst element, above ``tol`` or any NaN: rejected, never timed), times the
+rest and keeps the best. Every trial is cached on disk under a hash of the μGraph's JSON, the
+device name and the knobs, so a second run re-times nothing; the best is compiled again to
+hand back a callable.
 
 ``rank(candidates, tuner)`` orders μGraphs by measured time where a GPU and the lowering are
 present, and by the search's cost model (``extract.program_cost.ProgramCost``: estimated time from
@@ -25,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..dtypes import DType
 from ..extract.program_cost import ProgramCost
 from ..files import write_atomic
-from ..dtypes import DType
 from ..graph import KernelGraph
 from .timing import InputSet, Program, Timer
 
