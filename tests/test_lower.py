@@ -271,6 +271,27 @@ def test_a_tile_feeding_a_large_dot_and_register_code_is_loaded_twice() -> None:
     assert "_r = tl.load" not in generate_source(small)
 
 
+def test_swap_dots_writes_a_few_row_dot_transposed() -> None:
+    """``swap_dots`` (a knob the tuner tries where it applies) writes 4 rows of X against a
+    128-column tile of W as (Wᵀ Xᵀ)ᵀ, so that W's columns are the tensor cores' rows, and gives
+    the sum of squares its own load of X (the swapped dot runs as wgmma); numbers unchanged."""
+    for dtype in (em.float16, em.float32):
+        g = em.new_kernel_graph()
+        X, W = g.new_input((4, 256), dtype), g.new_input((256, 256), dtype)
+        g.mark_output(g.matmul(g.rms_norm(X, (256,)), W))
+        h = em.handwritten.rmsnorm_linear_split_k(g, em.handwritten.Tiles(grid=128))
+        assert em.lower.graph_knobs(h)["swap_dots"] == (False, True)
+        _check(h, dtype, reference=g.evaluate, swap_dots=True)
+    src = generate_source(h, em.lower.LowerOptions(swap_dots=True))
+    assert "tl.trans(tl.dot(tl.trans(b1), tl.trans(b0)" in src
+    assert ("b0_r = tl.load(in0 + b0_off + i * 16, mask=b0_mask, other=0.0, "
+            'cache_modifier=".cg")') in src
+    assert "tl.trans" not in generate_source(h)
+    small = em.handwritten.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear",
+                                                                     small=True))
+    assert "swap_dots" not in em.lower.graph_knobs(small)  # 32-column tiles: nothing to swap
+
+
 def test_generic_graphs_cover_the_block_ops_and_accumulators() -> None:
     ops, accs = set(), set()
     graphs = [f() for f in GENERIC.values()]

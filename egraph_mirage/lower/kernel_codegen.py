@@ -24,13 +24,21 @@ from ..ops import lookup
 from ..ops.spec import TileDims
 from . import padding
 from .accumulate import accumulator_emission, rescaled_dims, running_max_dims
-from .tile_context import TL_DTYPE, TileContext, Val, arange, broadcast, pad_mask, shrink, squeezed
+from .tile_context import (
+    TL_DTYPE,
+    WGMMA_ROWS,
+    TileContext,
+    Val,
+    arange,
+    broadcast,
+    pad_mask,
+    shrink,
+    squeezed,
+    swaps,
+)
 
 #: the largest block Triton accepts (elements)
 MAX_BLOCK_NUMEL = 1 << 20
-#: dots of at least this many rows may run on Hopper's asynchronous tensor-core instruction
-#: (wgmma), whose operands Triton's pipeliner keeps in shared memory
-WGMMA_ROWS = 64
 #: offsets are int32: tensors must have fewer elements than this
 MAX_TENSOR_NUMEL = 1 << 31
 AXES = "xyz"
@@ -38,11 +46,13 @@ AXES = "xyz"
 
 @dataclass(frozen=True)
 class DotConfig:
-    """How ``tl.dot`` is written: operands in fp32 (else the storage dtype) and the precision
-    of fp32 dots (``"ieee"``, ``"tf32"``, ``"tf32x3"``)."""
+    """How ``tl.dot`` is written: operands in fp32 (else the storage dtype), the precision
+    of fp32 dots (``"ieee"``, ``"tf32"``, ``"tf32x3"``), and whether a dot of few rows and
+    many columns is written swapped (``tile_context.swaps``)."""
 
     fp32_dots: bool = False
     fp32_precision: str = "ieee"
+    swap: bool = False
 
 
 def live_tiles(tb: ThreadBlockGraph) -> set[int]:
@@ -159,12 +169,14 @@ class KernelWriter:
         return self.pre if side == INVARIANT else self.post if side == EPILOGUE else self.loop
 
     def _split_loads(self) -> set[int]:
-        """Tiles loaded in the loop that feed both a dot of at least ``WGMMA_ROWS`` rows and
-        some other operator. Measured on an H200 with Triton 3.6: when one loaded tile feeds a
-        wgmma dot and register code (an RMSNorm's sum of squares beside ``X @ W`` at 64 rows),
-        a quarter of the knob settings gave wrong products, differently from run to run; a
-        second load of the tile for the register code, with ``.cg`` so that Triton keeps the
-        two apart, gave none (``docs/lowering.md`` §3b)."""
+        """Tiles loaded in the loop that feed both a dot of at least ``WGMMA_ROWS`` rows (as
+        written: a swapped dot's rows are its columns) and some other operator.
+
+        Measured on an H200 with Triton 3.6: when one loaded tile feeds a wgmma dot and
+        register code (an RMSNorm's sum of squares beside ``X @ W`` at 64 rows, or swapped at
+        32), a quarter or more of the knob settings gave wrong products, differently from run
+        to run; a second load of the tile for the register code, with ``.cg`` so that Triton
+        keeps the two apart, gave none (``docs/lowering.md`` §3b)."""
         dot_use: set[int] = set()
         other_use: set[int] = set()
         for u in self.tb.tensors:
@@ -172,7 +184,8 @@ class KernelWriter:
                 continue
             spec = lookup(u.op) if u.op not in self._builders else None
             code = self.layout.dims(self.pad[u.index])
-            big = len(code) == 2 and code[0] >= WGMMA_ROWS
+            big = len(code) == 2 and (code[0] >= WGMMA_ROWS
+                                      or (self.dots.swap and swaps(code[0], code[1])))
             for pos, o in enumerate(u.operands):
                 if spec is not None and pos in spec.triton.dot_operands:
                     if big:
@@ -220,7 +233,7 @@ class KernelWriter:
 
         dot_dtype = "tl.float32" if self.dots.fp32_dots else TL_DTYPE[t.dtype]
         return TileContext(operands, t.dims, self.pad[t.index], bind, dot_dtype,
-                           self.dots.fp32_precision, self.layout)
+                           self.dots.fp32_precision, self.layout, self.dots.swap)
 
     def _operator(self, t: BlockTensor) -> None:
         spec = lookup(t.op)

@@ -10,6 +10,7 @@ outputs. Launches after the first skip Triton's per-call argument binding (``HEL
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,10 @@ from ..errors import EMError, GraphError, LowerError
 from ..files import write_atomic
 from ..graph import KernelGraph, Tensor
 from ..mugraph.threadblock import ThreadBlockGraph
-from ..ops import lookup
+from ..ops import OPS, lookup
 from . import fuse
 from .kernel_codegen import DotConfig, FusedRole, kernel_source
+from .tile_context import swaps
 
 TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16",
                DType.float32: "torch.float32"}
@@ -33,8 +35,20 @@ KNOBS: dict[str, tuple[int, ...]] = {"num_warps": (2, 4, 8), "num_stages": (1, 2
 def graph_knobs(graph: KernelGraph) -> dict[str, tuple[bool, ...]]:
     """Knobs that matter for ``graph`` only: ``fuse_combines`` where a combine can be fused (a
     fused combine saves a launch but keeps its partials in fp32 and leaves the combine to the
-    last blocks; which is faster depends on the sizes)."""
-    return {"fuse_combines": (True, False)} if fuse.plan(graph) else {}
+    last blocks; which is faster depends on the sizes); ``swap_dots`` where a graph-defined
+    kernel has a dot of few rows and many columns (``tile_context.swaps``)."""
+    knobs: dict[str, tuple[bool, ...]] = {}
+    if fuse.plan(graph):
+        knobs["fuse_combines"] = (True, False)
+    if any(_swappable(kernel.tb) for kernel, _ in fuse.launches(graph)):
+        knobs["swap_dots"] = (False, True)
+    return knobs
+
+
+def _swappable(tb: ThreadBlockGraph) -> bool:
+    """A dot whose leading dimensions are 1 (a 2-D dot in the code) and that ``swaps``."""
+    return any(t.op in OPS and OPS[t.op].triton.dot_operands
+               and math.prod(t.dims[:-2]) == 1 and swaps(*t.dims[-2:]) for t in tb.tensors)
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,9 @@ class LowerOptions:
     interpreter); ``fp32_precision`` is the precision of dots on fp32 operands (``"ieee"``,
     ``"tf32"``, ``"tf32x3"``). ``fuse_combines`` runs a kernel that combines the partials of
     the kernel before it inside that kernel, where ``fuse.plan`` finds this exact.
+    ``swap_dots`` writes a 2-D dot of fewer than 64 rows and at least 64 columns as
+    ``tl.trans(tl.dot(Bᵀ, Aᵀ))``: Hopper's wgmma takes 64 rows or more, so a few rows of X
+    against a wide tile of W otherwise run on the older mma instruction.
     """
 
     num_warps: int = 4
@@ -54,6 +71,7 @@ class LowerOptions:
     fp32_dots: bool = False
     fp32_precision: str = "ieee"
     fuse_combines: bool = True
+    swap_dots: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_warps", "num_stages"):
@@ -63,7 +81,7 @@ class LowerOptions:
         if self.num_warps & (self.num_warps - 1):
             raise LowerError(f"lowering option num_warps must be a power of two, got "
                              f"{self.num_warps}")
-        for name in ("fp32_dots", "fuse_combines"):
+        for name in ("fp32_dots", "fuse_combines", "swap_dots"):
             if not isinstance(getattr(self, name), bool):
                 raise LowerError(f"lowering option {name} must be True or False, got "
                                  f"{getattr(self, name)!r}")
@@ -102,7 +120,7 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
     if not graph.outputs:
         raise GraphError("lowering: the graph has no outputs; call mark_output")
     names = _names(graph)
-    dots = DotConfig(options.fp32_dots, options.fp32_precision)
+    dots = DotConfig(options.fp32_dots, options.fp32_precision, options.swap_dots)
     combines = fuse.plan(graph) if options.fuse_combines else {}
     outputs = {id(k): outs for k, outs in fuse.launches(graph)}
     kernels: dict[tuple[int, str], str] = {}  # (id(block graph), role) -> kernel name

@@ -137,17 +137,31 @@ def shrink(v: Val, dims: Sequence[int], layout: BlockLayout = FULL) -> Val:
     return replace(v, name=text, padded=tuple(padded), dtype="tl.float32")
 
 
+#: dots of at least this many rows may run on Hopper's asynchronous tensor-core instruction
+#: (wgmma, whose operands Triton's pipeliner keeps in shared memory); fewer rows run on the
+#: older mma instruction
+WGMMA_ROWS = 64
+
+
+def swaps(rows: int, cols: int) -> bool:
+    """Whether the ``swap_dots`` knob writes a 2-D dot of ``rows`` x ``cols`` (code block) as
+    ``(Bᵀ Aᵀ)ᵀ``: too few rows for wgmma, enough columns to be its rows once swapped."""
+    return rows < WGMMA_ROWS <= cols
+
+
 class TileContext:
-    """The operands of one operator, the shape of its result, and code-writing helpers."""
+    """The operands of one operator, the shape of its result, and code-writing helpers.
+    ``swap_dots``: write 2-D dots that ``swaps`` as ``tl.trans(tl.dot(Bᵀ, Aᵀ))``."""
 
     def __init__(self, operands: Sequence[Val], out_real: Dims, out_padded: Dims,
                  bind: Callable[[str, str], str], dot_dtype: str, dot_precision: str,
-                 layout: BlockLayout = FULL) -> None:
+                 layout: BlockLayout = FULL, swap_dots: bool = False) -> None:
         self.operands = list(operands)
         self.out_real, self.out_padded = out_real, out_padded
         self._bind = bind
         self.dot_dtype, self.dot_precision = dot_dtype, dot_precision
         self.layout = layout
+        self.swap_dots = swap_dots
 
     # --- shapes -----------------------------------------------------------------------------
     def real(self, i: int) -> Dims:
@@ -215,6 +229,8 @@ class TileContext:
             product = (f"tl.dot(tl.reshape({texts[0]}, ({m}, {k})), "
                        f"tl.reshape({texts[1]}, ({k}, {n})){extra})")
             return f"tl.reshape({product}, (1, {m}, {n}))"
+        if not batched and self.swap_dots and swaps(a.padded[r - 2], b.padded[r - 1]):
+            return f"tl.trans(tl.dot(tl.trans({texts[1]}), tl.trans({texts[0]}){extra}))"
         return f"tl.dot({texts[0]}, {texts[1]}{extra})"
 
     def concat(self, a: str, b: str, dim: int) -> str:
