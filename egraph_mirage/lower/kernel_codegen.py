@@ -34,6 +34,7 @@ from .tile_context import (
     pad_mask,
     shrink,
     squeezed,
+    swappable,
     swaps,
 )
 
@@ -184,8 +185,8 @@ class KernelWriter:
                 continue
             spec = lookup(u.op) if u.op not in self._builders else None
             code = self.layout.dims(self.pad[u.index])
-            big = len(code) == 2 and (code[0] >= WGMMA_ROWS
-                                      or (self.dots.swap and swaps(code[0], code[1])))
+            big = len(code) == 2 and (code[0] >= WGMMA_ROWS or (
+                self.dots.swap and swappable(u) and swaps(code[0], code[1])))
             for pos, o in enumerate(u.operands):
                 if spec is not None and pos in spec.triton.dot_operands:
                     if big:
@@ -233,7 +234,8 @@ class KernelWriter:
 
         dot_dtype = "tl.float32" if self.dots.fp32_dots else TL_DTYPE[t.dtype]
         return TileContext(operands, t.dims, self.pad[t.index], bind, dot_dtype,
-                           self.dots.fp32_precision, self.layout, self.dots.swap)
+                           self.dots.fp32_precision, self.layout,
+                           self.dots.swap and swappable(t))
 
     def _operator(self, t: BlockTensor) -> None:
         spec = lookup(t.op)

@@ -10,7 +10,6 @@ outputs. Launches after the first skip Triton's per-call argument binding (``HEL
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +19,10 @@ from ..errors import EMError, GraphError, LowerError
 from ..files import write_atomic
 from ..graph import KernelGraph, Tensor
 from ..mugraph.threadblock import ThreadBlockGraph
-from ..ops import OPS, lookup
+from ..ops import lookup
 from . import fuse
 from .kernel_codegen import DotConfig, FusedRole, kernel_source
-from .tile_context import swaps
+from .tile_context import swappable
 
 TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16",
                DType.float32: "torch.float32"}
@@ -40,15 +39,9 @@ def graph_knobs(graph: KernelGraph) -> dict[str, tuple[bool, ...]]:
     knobs: dict[str, tuple[bool, ...]] = {}
     if fuse.plan(graph):
         knobs["fuse_combines"] = (True, False)
-    if any(_swappable(kernel.tb) for kernel, _ in fuse.launches(graph)):
+    if any(swappable(t) for kernel, _ in fuse.launches(graph) for t in kernel.tb.tensors):
         knobs["swap_dots"] = (False, True)
     return knobs
-
-
-def _swappable(tb: ThreadBlockGraph) -> bool:
-    """A dot whose leading dimensions are 1 (a 2-D dot in the code) and that ``swaps``."""
-    return any(t.op in OPS and OPS[t.op].triton.dot_operands
-               and math.prod(t.dims[:-2]) == 1 and swaps(*t.dims[-2:]) for t in tb.tensors)
 
 
 @dataclass(frozen=True)
@@ -61,7 +54,8 @@ class LowerOptions:
     interpreter); ``fp32_precision`` is the precision of dots on fp32 operands (``"ieee"``,
     ``"tf32"``, ``"tf32x3"``). ``fuse_combines`` runs a kernel that combines the partials of
     the kernel before it inside that kernel, where ``fuse.plan`` finds this exact.
-    ``swap_dots`` writes a 2-D dot of fewer than 64 rows and at least 64 columns as
+    ``swap_dots`` writes a dot of two loaded rank-2 tiles, fewer than 64 rows and at least 64
+    columns (``tile_context.swappable``), as
     ``tl.trans(tl.dot(Bᵀ, Aᵀ))``: Hopper's wgmma takes 64 rows or more, so a few rows of X
     against a wide tile of W otherwise run on the older mma instruction.
     """

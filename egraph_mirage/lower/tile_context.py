@@ -17,9 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..dtypes import DType
 from ..errors import LowerError
+from ..ops import OPS
+
+if TYPE_CHECKING:
+    from ..mugraph.threadblock import BlockTensor
 
 Dims = tuple[int, ...]
 TL_DTYPE = {DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16",
@@ -149,6 +154,15 @@ def swaps(rows: int, cols: int) -> bool:
     return rows < WGMMA_ROWS <= cols
 
 
+def swappable(t: BlockTensor) -> bool:
+    """Whether ``swap_dots`` applies to block tensor ``t``: a dot of two rank-2 tiles that are
+    both loads, with few rows and many columns (``swaps``). Limited to loaded operands of rank
+    2 by measurement: on an H200 with Triton 3.6 the swapped attention kernels (rank-3 tiles,
+    one operand computed) hit an illegal memory access."""
+    return (t.op in OPS and bool(OPS[t.op].triton.dot_operands) and len(t.dims) == 2
+            and all(o.op == "input" for o in t.operands) and swaps(*t.dims))
+
+
 class TileContext:
     """The operands of one operator, the shape of its result, and code-writing helpers.
     ``swap_dots``: write 2-D dots that ``swaps`` as ``tl.trans(tl.dot(Bᵀ, Aᵀ))``."""
@@ -229,7 +243,7 @@ class TileContext:
             product = (f"tl.dot(tl.reshape({texts[0]}, ({m}, {k})), "
                        f"tl.reshape({texts[1]}, ({k}, {n})){extra})")
             return f"tl.reshape({product}, (1, {m}, {n}))"
-        if not batched and self.swap_dots and swaps(a.padded[r - 2], b.padded[r - 1]):
+        if r == 2 and self.swap_dots and swaps(a.padded[0], b.padded[1]):
             return f"tl.trans(tl.dot(tl.trans({texts[1]}), tl.trans({texts[0]}){extra}))"
         return f"tl.dot({texts[0]}, {texts[1]}{extra})"
 
