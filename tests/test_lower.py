@@ -290,6 +290,10 @@ def test_swap_dots_writes_a_few_row_dot_transposed() -> None:
     small = em.handwritten.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear",
                                                                      small=True))
     assert "swap_dots" not in em.lower.graph_knobs(small)  # 32-column tiles: nothing to swap
+    # attention's dots (rank-3 tiles, P computed) are never swapped
+    gqa = em.benchmarks.get("gqa")
+    assert not any("swap_dots" in em.lower.graph_knobs(v)
+                   for v in em.handwritten.variants("gqa", gqa))
 
 
 def test_generic_graphs_cover_the_block_ops_and_accumulators() -> None:

@@ -44,7 +44,6 @@ DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {"num_warps": (2, 4, 8), "num_stages
 #: mantissa bits than float16, so 8 times the error.
 TOLERANCE: dict[DType, float] = {DType.float16: 5e-3, DType.float32: 5e-3,
                                  DType.bfloat16: 4e-2}
-FP16_TOL = TOLERANCE[DType.float16]
 #: 2: verdicts by the worst-element error too (older cached verdicts are not reused)
 CACHE_SCHEMA = 2
 

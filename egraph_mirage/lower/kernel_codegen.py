@@ -49,7 +49,7 @@ AXES = "xyz"
 class DotConfig:
     """How ``tl.dot`` is written: operands in fp32 (else the storage dtype), the precision
     of fp32 dots (``"ieee"``, ``"tf32"``, ``"tf32x3"``), and whether a dot of few rows and
-    many columns is written swapped (``tile_context.swaps``)."""
+    many columns is written swapped (``tile_context.swappable``)."""
 
     fp32_dots: bool = False
     fp32_precision: str = "ieee"

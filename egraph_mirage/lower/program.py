@@ -35,7 +35,7 @@ def graph_knobs(graph: KernelGraph) -> dict[str, tuple[bool, ...]]:
     """Knobs that matter for ``graph`` only: ``fuse_combines`` where a combine can be fused (a
     fused combine saves a launch but keeps its partials in fp32 and leaves the combine to the
     last blocks; which is faster depends on the sizes); ``swap_dots`` where a graph-defined
-    kernel has a dot of few rows and many columns (``tile_context.swaps``)."""
+    kernel has a dot of few rows and many columns (``tile_context.swappable``)."""
     knobs: dict[str, tuple[bool, ...]] = {}
     if fuse.plan(graph):
         knobs["fuse_combines"] = (True, False)
@@ -54,10 +54,10 @@ class LowerOptions:
     interpreter); ``fp32_precision`` is the precision of dots on fp32 operands (``"ieee"``,
     ``"tf32"``, ``"tf32x3"``). ``fuse_combines`` runs a kernel that combines the partials of
     the kernel before it inside that kernel, where ``fuse.plan`` finds this exact.
-    ``swap_dots`` writes a dot of two loaded rank-2 tiles, fewer than 64 rows and at least 64
-    columns (``tile_context.swappable``), as
-    ``tl.trans(tl.dot(Bᵀ, Aᵀ))``: Hopper's wgmma takes 64 rows or more, so a few rows of X
-    against a wide tile of W otherwise run on the older mma instruction.
+    ``swap_dots`` writes a dot of two loaded rank-2 tiles with fewer than 64 rows and at least
+    64 columns (``tile_context.swappable``) as ``tl.trans(tl.dot(Bᵀ, Aᵀ))``: Hopper's wgmma
+    takes 64 rows or more, so a few rows of X against a wide tile of W otherwise run on the
+    older mma instruction.
     """
 
     num_warps: int = 4
