@@ -35,7 +35,6 @@ from .tile_context import (
     shrink,
     squeezed,
     swappable,
-    swaps,
 )
 
 #: the largest block Triton accepts (elements)
@@ -185,8 +184,8 @@ class KernelWriter:
                 continue
             spec = lookup(u.op) if u.op not in self._builders else None
             code = self.layout.dims(self.pad[u.index])
-            big = len(code) == 2 and (code[0] >= WGMMA_ROWS or (
-                self.dots.swap and swappable(u) and swaps(code[0], code[1])))
+            # a swappable dot has under 64 real rows: padded to 64 or more, or swapped
+            big = len(code) == 2 and (code[0] >= WGMMA_ROWS or (self.dots.swap and swappable(u)))
             for pos, o in enumerate(u.operands):
                 if spec is not None and pos in spec.triton.dot_operands:
                     if big:
