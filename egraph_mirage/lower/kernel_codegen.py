@@ -22,6 +22,7 @@ from ..errors import EMError, LowerError
 from ..mugraph.threadblock import EPILOGUE, INVARIANT, BlockTensor, ThreadBlockGraph
 from ..ops import lookup
 from ..ops.spec import TileDims
+from ..ops.table import triton_exp
 from . import padding
 from .accumulate import accumulator_emission, rescaled_dims, running_max_dims
 from .tile_context import (
@@ -345,7 +346,8 @@ class KernelWriter:
             self._prev[tile.index] = prev = f"b{tile.index}_prev"
             self.pre.append(f"{prev} = tl.zeros({self.layout.shape(m.padded)}, tl.float32)")
             self.loop_tail.append(f"{prev} = {m.f32}")
-        full = Val(f"tl.where(i > 0, tl.exp({self._prev[tile.index]} - {m.f32}), 0.0)",
+        factor = triton_exp(f"{self._prev[tile.index]} - {m.f32}")
+        full = Val(f"tl.where(i > 0, {factor}, 0.0)",
                    m.real, m.padded, "tl.float32", zero_pad=False)
         small = shrink(full, dims, self.layout)
         if small.name not in self._factors:
