@@ -149,7 +149,7 @@ def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor, tiles: 
     splits = max(1, min(lk // tk // 2, tiles.splits))  # at least two loop iterations per split
     loop = lk // (tk * splits)
     tb = new_threadblock_graph(grid_dim=(heads, splits, lq // tq), forloop_range=loop,
-                               reduction_dimx=d)
+                               reduction_dimx=d, smem_bytes=tiles.smem)
     q = tb.new_input(Q, (0, -1, 1), forloop_dim=-1)
     k = tb.new_input(K, (0, 2, -1), forloop_dim=2)
     v = tb.new_input(V, (0, 1, -1), forloop_dim=1)
@@ -358,6 +358,7 @@ TILE_CHOICES: tuple[Tiles, ...] = (
     Tiles(splits=16), Tiles(loop=128, splits=16), Tiles(grid=128), Tiles(grid=128, splits=4),
     Tiles(grid=128, splits=2), Tiles(loop=128, splits=2), Tiles(grid=128, loop=128),
     Tiles(grid=128, smem=HOPPER_SMEM_BYTES), Tiles(loop=128, smem=HOPPER_SMEM_BYTES),
+    Tiles(loop=128, splits=16, smem=HOPPER_SMEM_BYTES),
 )
 
 

@@ -77,6 +77,20 @@ def test_every_handwritten_form_small(name: str, form: int) -> None:
     _check(h, em.float16, reference=g.evaluate)
 
 
+def test_split_kv_attention_takes_the_shared_memory_budget_of_its_tiles() -> None:
+    """64 query rows against 128 keys per step overflow the default budget by a few bytes;
+    under the H100/H200 budget the split-KV form builds (``variants`` offers it), and its
+    kernel keeps those tiles."""
+    hw = em.handwritten
+    g = em.benchmarks.get("gqa")
+    with pytest.raises(em.ResourceError, match="over the budget of 98304"):
+        hw.attention(g, hw.Tiles(loop=128))
+    h = hw.attention(g, hw.Tiles(loop=128, smem=hw.HOPPER_SMEM_BYTES))
+    first = next(t.params["kernel"].tb for t in h.operators if t.op == "customized")
+    assert [x.dims for x in first.inputs] == [(1, 64, 64), (1, 64, 128), (1, 128, 64)]
+    assert any(v.to_json() == h.to_json() for v in hw.variants("gqa", g))
+
+
 @pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
 def test_lora_concat_small(dtype: em.DType) -> None:
     g = em.benchmarks.get("lora", small=True, dtype=dtype)
