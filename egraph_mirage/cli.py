@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="search processes with --from-search (default: every core)")
     bg.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     bg.add_argument("--max-autotune", action="store_true",
-                    help="torch.compile in max-autotune mode (slow to compile)")
+                    help="also time torch.compile in max-autotune mode, as a second compiled "
+                    "baseline (its compiles take seconds to minutes)")
     bg.add_argument("--no-tune", action="store_true", help="the lowering's default knobs only")
     bg.add_argument("--tune-top", type=int, default=4, metavar="K",
                     help="with more μGraphs than K, time each at a few knob settings first and "

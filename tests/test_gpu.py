@@ -264,6 +264,25 @@ def test_baselines_for_without_compile() -> None:
     assert bl.flashinfer_available() in (True, False)
 
 
+def test_both_compile_modes_compile_their_own_graph() -> None:
+    """With ``max_autotune`` the default mode and max-autotune are two baselines over one code
+    object; the second mode's first call must compile anew, not reuse the first's graph."""
+    from torch._dynamo.utils import counters
+
+    g = em.benchmarks.get("rmsnorm_linear", small=True, dtype=em.float32)
+    both = bl.baselines_for(g, max_autotune=True)
+    assert bl.names(both) == ["eager", "compile", "compile-max-autotune"]
+    xs = [torch.randn(t.dims, generator=torch.Generator().manual_seed(i)) * 0.1
+          for i, t in enumerate(g.inputs)]
+    (ref,) = evaluate(g, xs)
+    graphs = []
+    for b in both[1:]:
+        (out,) = b.fn(*xs)
+        assert relative_error(out, ref) < 1e-5
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[0] + 1
+
+
 # --- tuning ------------------------------------------------------------------------------------
 
 def _torch_compiler(h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
