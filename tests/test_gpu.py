@@ -264,6 +264,7 @@ def test_baselines_for_without_compile() -> None:
     assert bl.flashinfer_available() in (True, False)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit, inside torch.compile
 def test_both_compile_modes_compile_their_own_graph() -> None:
     """With ``max_autotune`` the default mode and max-autotune are two baselines over one code
     object; the second mode's first call must compile anew, not reuse the first's graph."""
