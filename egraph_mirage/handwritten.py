@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .errors import GraphError, ResourceError
 from .graph import KernelGraph, Tensor, new_kernel_graph
 from .mugraph import new_threadblock_graph
-from .mugraph.threadblock import DEFAULT_SMEM_BYTES, ThreadBlockGraph
+from .mugraph.threadblock import DEFAULT_SMEM_BYTES, BlockTensor, ThreadBlockGraph
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,13 @@ def rmsnorm_linear_split_k(g: KernelGraph, tiles: Tiles = Tiles()) -> KernelGrap
     return h
 
 
+def _normed(tb: ThreadBlockGraph, q: BlockTensor, v: BlockTensor, norm_q: bool,
+            norm_v: bool) -> tuple[BlockTensor, BlockTensor]:
+    """The attention builders' Q and V tiles, each rms-normed over its last dimension if asked
+    (QKNorm's normalisation, done inside the kernel)."""
+    return (tb.rms_norm(q) if norm_q else q), (tb.rms_norm(v) if norm_v else v)
+
+
 def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor, tiles: Tiles,
                         norm_q: bool = False, norm_v: bool = False) -> Tensor:
     """Split-KV attention without max subtraction, in two kernels.
@@ -153,10 +160,7 @@ def _split_kv_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor, tiles: 
     q = tb.new_input(Q, (0, -1, 1), forloop_dim=-1)
     k = tb.new_input(K, (0, 2, -1), forloop_dim=2)
     v = tb.new_input(V, (0, 1, -1), forloop_dim=1)
-    if norm_q:
-        q = tb.rms_norm(q)
-    if norm_v:
-        v = tb.rms_norm(v)
+    q, v = _normed(tb, q, v, norm_q, norm_v)
     e = tb.exp(tb.matmul(q, k))
     tb.new_output(tb.forloop_accum(tb.matmul(e, v)), (0, 2, 1))
     tb.new_output(tb.forloop_accum(e, "sum"), (0, 2, 1))
@@ -185,10 +189,7 @@ def _one_kernel_attention(h: KernelGraph, Q: Tensor, K: Tensor, V: Tensor, tiles
     q = tb.new_input(Q, (0, 1, -1), forloop_dim=-1)
     k = tb.new_input(K, (0, -1, -1), forloop_dim=2)
     v = tb.new_input(V, (0, -1, -1), forloop_dim=1)
-    if norm_q:
-        q = tb.rms_norm(q)
-    if norm_v:
-        v = tb.rms_norm(v)
+    q, v = _normed(tb, q, v, norm_q, norm_v)
     e = tb.exp(tb.matmul(q, k))
     num = tb.forloop_accum(tb.matmul(e, v))
     tb.new_output(tb.div(num, tb.forloop_accum(e, "sum")), (0, 1, -1))
