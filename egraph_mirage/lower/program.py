@@ -11,6 +11,7 @@ outputs. Launches after the first skip Triton's per-call argument binding (``HEL
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,22 +121,24 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
     kernels: dict[tuple[int, str], str] = {}  # (id(block graph), role) -> kernel name
     kernel_sources: list[str] = []
 
-    def kernel_name(tb: ThreadBlockGraph, role: str, how: FusedRole = FusedRole()) -> str:
+    def kernel_name(tb: ThreadBlockGraph, role: str,
+                    how: Callable[[], FusedRole] = FusedRole) -> str:
+        """The kernel of ``tb`` in ``role``, written on first use. Its source takes the slot
+        it had when named, so a kernel that ``how`` names meanwhile (the combine a producer
+        calls) comes after it in the file."""
         if (id(tb), role) not in kernels:
             kernels[id(tb), role] = name = f"kernel_{len(kernels)}"
-            kernel_sources.append(kernel_source(tb, name, dots, how))
+            at = len(kernel_sources)
+            kernel_sources.insert(at, kernel_source(tb, name, dots, how()))
         return kernels[id(tb), role]
 
     def producer_name(c: fuse.Combine) -> str:
-        """The producer's kernel, written before the consumer's function it calls."""
-        tb = c.producer.tb
-        if (id(tb), "producer") not in kernels:
-            kernels[id(tb), "producer"] = name = f"kernel_{len(kernels)}"
-            at = len(kernel_sources)
-            inner = kernel_name(c.consumer.tb, "consumer", fuse.consumer_role(c))
-            kernel_sources.insert(at, kernel_source(tb, name, dots,
-                                                    fuse.producer_role(c, inner)))
-        return kernels[id(tb), "producer"]
+        """The producer's kernel, which calls the consumer's function."""
+        def role() -> FusedRole:
+            inner = kernel_name(c.consumer.tb, "consumer", lambda: fuse.consumer_role(c))
+            return fuse.producer_role(c, inner)
+
+        return kernel_name(c.producer.tb, "producer", role)
 
     launched: set[int] = set()
     body: list[str] = []
