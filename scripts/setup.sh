@@ -16,11 +16,16 @@ fi
 
 if [ "$dev" = 1 ]; then
     "$PY" -m pip install -q -e ".[dev]"
-    if ! command -v dot >/dev/null 2>&1; then
+    # graphviz's `dot` (SVG rendering), and a C++ compiler (torch.compile's CPU backend, which
+    # the test of the compiled baselines runs)
+    missing=""
+    command -v dot >/dev/null 2>&1 || missing=" graphviz"
+    command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || missing="$missing g++"
+    if [ -n "$missing" ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            apt-get update -qq && apt-get install -y -qq graphviz >/dev/null
+            apt-get update -qq && apt-get install -y -qq $missing >/dev/null
         else
-            echo "setup: graphviz's 'dot' is missing; install it (e.g. apt-get install graphviz)" >&2
+            echo "setup: missing system packages:$missing (e.g. apt-get install$missing)" >&2
             exit 1
         fi
     fi
