@@ -320,15 +320,22 @@ def test_knob_space_default() -> None:
     assert knob_space({"a": (1, 2), "b": (3,)}) == [{"a": 1, "b": 3}, {"a": 2, "b": 3}]
 
 
-def test_knob_space_tries_the_fused_combine_only_where_there_is_one() -> None:
+def test_knob_space_tries_the_fused_combine_and_pdl_only_where_they_matter() -> None:
+    """Split-KV attention is two kernels whose combine can be fused: fused, it is one launch
+    and programmatic dependent launch (``pdl``) changes nothing, so the space has fused, not
+    fused, and not fused with pdl. The FlashAttention form is one kernel: neither knob."""
     g = em.benchmarks.get("gqa")
     split, flash = em.handwritten.attention(g), em.handwritten.flash_attention(g)
     quick = {"num_warps": (4, 8), "num_stages": (3,)}
-    assert {k["fuse_combines"] for k in knob_space(quick, split)} == {True, False}
-    assert len(knob_space(quick, split)) == 4 and len(knob_space(None, split)) == 24
+    settings = {(k["fuse_combines"], k["pdl"]) for k in knob_space(quick, split)}
+    assert settings == {(True, False), (False, False), (False, True)}
+    assert len(knob_space(quick, split)) == 6 and len(knob_space(None, split)) == 36
     assert knob_space(quick, flash) == knob_space(quick)
     assert knob_space({}, split) == [{}]  # the lowering's defaults alone
-    assert knob_space({"fuse_combines": (False,)}, split) == [{"fuse_combines": False}]
+    assert knob_space({"fuse_combines": (False,)}, split) == [
+        {"fuse_combines": False, "pdl": False}, {"fuse_combines": False, "pdl": True}]
+    assert knob_space({"fuse_combines": (True,)}, split) == [
+        {"fuse_combines": True, "pdl": False}]
 
 
 def test_tune_rejects_wrong_and_caches(tmp_path: Any) -> None:

@@ -97,6 +97,31 @@ def test_rmsnorm_linear_is_right_at_every_knob(torch_cuda, batch: int  # type: i
     assert ran >= 60 and not wrong, wrong
 
 
+@pytest.mark.parametrize("name", em.benchmarks.names())
+def test_programs_launched_with_pdl_are_right(torch_cuda, name: str  # type: ignore[no-untyped-def]
+                                              ) -> None:
+    """Programmatic dependent launch at the paper's shapes (b = 1): every hand-written variant
+    of two launches or more, its combine not fused, is right with ``pdl``; on Hopper the
+    generated switch is on, so the later kernels really start early and wait."""
+    from egraph_mirage.gpu.timing import random_inputs
+    from egraph_mirage.gpu.tune import check
+
+    g = em.benchmarks.get(name)
+    xs = random_inputs(g, "cuda", seed=12)
+    hopper = torch_cuda.cuda.get_device_capability()[0] >= 9
+    ran = 0
+    for h in em.handwritten.variants(name, g):
+        if "pdl" not in em.lower.graph_knobs(h):
+            continue
+        fn = h.compile(fuse_combines=False, pdl=True, num_stages=3)
+        assert bool(fn.module.PDL) == hopper
+        ok, err = check(fn, g, xs)
+        assert ok, (em.handwritten.variants(name, g).index(h), err)
+        ran += 1
+    if not ran:
+        pytest.skip(f"no hand-written {name} launches two kernels")
+
+
 def test_handwritten_mugraphs_lower_and_tune(torch_cuda, tmp_path: Path  # type: ignore[no-untyped-def]
                                              ) -> None:
     from egraph_mirage.gpu.timing import CudaTimer, TimingConfig, input_sets, random_inputs

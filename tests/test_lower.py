@@ -17,6 +17,7 @@ import torch
 
 import egraph_mirage as em
 from egraph_mirage.lower import ACCUMULATOR_EMISSIONS, generate_source
+from egraph_mirage.lower.program import pdl_head
 from egraph_mirage.mugraph import ACCUMULATORS
 from egraph_mirage.ops import BLOCK
 
@@ -308,6 +309,32 @@ def test_swap_dots_writes_a_few_row_dot_transposed() -> None:
     gqa = em.benchmarks.get("gqa")
     assert not any("swap_dots" in em.lower.graph_knobs(v)
                    for v in em.handwritten.variants("gqa", gqa))
+
+
+def test_pdl_lets_each_kernel_after_the_first_wait_for_the_one_before() -> None:
+    """``pdl`` (a knob the tuner tries where a program launches two kernels or more): the
+    first kernel lets the next one launch early, each later kernel waits for the kernels
+    before it (``gdc_wait``) before its first statement and is launched with ``pdl=PDL``; PDL
+    is off under the interpreter, so the numbers are the program's. With the combine fused
+    the program is one launch and ``pdl`` changes nothing."""
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    h = em.handwritten.rmsnorm_linear_split_k(g)
+    assert em.lower.graph_knobs(h)["pdl"] == (False, True)
+    src = generate_source(h, em.lower.LowerOptions(fuse_combines=False, pdl=True))
+    first, second = src.split("def kernel_1(")
+    assert "gdc_launch_dependents()" in first and "gdc_wait()" not in first
+    assert "gdc_wait()" in second.split("def run(")[0]
+    assert "gdc_launch_dependents()" not in second.split("def run(")[0]
+    launches = [line for line in src.splitlines() if line.strip().startswith("_launch(kernel")]
+    assert [line.endswith("pdl=PDL)") for line in launches] == [False, True]
+    _check(h, em.float16, reference=g.evaluate, fuse_combines=False, pdl=True)
+    assert generate_source(h, em.lower.LowerOptions(pdl=True)) == generate_source(h)
+    assert em.lower.canonical_knobs(h, {"fuse_combines": True, "pdl": True})["pdl"] is False
+    assert "pdl" not in em.lower.graph_knobs(em.handwritten.flash_attention(
+        em.benchmarks.get("gqa", small=True)))  # one kernel
+    # a kernel between two others waits, then lets the next launch
+    middle = "\n".join(pdl_head(1, 3))
+    assert middle.index("gdc_wait()") < middle.index("gdc_launch_dependents()")
 
 
 def test_generic_graphs_cover_the_block_ops_and_accumulators() -> None:

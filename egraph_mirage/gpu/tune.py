@@ -75,14 +75,26 @@ def knob_space(space: Mapping[str, Sequence[Any]] | None = None,
     """Every combination of the knob values (the lowering's ``KNOBS`` if it names them). With
     ``mugraph``, a space that is not empty also gets the knobs that matter for that μGraph only
     (the lowering's ``graph_knobs``) where it does not name them; ``{}`` stays the lowering's
-    defaults alone."""
+    defaults alone. Settings that generate the same program as an earlier one (the lowering's
+    ``canonical_knobs``) are left out."""
     lower = importlib.import_module("egraph_mirage.lower")
     if space is None:
         space = getattr(lower, "KNOBS", None) or DEFAULT_KNOBS
     if space and mugraph is not None and callable(getattr(lower, "graph_knobs", None)):
         space = {**lower.graph_knobs(mugraph), **space}
     keys = sorted(space)
-    return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
+    settings = [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
+    canonical = getattr(lower, "canonical_knobs", None)
+    if mugraph is None or not callable(canonical):
+        return settings
+    seen: set[tuple[tuple[str, Any], ...]] = set()
+    out = []
+    for knobs in settings:
+        key = tuple(sorted(canonical(mugraph, knobs).items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(knobs)
+    return out
 
 
 def lowering_fingerprint() -> str:

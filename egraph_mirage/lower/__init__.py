@@ -16,7 +16,15 @@ from __future__ import annotations
 from .accumulate import ACCUMULATOR_EMISSIONS, AccumulatorEmission
 from .compile import CompiledGraph, compile_graph, use_interpreter
 from .kernel_codegen import DotConfig, kernel_source
-from .program import KNOBS, LowerOptions, generate_source, graph_knobs, options_from, write_program
+from .program import (
+    KNOBS,
+    LowerOptions,
+    canonical_knobs,
+    generate_source,
+    graph_knobs,
+    options_from,
+    write_program,
+)
 from .tile_context import TileContext
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "DotConfig",
     "LowerOptions",
     "TileContext",
+    "canonical_knobs",
     "compile_graph",
     "generate_source",
     "graph_knobs",

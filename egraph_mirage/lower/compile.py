@@ -113,7 +113,8 @@ class CompiledGraph:
 def compile_graph(graph: KernelGraph, *, interpret: bool | None = None,
                   **options: Any) -> CompiledGraph:
     """Lower ``graph`` and load it. ``options`` are ``LowerOptions`` fields (``num_warps``,
-    ``num_stages``, ``fp32_dots``, ``fp32_precision``, ``fuse_combines``, ``swap_dots``).
+    ``num_stages``, ``fp32_dots``, ``fp32_precision``, ``fuse_combines``, ``swap_dots``,
+    ``pdl``).
     ``interpret``: run in Triton's interpreter (default: when ``TRITON_INTERPRET=1`` or no CUDA
     device). ``fp32_dots`` defaults to True for bfloat16 graphs in the interpreter, whose bf16
     ``tl.dot`` is wrong."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from ..graph import KernelGraph, Tensor
 from ..mugraph.kernel import GraphKernel
 from ..mugraph.threadblock import ThreadBlockGraph
-from .kernel_codegen import FusedRole
+from .kernel_codegen import KernelRole
 
 #: a fused combine's loop of at most this many steps is unrolled (``tl.static_range``)
 MAX_UNROLL = 16
@@ -141,16 +141,16 @@ def _aligned(ta: ThreadBlockGraph, k: int, tb: ThreadBlockGraph, imap: tuple[int
     return True
 
 
-def consumer_role(c: Combine) -> FusedRole:
+def consumer_role(c: Combine) -> KernelRole:
     """The consumer, called in the producer: partials through L2, private ones in fp32, a short
     loop unrolled."""
-    return FusedRole(
+    return KernelRole(
         cg_inputs=frozenset(j for j, k in enumerate(c.from_producer) if k is not None),
         fp32_inputs=frozenset(j for j, k in enumerate(c.from_producer) if k in c.private),
         unroll=c.consumer.tb.forloop_range <= MAX_UNROLL)
 
 
-def producer_role(c: Combine, consumer_name: str) -> FusedRole:
+def producer_role(c: Combine, consumer_name: str) -> KernelRole:
     """The producer: private outputs in fp32, and extra parameters and closing lines for the
     completion count and the consumer's call (``consumer_name`` is its ``@triton.jit``
     function)."""
@@ -173,4 +173,4 @@ def producer_role(c: Combine, consumer_name: str) -> FusedRole:
         f"    {consumer_name}({', '.join(args)})",
         "    tl.store(counters + group, 0)",
     )
-    return FusedRole(fp32_outputs=c.private, extra_args=tuple(extra), tail=tail)
+    return KernelRole(fp32_outputs=c.private, extra_args=tuple(extra), tail=tail)

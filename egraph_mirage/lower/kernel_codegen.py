@@ -77,8 +77,9 @@ def _strides(dims: Sequence[int]) -> list[int]:
 
 
 @dataclass(frozen=True)
-class FusedRole:
-    """How a kernel takes part in a fused combine (``fuse``); the default: it does not."""
+class KernelRole:
+    """How a kernel takes part in its program beyond its block graph: in a fused combine
+    (``fuse``), and in programmatic dependent launch (``program``); the default: neither."""
 
     #: input positions loaded with ``.cg`` (bypassing L1: tensors other blocks of the same
     #: launch wrote)
@@ -93,13 +94,15 @@ class FusedRole:
     #: the for-loop as ``tl.static_range`` (a combine's short loop, whose loads can then all
     #: be issued at once)
     unroll: bool = False
+    #: first lines of the body (the programmatic-dependent-launch wait and trigger)
+    head: tuple[str, ...] = ()
 
 
 class KernelWriter:
     """Writes the Triton source of one thread-block graph."""
 
     def __init__(self, tb: ThreadBlockGraph, name: str, dots: DotConfig,
-                 role: FusedRole = FusedRole()) -> None:
+                 role: KernelRole = KernelRole()) -> None:
         self.tb, self.name, self.dots, self.role = tb, name, dots, role
         self.live = live_tiles(tb)
         self.pad = padding.solve(tb, self.live)
@@ -155,7 +158,7 @@ class KernelWriter:
         head = ["@triton.jit", f"def {self.name}({', '.join(args)}):"]
         doc = [f"# grid {tb.grid_dim}, forloop_range {tb.forloop_range}; block graph:"]
         doc += [f"#   {line.strip()}" for line in repr(tb).splitlines()[1:]]
-        body = list(self.pre)
+        body = list(self.role.head) + self.pre
         if self.looped and self.loop + self.loop_tail:  # all tiles invariant: no loop at all
             loop = "tl.static_range" if self.role.unroll else "range"
             body.append(f"for i in {loop}({tb.forloop_range}):")
@@ -423,6 +426,6 @@ class KernelWriter:
 
 
 def kernel_source(tb: ThreadBlockGraph, name: str, dots: DotConfig = DotConfig(),
-                  role: FusedRole = FusedRole()) -> str:
+                  role: KernelRole = KernelRole()) -> str:
     """The ``@triton.jit`` source of thread-block graph ``tb`` as kernel ``name``."""
     return KernelWriter(tb, name, dots, role).source()

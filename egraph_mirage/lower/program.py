@@ -11,18 +11,19 @@ outputs. Launches after the first skip Triton's per-call argument binding (``HEL
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..dtypes import DType
 from ..errors import EMError, GraphError, LowerError
 from ..files import write_atomic
 from ..graph import KernelGraph, Tensor
+from ..mugraph.kernel import GraphKernel
 from ..mugraph.threadblock import ThreadBlockGraph
 from ..ops import lookup
 from . import fuse
-from .kernel_codegen import DotConfig, FusedRole, kernel_source
+from .kernel_codegen import DotConfig, KernelRole, kernel_source
 from .tile_context import swappable
 
 TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16",
@@ -36,13 +37,34 @@ def graph_knobs(graph: KernelGraph) -> dict[str, tuple[bool, ...]]:
     """Knobs that matter for ``graph`` only: ``fuse_combines`` where a combine can be fused (a
     fused combine saves a launch but keeps its partials in fp32 and leaves the combine to the
     last blocks; which is faster depends on the sizes); ``swap_dots`` where a graph-defined
-    kernel has a dot of few rows and many columns (``tile_context.swappable``)."""
+    kernel has a dot of few rows and many columns (``tile_context.swappable``); ``pdl`` where
+    it launches two kernels or more (``canonical_knobs`` drops the settings where it does
+    not matter)."""
     knobs: dict[str, tuple[bool, ...]] = {}
     if fuse.plan(graph):
         knobs["fuse_combines"] = (True, False)
     if any(swappable(t) for kernel, _ in fuse.launches(graph) for t in kernel.tb.tensors):
         knobs["swap_dots"] = (False, True)
+    if len(fuse.launches(graph)) > 1:
+        knobs["pdl"] = (False, True)
     return knobs
+
+
+def canonical_knobs(graph: KernelGraph, knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """``knobs`` with ``pdl`` off where it changes nothing: where the program launches one
+    kernel (its combines fused). Two settings with the same canonical form generate the same
+    program, so a tuner times one of them."""
+    out = dict(knobs)
+    if out.get("pdl") and len(_launched(graph, fuse.plan(graph) if out.get(
+            "fuse_combines", LowerOptions.fuse_combines) else {})) < 2:
+        out["pdl"] = False
+    return out
+
+
+def _launched(graph: KernelGraph, combines: Mapping[int, fuse.Combine]) -> list[GraphKernel]:
+    """The graph-defined kernels launched, in order (a fused combine is no launch)."""
+    return [k for k, _ in fuse.launches(graph)
+            if (c := combines.get(id(k))) is None or c.consumer is not k]
 
 
 @dataclass(frozen=True)
@@ -58,7 +80,12 @@ class LowerOptions:
     ``swap_dots`` writes a dot of two loaded rank-2 tiles with fewer than 64 rows and at least
     64 columns (``tile_context.swappable``) as ``tl.trans(tl.dot(Bᵀ, Aᵀ))``: Hopper's wgmma
     takes 64 rows or more, so a few rows of X against a wide tile of W otherwise run on the
-    older mma instruction.
+    older mma instruction. ``pdl`` launches each kernel after the program's first as a
+    programmatic dependent of the kernel before it (Hopper and later; elsewhere, and under the
+    interpreter, the program launches as without it): the kernel may start while the one
+    before finishes, and waits for it (``gdc_wait``) before its first statement, so the
+    launch and the blocks' start overlap the end of the kernel before. The program's first
+    kernel does not wait, so one call never overlaps the call before it.
     """
 
     num_warps: int = 4
@@ -67,6 +94,7 @@ class LowerOptions:
     fp32_precision: str = "ieee"
     fuse_combines: bool = True
     swap_dots: bool = False
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_warps", "num_stages"):
@@ -76,7 +104,7 @@ class LowerOptions:
         if self.num_warps & (self.num_warps - 1):
             raise LowerError(f"lowering option num_warps must be a power of two, got "
                              f"{self.num_warps}")
-        for name in ("fp32_dots", "fuse_combines", "swap_dots"):
+        for name in ("fp32_dots", "fuse_combines", "swap_dots", "pdl"):
             if not isinstance(getattr(self, name), bool):
                 raise LowerError(f"lowering option {name} must be True or False, got "
                                  f"{getattr(self, name)!r}")
@@ -118,11 +146,13 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
     dots = DotConfig(options.fp32_dots, options.fp32_precision, options.swap_dots)
     combines = fuse.plan(graph) if options.fuse_combines else {}
     outputs = {id(k): outs for k, outs in fuse.launches(graph)}
+    order = _launched(graph, combines)
+    pdl = options.pdl and len(order) > 1
     kernels: dict[tuple[int, str], str] = {}  # (id(block graph), role) -> kernel name
     kernel_sources: list[str] = []
 
     def kernel_name(tb: ThreadBlockGraph, role: str,
-                    how: Callable[[], FusedRole] = FusedRole) -> str:
+                    how: Callable[[], KernelRole] = KernelRole) -> str:
         """The kernel of ``tb`` in ``role``, written on first use. Its source takes the slot
         it had when named, so a kernel that ``how`` names meanwhile (the combine a producer
         calls) comes after it in the file."""
@@ -132,11 +162,16 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
             kernel_sources.insert(at, kernel_source(tb, name, dots, how()))
         return kernels[id(tb), role]
 
-    def producer_name(c: fuse.Combine) -> str:
-        """The producer's kernel, which calls the consumer's function."""
-        def role() -> FusedRole:
+    def launched_name(kernel: GraphKernel, c: fuse.Combine | None) -> str:
+        """The kernel launched for ``kernel`` (the producer of combine ``c``, which calls the
+        consumer's function), with its programmatic-dependent-launch lines."""
+        head = pdl_head(order.index(kernel), len(order)) if pdl else ()
+        if c is None:
+            return kernel_name(kernel.tb, "plain", lambda: KernelRole(head=head))
+
+        def role() -> KernelRole:
             inner = kernel_name(c.consumer.tb, "consumer", lambda: fuse.consumer_role(c))
-            return fuse.producer_role(c, inner)
+            return replace(fuse.producer_role(c, inner), head=head)
 
         return kernel_name(c.producer.tb, "producer", role)
 
@@ -156,10 +191,8 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
         outs = list(outputs[id(kernel)])
         args = [names[o.index] for o in t.operands] + [names[u.index] for u in outs]
         device = names[t.operands[0].index]
-        if c is None:
-            name = kernel_name(kernel.tb, "plain")
-        else:
-            name = producer_name(c)
+        name = launched_name(kernel, c)
+        if c is not None:
             b_outs = outputs[id(c.consumer)]
             args += [names[b_outs[0].operands[j].index] for j, k in enumerate(c.from_producer)
                      if k is None]
@@ -171,9 +204,23 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
             dtype = "torch.float32" if u.index in private else TORCH_DTYPE[u.dtype]
             body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype={dtype}, "
                         f"device={device}.device)")
+        after = ", pdl=PDL" if pdl and kernel is not order[0] else ""
         body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args)},), "
-                    "num_warps, num_stages)")
-    return _file(graph, names, options, kernel_sources, body, bool(combines))
+                    f"num_warps, num_stages{after})")
+    return _file(graph, names, options, kernel_sources, body, bool(combines), pdl)
+
+
+def pdl_head(position: int, launches: int) -> tuple[str, ...]:
+    """The first lines of the ``position``-th of ``launches`` kernels under ``pdl``: wait for
+    the kernels before (all but the first), then let the next launch (all but the last)."""
+    lines = ["tl.extra.cuda.gdc_wait()"] * (position > 0)
+    lines += ["tl.extra.cuda.gdc_launch_dependents()"] * (position < launches - 1)
+    what = {1: "wait for the kernels launched before this one",
+            2: "let the next kernel launch (it waits for this one)",
+            3: "wait for the kernels launched before this one, then let the next launch"}
+    key = (position > 0) + 2 * (position < launches - 1)
+    return (f"# programmatic dependent launch: {what[key]}", "if PDL:",
+            *(f"    {line}" for line in lines))
 
 
 #: the generated file's helpers: checking inputs, launching kernels, the fused combines
@@ -198,7 +245,7 @@ _RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
 _COMPILED = {}
 
 
-def _launch(kernel, grid, args, num_warps, num_stages):
+def _launch(kernel, grid, args, num_warps, num_stages, pdl=False):
     device = torch.cuda.current_device() if args[0].is_cuda else -1
     key = (kernel, device, num_warps, num_stages)
     compiled = _COMPILED.get(key)
@@ -207,7 +254,8 @@ def _launch(kernel, grid, args, num_warps, num_stages):
         compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args)
         return
-    compiled = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+    options = {"launch_pdl": True} if pdl else {}  # a compile option: the launcher keeps it
+    compiled = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **options)
     if key not in _COMPILED:
         direct = (_RUNTIME is not None and device >= 0 and hasattr(compiled, "packed_metadata")
                   and all(a.data_ptr() % 16 == 0 for a in args))
@@ -236,8 +284,19 @@ def _counters(device, n):
 """
 
 
+#: the generated file's switch for ``pdl``: on for Hopper and later GPUs, off under the
+#: interpreter (whose kernels run as Python, one launch after the other)
+PDL_SWITCH = [
+    "",
+    "# Programmatic dependent launch: each kernel after the first is launched as a dependent",
+    "# of the one before; it may start while that one finishes, and waits for it first.",
+    'PDL = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()',
+    "                   and torch.cuda.get_device_capability()[0] >= 9)",
+]
+
+
 def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
-          kernel_sources: list[str], body: list[str], counters: bool) -> str:
+          kernel_sources: list[str], body: list[str], counters: bool, pdl: bool) -> str:
     ins = [names[t.index] for t in graph.inputs]
     outs = [names[t.index] for t in graph.outputs]
     signature = ", ".join(ins)
@@ -258,6 +317,7 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
         "Without a GPU, set TRITON_INTERPRET=1 before importing this file.",
         '"""',
         "",
+        *["import os"] * pdl,
         "import torch",
         "import triton",
         "import triton.language as tl",
@@ -265,6 +325,7 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
         f"NUM_WARPS = {options.num_warps}",
         f"NUM_STAGES = {options.num_stages}",
         f"INPUTS = [{specs}]",
+        *PDL_SWITCH * pdl,
         "",
     ]
     for src in kernel_sources:
