@@ -10,7 +10,9 @@ against float32 and timed under CUDA-graph replay with rotated inputs.
 With ``late`` the trigger
 goes before the first output store instead.
 
-Usage, on the GPU machine from the repository root: ``python scripts/gpu_probes/pdl.py``.
+Usage, on the GPU machine from the repository root: ``python scripts/gpu_probes/pdl.py``
+(``PLAIN=1``: also plain launches; ``ONLY=rmsnorm_linear:8``: one case; ``GENERATED=1``: the
+lowering's own ``pdl=True`` program against the plain one).
 """
 import importlib.util, os, re, tempfile, time
 import torch
@@ -59,24 +61,36 @@ def load(src, tag):
     m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
 
 
+PLAIN = os.environ.get("PLAIN") == "1"  # also time plain launches (do_bench, L2 flushed)
+GENERATED = os.environ.get("GENERATED") == "1"  # the lowering's own pdl=True program instead
+ONLY = os.environ.get("ONLY")  # e.g. "rmsnorm_linear:8": that case alone
 for name, b, vi, knobs, w, s in CASES:
+    if ONLY and ONLY != f"{name}:{b}":
+        continue
     g = bm.get(name, b)
     sets = timing.input_sets(g, timing.rotation_count(timing.graph_bytes(g), timing.l2_bytes()))
     ref = torch_eval.evaluate(g, sets[0])[0]
     base = hw.variants(name, g)[vi].generate_triton_program(tempfile.mktemp(suffix=".py"), **knobs)
     patched, launches = patch(base)
     late, _ = patch(base, late=True)
-    for kind, src in (("plain", base), ("pdl", patched), ("pdl_late", late), ("plain2", base),
-                      ("pdl2", patched), ("pdl_late2", late)):
+    generated = hw.variants(name, g)[vi].generate_triton_program(tempfile.mktemp(suffix=".py"),
+                                                                 pdl=True, **knobs)
+    kinds = (("plain", base), ("pdl", patched), ("pdl_late", late), ("plain2", base),
+             ("pdl2", patched), ("pdl_late2", late))
+    if GENERATED:
+        kinds = (("plain", base), ("generated_pdl", generated), ("plain2", base),
+                 ("generated_pdl2", generated))
+    for kind, src in kinds:
         try:
             mod = load(src, f"{name}{b}{kind}")
             fn = lambda *xs: mod.launch(*xs, num_warps=w, num_stages=s)
             err = torch_eval.relative_error(fn(*sets[0])[0], ref)
             us = timer.graph(fn, sets) if err < 5e-3 else float("nan")
+            plain = timer.plain(fn, sets) if PLAIN else float("nan")
         except Exception as ex:
             print("fail", name, b, kind, type(ex).__name__, str(ex)[:300], flush=True); continue
-        rows.append((name, b, vi, launches, kind, us, err))
+        rows.append((name, b, vi, launches, kind, us, err, plain))
         print(*rows[-1], flush=True)
 print("TABLE")
 for r in rows:
-    print(*r[:5], f"{r[5]:.2f}", f"{r[6]:.1e}")
+    print(*r[:5], f"{r[5]:.2f}", f"{r[6]:.1e}", f"plain {r[7]:.2f}")
