@@ -165,15 +165,17 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
     def launched_name(kernel: GraphKernel, c: fuse.Combine | None) -> str:
         """The kernel launched for ``kernel`` (the producer of combine ``c``, which calls the
         consumer's function), with its programmatic-dependent-launch lines."""
-        head = pdl_head(order.index(kernel), len(order)) if pdl else ()
+        at = next(n for n, k in enumerate(order) if k is kernel)
+        head = pdl_head(at, len(order)) if pdl else ()
+        where = f"@{at}" if pdl else ""  # a block graph launched twice: each with its own head
         if c is None:
-            return kernel_name(kernel.tb, "plain", lambda: KernelRole(head=head))
+            return kernel_name(kernel.tb, "plain" + where, lambda: KernelRole(head=head))
 
         def role() -> KernelRole:
             inner = kernel_name(c.consumer.tb, "consumer", lambda: fuse.consumer_role(c))
             return replace(fuse.producer_role(c, inner), head=head)
 
-        return kernel_name(c.producer.tb, "producer", role)
+        return kernel_name(c.producer.tb, "producer" + where, role)
 
     launched: set[int] = set()
     body: list[str] = []
