@@ -102,7 +102,7 @@ def test_programs_launched_with_pdl_are_right(torch_cuda, name: str  # type: ign
                                               ) -> None:
     """Programmatic dependent launch at the paper's shapes (b = 1): every hand-written variant
     of two launches or more, its combine not fused, is right with ``pdl``; on Hopper the
-    generated switch is on, so the later kernels really start early and wait."""
+    generated switch is on, so the later kernels are launched as dependents and wait."""
     from egraph_mirage.gpu.timing import random_inputs
     from egraph_mirage.gpu.tune import check
 
