@@ -147,6 +147,7 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
     combines = fuse.plan(graph) if options.fuse_combines else {}
     outputs = {id(k): outs for k, outs in fuse.launches(graph)}
     order = _launched(graph, combines)
+    position = {id(k): n for n, k in enumerate(order)}
     pdl = options.pdl and len(order) > 1
     kernels: dict[tuple[int, str], str] = {}  # (id(block graph), role) -> kernel name
     kernel_sources: list[str] = []
@@ -162,10 +163,9 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
             kernel_sources.insert(at, kernel_source(tb, name, dots, how()))
         return kernels[id(tb), role]
 
-    def launched_name(kernel: GraphKernel, c: fuse.Combine | None) -> str:
-        """The kernel launched for ``kernel`` (the producer of combine ``c``, which calls the
-        consumer's function), with its programmatic-dependent-launch lines."""
-        at = next(n for n, k in enumerate(order) if k is kernel)
+    def launched_name(kernel: GraphKernel, c: fuse.Combine | None, at: int) -> str:
+        """The kernel launched ``at``-th for ``kernel`` (the producer of combine ``c``, which
+        calls the consumer's function), with its programmatic-dependent-launch lines."""
         head = pdl_head(at, len(order)) if pdl else ()
         where = f"@{at}" if pdl else ""  # a block graph launched twice: each with its own head
         if c is None:
@@ -193,7 +193,8 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
         outs = list(outputs[id(kernel)])
         args = [names[o.index] for o in t.operands] + [names[u.index] for u in outs]
         device = names[t.operands[0].index]
-        name = launched_name(kernel, c)
+        at = position[id(kernel)]
+        name = launched_name(kernel, c, at)
         if c is not None:
             b_outs = outputs[id(c.consumer)]
             args += [names[b_outs[0].operands[j].index] for j, k in enumerate(c.from_producer)
@@ -206,7 +207,7 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
             dtype = "torch.float32" if u.index in private else TORCH_DTYPE[u.dtype]
             body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype={dtype}, "
                         f"device={device}.device)")
-        after = ", pdl=PDL" if pdl and kernel is not order[0] else ""
+        after = ", pdl=PDL" if pdl and at > 0 else ""
         body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args)},), "
                     f"num_warps, num_stages{after})")
     return _file(graph, names, options, kernel_sources, body, bool(combines), pdl)
@@ -215,14 +216,15 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
 def pdl_head(position: int, launches: int) -> tuple[str, ...]:
     """The first lines of the ``position``-th of ``launches`` kernels under ``pdl``: wait for
     the kernels before (all but the first), then let the next launch (all but the last)."""
-    lines = ["tl.extra.cuda.gdc_wait()"] * (position > 0)
-    lines += ["tl.extra.cuda.gdc_launch_dependents()"] * (position < launches - 1)
-    what = {1: "wait for the kernels launched before this one",
-            2: "let the next kernel launch (it waits for this one)",
-            3: "wait for the kernels launched before this one, then let the next launch"}
-    key = (position > 0) + 2 * (position < launches - 1)
-    return (f"# programmatic dependent launch: {what[key]}", "if PDL:",
-            *(f"    {line}" for line in lines))
+    steps = []
+    if position > 0:
+        steps.append(("wait for the kernels launched before this one",
+                      "tl.extra.cuda.gdc_wait()"))
+    if position < launches - 1:
+        steps.append(("let the next kernel launch (it waits for this one)",
+                      "tl.extra.cuda.gdc_launch_dependents()"))
+    return (f"# programmatic dependent launch: {', then '.join(say for say, _ in steps)}",
+            "if PDL:", *(f"    {line}" for _, line in steps))
 
 
 #: the generated file's helpers: checking inputs, launching kernels, the fused combines
