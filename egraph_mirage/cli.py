@@ -5,7 +5,8 @@
     egraph-mirage bench oracle [--json] [--small] [--targets NAME ...] [--seconds S] [--repeats N]
     egraph-mirage bench verify [--json] [--small] [--targets NAME ...] [--mutants N] [--seed S]
     egraph-mirage bench search [--json] [--small] [--programs NAME ...] [--budget S] [--no-oracle]
-    egraph-mirage optimize NAME|FILE [--batch B] [--small] [--budget S] [--out DIR] [--profile]
+    egraph-mirage optimize NAME|FILE [--batch B] [--small] [--budget S] [--max-tasks N]
+                           [--out DIR] [--profile] [--rules PATH] [--extra-rules PATH ...]
     egraph-mirage bench gpu [--json] [--batch B ...] [--programs NAME ...] [--mugraph-dir DIR]
                             [--max-candidates K] [--from-search [--search-budget S]]
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
 import sys
 from collections.abc import Sequence
@@ -173,6 +175,10 @@ def _bench_oracle(args: argparse.Namespace) -> int:
 def _bench_search(args: argparse.Namespace) -> int:
     from .bench.search_bench import bench_search, format_table
 
+    if math.isnan(args.budget) or args.budget <= 0:
+        print(f"error: --budget must be a positive number of seconds, got {args.budget}",
+              file=sys.stderr)
+        return 2
     rows = bench_search(args.programs, small=args.small, batch=args.batch, budget=args.budget,
                         workers=args.workers, use_oracle=not args.no_oracle,
                         max_block_ops=args.max_block_ops, out=args.out,

@@ -82,11 +82,13 @@ def _signatures(oracle: Any, snap: Any) -> dict[str, tuple[bool, ...]]:
         found = {n: tuple(s == "Expr" for s in f.input_sorts)
                  for n, f in egraph.freeze().functions.items() if f.output_sort == "Expr"}
     except (AttributeError, TypeError):  # no live e-graph (a bare Snapshot), or older egglog
+        from .ops import term_constructors
         from .oracle.rules import DEFAULT_RULES_DIR
 
         paths = getattr(oracle, "rule_paths", None) or [DEFAULT_RULES_DIR]
+        declared = {n: c.sorts for n, c in term_constructors().items()}
         found = {n: tuple(s == "Expr" for s in ss)
-                 for n, ss in _signatures_from_rules(paths).items()}
+                 for n, ss in {**declared, **_signatures_from_rules(paths)}.items()}
     return {**found, **sigs}
 
 

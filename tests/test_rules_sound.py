@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from egraph_mirage.oracle.prelude import PRELUDE_PATH, prelude_text
 from egraph_mirage.oracle.rules import DEFAULT_RULES_DIR, split_forms
 
 P = 2**31 - 1  # a Mersenne prime
@@ -98,12 +99,12 @@ class Signature:
     relations: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def read_signature(paths: list[Path]) -> Signature:
+def read_signature(texts: list[tuple[str, str]]) -> Signature:
     """Collect ``(datatype Expr (Op sort ...) ...)`` and ``(relation R (sort ...))``
-    declarations."""
+    declarations from ``(name, text)`` pairs."""
     sig = Signature()
-    for path in paths:
-        for s in (read_sexp(f.text) for f in split_forms(path.read_text(), str(path))):
+    for name, text in texts:
+        for s in (read_sexp(f.text) for f in split_forms(text, name)):
             if s[0] == "datatype":
                 sig.constructors.update({c[0]: tuple(c[1:]) for c in s[2:]})
             elif s[0] == "relation":
@@ -122,13 +123,15 @@ class Equivalence:
     facts: list[Sexp] = field(default_factory=list)
 
 
-def classify(path: Path) -> tuple[list[Equivalence], list[str], list[str]]:
-    """Split a rule file into (equivalences, reachability rules, unrecognised forms) by
-    file:line."""
+def classify(path: Path, text: str | None = None
+             ) -> tuple[list[Equivalence], list[str], list[str]]:
+    """Split a rule file (or ``text`` under that name) into (equivalences, reachability rules,
+    unrecognised forms) by file:line."""
     eqs: list[Equivalence] = []
     reach: list[str] = []
     unknown: list[str] = []
-    for form in split_forms(path.read_text(), str(path)):
+    text = path.read_text() if text is None else text
+    for form in split_forms(text, str(path)):
         s, where = read_sexp(form.text), f"{path.name}:{form.line}"
         if (head := s[0]) in ("rewrite", "birewrite"):
             opts = dict(zip(s[3::2], s[4::2]))
@@ -317,7 +320,9 @@ def check(rule: Equivalence, sig: Signature) -> Verdict:
 
 
 RULE_FILES = sorted(DEFAULT_RULES_DIR.glob("*.egg"))
-SIG = read_signature(RULE_FILES)
+#: the oracle runs the generated prelude (datatype, relations, reachability) before the files
+PRELUDE = prelude_text()
+SIG = read_signature([(PRELUDE_PATH, PRELUDE), *((str(f), f.read_text()) for f in RULE_FILES)])
 RULES = [r for f in RULE_FILES for r in classify(f)[0]]
 
 
@@ -334,9 +339,9 @@ def test_rules_are_discovered() -> None:
     for f in RULE_FILES:
         eqs, _, unknown = classify(f)
         assert not unknown, f"forms that are neither declarations nor rules: {unknown}"
-        if f.name not in ("00_datatype.egg", "90_reach.egg"):
-            assert eqs, f"{f.name} contributed no equivalence rule"
-    assert classify(DEFAULT_RULES_DIR / "90_reach.egg")[1], "no reachability rules found"
+        assert eqs, f"{f.name} contributed no equivalence rule"
+    eqs, reach, unknown = classify(Path(PRELUDE_PATH), PRELUDE)
+    assert reach and not eqs and not unknown, "the prelude holds declarations and reachability"
 
 
 def test_checker_catches_unsound_rules(tmp_path: Path) -> None:

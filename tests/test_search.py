@@ -129,11 +129,11 @@ def test_bad_arguments_are_clear_errors(rmsnorm):
 def test_goal_distances_lose_no_block_graph(name: str, ops: int) -> None:
     """Pruning by the goal distances finds exactly the block graphs the plain walk finds."""
     from egraph_mirage.search.driver import prepare
-    from egraph_mirage.search.tasks import _context, _Run
+    from egraph_mirage.search.tasks import Context, _Run
 
     config = SearchConfig(max_block_ops=ops)
     payload = prepare(em.benchmarks.get(name, small=True), config)
-    ctx = _context(payload)
+    ctx = Context(payload)
     root = payload.reach.roots[0]
 
     def complete(goal):

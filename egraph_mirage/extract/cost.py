@@ -13,13 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..expr import Term
+from ..ops import term_constructors
 
-DEFAULT_WEIGHTS: dict[str, float] = {
-    "Var": 0.0, "Num": 0.0, "Const": 0.0,
-    "Add": 1.0, "Mul": 1.0, "Div": 2.0, "Square": 1.0,
-    "Exp": 4.0, "Sqrt": 4.0, "Silu": 6.0, "Gelu": 8.0, "Relu": 1.0,
-    "Rms": 6.0, "Concat": 1.0, "Sum": 1.0,
-}
+
+def default_weights() -> dict[str, float]:
+    """Each term constructor's ``cost`` (``ops.terms``; an operator's own constructors are in
+    its op-table entry)."""
+    return {name: c.cost for name, c in term_constructors().items()}
+
+
+#: the weights of the shipped op table
+DEFAULT_WEIGHTS: dict[str, float] = default_weights()
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class CostModel:
     Unknown operators (from user rule files) cost ``default``.
     """
 
-    weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    weights: dict[str, float] = field(default_factory=default_weights)
     default: float = 4.0
 
     def node_cost(self, op: str, args: tuple[Any, ...]) -> float:

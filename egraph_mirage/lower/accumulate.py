@@ -1,4 +1,5 @@
-"""Triton emission of the for-loop accumulators, one entry per kind of ``mugraph.ACCUMULATORS``.
+"""Triton emission of the for-loop accumulators, read from each kind's record
+(``mugraph.accumulators.Accumulator``: ``triton_step``, ``triton_finish``, ``tile_dims``).
 
 An accumulator is an fp32 block, zero before the loop; every iteration adds ``step(x)`` to it,
 and after the loop ``finish(acc, count)`` gives the tile (``count`` = iterations × the operand's
@@ -20,30 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LowerError
+from ..mugraph.accumulators import ACCUMULATORS, Accumulator, RecordView, reduce_last_dims
 from ..ops.spec import TileDims
-
-
-def _keep_leading(rank: int) -> TileDims:
-    """Sum-like kinds: leading dimensions aligned, the last one reduced to size 1."""
-    return TileDims(out=(*(((0, j),) for j in range(rank - 1)), ()), reduced=(rank - 1,))
-
-
-def _same(rank: int) -> TileDims:
-    return TileDims(out=tuple(((0, j),) for j in range(rank)))
-
-
-def _todimx(rank: int) -> TileDims:
-    """Leading dimensions aligned; the last one is built at the reduction width."""
-    return TileDims(out=(*(((0, j),) for j in range(rank - 1)), ()))
-
-
-def _last(ctx: Any) -> tuple[int, ...]:
-    return (len(ctx.real(0)) - 1,)
 
 
 @dataclass(frozen=True)
 class AccumulatorEmission:
-    """How one accumulator kind is written in Triton."""
+    """How one accumulator kind is written in Triton (a view of its record)."""
 
     #: ``step(x, ctx, dimx) -> str``: what one iteration adds, ``x`` the operand's fp32 text
     step: Callable[[str, Any, int], str]
@@ -53,22 +37,17 @@ class AccumulatorEmission:
     dims: Callable[[int], TileDims]
 
 
-ACCUMULATOR_EMISSIONS: dict[str, AccumulatorEmission] = {
-    "plain": AccumulatorEmission(lambda x, ctx, dimx: x, lambda acc, n: acc, _same),
-    "sum": AccumulatorEmission(lambda x, ctx, dimx: ctx.sum(x, 0, _last(ctx)),
-                               lambda acc, n: acc, _keep_leading),
-    "mean": AccumulatorEmission(lambda x, ctx, dimx: ctx.sum(x, 0, _last(ctx)),
-                                lambda acc, n: f"{acc} / {float(n)!r}", _keep_leading),
-    "rms": AccumulatorEmission(lambda x, ctx, dimx: ctx.sum(f"{x} * {x}", 0, _last(ctx)),
-                               lambda acc, n: f"tl.sqrt({acc} / {float(n)!r})", _keep_leading),
-    "sum_todimx": AccumulatorEmission(lambda x, ctx, dimx: ctx.fold(x, 0, dimx),
-                                      lambda acc, n: acc, _todimx),
-}
+def _emission(acc: Accumulator) -> AccumulatorEmission:
+    return AccumulatorEmission(acc.triton_step, acc.triton_finish, acc.tile_dims)
+
+
+#: accumulator kind -> its Triton emission, following ``mugraph.ACCUMULATORS``
+ACCUMULATOR_EMISSIONS: RecordView[AccumulatorEmission] = RecordView(_emission)
 
 
 def running_max_dims(rank: int) -> TileDims:
     """``forloop_max``: leading dimensions aligned, the last one reduced to size 1."""
-    return _keep_leading(rank)
+    return reduce_last_dims(rank)
 
 
 def rescaled_dims(rel: TileDims) -> TileDims:
@@ -79,7 +58,7 @@ def rescaled_dims(rel: TileDims) -> TileDims:
 
 
 def accumulator_emission(kind: str) -> AccumulatorEmission:
-    if kind not in ACCUMULATOR_EMISSIONS:
+    if kind not in ACCUMULATORS:
         raise LowerError(f"forloop_accum: no Triton emission for accumulator {kind!r}; known: "
-                         f"{', '.join(ACCUMULATOR_EMISSIONS)}")
+                         f"{', '.join(ACCUMULATORS)}")
     return ACCUMULATOR_EMISSIONS[kind]

@@ -1,144 +1,318 @@
-"""For-loop accumulators: how a block combines a tensor across the iterations of its loop.
+"""For-loop accumulators: how a block combines a tile across the iterations of its loop.
 
-One entry per accumulator kind, each holding its shape rule, abstract expression and float
-semantics on the vectorised layout ``(gx, gy, gz, F, *tile)`` (axis ``LOOP`` is the iteration).
-A tensor that does not change across iterations (size 1 on the loop axis) is accumulated
-``forloop_range`` times, exactly as a block running the loop would.
+One record (``Accumulator``) per kind holds everything about it: the shape rule, the abstract
+expression, the per-iteration ``step`` and the ``finish`` after the loop, how its dimensions
+align with its operand's in the Triton lowering, and whether it may be rescaled. ``step`` and
+``finish`` are written once, against a small set of operations ``o`` (``sum_last``, ``fold``,
+``mul``, ``div``, ``sqrt``), and every consumer runs them with its own operations:
 
-Online softmax adds two pieces (``docs/mugraph.md`` section 6): the running max of a tile
-(``forloop_max``: a loop-side tile, the max over the last dimension and the iterations so far)
-and the rescaled form of the linear kinds (``forloop_accum(x, acc, rescale=m)``: each
-iteration's contribution weighted by ``exp(m_i - m_last)``). Their semantics are the functions
-at the end of this module.
+- ``ArrayOps(numpy)``: the float reference, per block (``GraphKernel.run_blocks``) and, on the
+  vectorised layout ``(gx, gy, gz, F, *tile)`` (axis ``LOOP`` is the iteration), for all blocks
+  at once (``Accumulator.reference``);
+- ``ArrayOps(torch)``: PyTorch evaluation (``Accumulator.torch``, ``gpu.torch_eval``);
+- ``FieldOps``: the finite-field verifier over Z_p x Z_q (``Accumulator.ff``);
+- ``TritonOps``: Triton source text (``Accumulator.triton_step`` / ``triton_finish``).
+
+A tile that does not change across iterations (size 1 on the loop axis) is accumulated
+``forloop_range`` times, exactly as a block running the loop would. A new kind is one new
+record in ``ACCUMULATORS``; ``docs/mugraph.md`` section 6 states the semantics.
+
+Online softmax adds two pieces: the running max of a tile (``forloop_max``: a loop-side tile, the
+max over the last dimension and the iterations so far) and the rescaled form of the linear kinds
+(``forloop_accum(x, acc, rescale=m)``: each iteration's term weighted by ``exp(m_i - m_last)``).
+Their float semantics are written once against ``ArrayOps`` too; their finite-field semantics
+are the functions ``running_max_ff`` and ``rescale_ff``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import BlockGraphError
+from ..errors import BlockGraphError, LowerError
 from ..expr import Term, app, sum_
+from ..ops import lookup
+from ..ops.spec import TileDims
 
 LOOP = 3
 Dims = tuple[int, ...]
+V = TypeVar("V")
 
 
-def _last_dim_shape(tile: Dims, dimx: int) -> Dims:
+# --- the operations accumulators are written with ----------------------------------------------
+
+class ArrayOps:
+    """Float arrays of the module ``xp``: numpy, or torch (whose functions accept numpy's
+    ``axis`` and ``keepdims`` names). Values keep every dimension (size 1 after a sum)."""
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+
+    def sum_last(self, x: Any) -> Any:
+        """The sum over the last dimension, kept as size 1."""
+        return self.xp.sum(x, axis=-1, keepdims=True)
+
+    def fold(self, x: Any, dimx: int) -> Any:
+        """``out[..., j] = sum_k x[..., k * dimx + j]``: strided sums down to width ``dimx``."""
+        return self.xp.sum(self.xp.reshape(x, (*x.shape[:-1], x.shape[-1] // dimx, dimx)),
+                           axis=-2)
+
+    def mul(self, a: Any, b: Any) -> Any:
+        return a * b
+
+    def div(self, x: Any, count: int) -> Any:
+        """``x`` divided by a positive integer."""
+        return x / count
+
+    def sqrt(self, x: Any) -> Any:
+        return self.xp.sqrt(x)
+
+    def loop_sum(self, x: Any, iters: int) -> Any:
+        """The sum over the loop axis of the vectorised layout, a loop-invariant ``x`` (size 1
+        there) counted ``iters`` times."""
+        return self.xp.sum(self.xp.broadcast_to(x, with_loop(x.shape, iters)), axis=LOOP,
+                           keepdims=True)
+
+    # online softmax
+    def cummax(self, x: Any, axis: int) -> Any:
+        """Running maximum along ``axis`` (NaN propagates)."""
+        return np.maximum.accumulate(x, axis=axis)
+
+    def part(self, x: Any, start: int, stop: int | None, axis: int) -> Any:
+        """``x[start:stop]`` along ``axis``."""
+        return x[(slice(None),) * axis + (slice(start, stop),)]
+
+
+class TorchOps(ArrayOps):
+    """``ArrayOps`` on torch tensors (torch is imported by ``torch_ops`` only)."""
+
+    def cummax(self, x: Any, axis: int) -> Any:
+        return self.xp.cummax(x, dim=axis).values
+
+
+NUMPY = ArrayOps(np)
+
+
+def torch_ops() -> ArrayOps:
+    """``ArrayOps`` on torch tensors."""
+    import torch
+
+    return TorchOps(torch)
+
+
+class FieldOps:
+    """``FF`` values of a field ``f`` (``verify.field.Field``): sums are sums mod p and q,
+    division by a count multiplies by the field constant ``1/count``, and ``sqrt`` is the random
+    function the op table's ``sqrt`` uses (so an rms here is ``rms_norm``'s)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def sum_last(self, x: Any) -> Any:
+        return self.f.sum(x, axis=len(x.shape) - 1)
+
+    def fold(self, x: Any, dimx: int) -> Any:
+        y = self.f.arrays.reshape(x, (*x.shape[:-1], x.shape[-1] // dimx, dimx))
+        return self.f.sum(y, axis=len(y.shape) - 2, keepdims=False)
+
+    def mul(self, a: Any, b: Any) -> Any:
+        return self.f.mul(a, b)
+
+    def div(self, x: Any, count: int) -> Any:
+        return self.f.mul(x, self.f.constant(Fraction(1, count), x))
+
+    def sqrt(self, x: Any) -> Any:
+        return lookup("sqrt").ff(self.f, [x], {})
+
+    def loop_sum(self, x: Any, iters: int) -> Any:
+        return self.f.sum(self.f.arrays.broadcast_to(x, with_loop(x.shape, iters)), axis=LOOP)
+
+
+class TritonOps:
+    """Triton source text. ``ctx`` (the lowering's ``TileContext``, operand 0 the accumulated
+    tile) masks the padding before a sum; ``finish`` runs without one (element-wise only)."""
+
+    def __init__(self, ctx: Any = None) -> None:
+        self.ctx = ctx
+
+    def _context(self, what: str) -> Any:
+        if self.ctx is None:
+            raise LowerError(f"accumulator {what} needs the tile's context: only a step may "
+                             "reduce")
+        return self.ctx
+
+    def sum_last(self, x: str) -> str:
+        ctx = self._context("sum_last")
+        return ctx.sum(x, 0, (len(ctx.real(0)) - 1,))
+
+    def fold(self, x: str, dimx: int) -> str:
+        return self._context("fold").fold(x, 0, dimx)
+
+    def mul(self, a: str, b: str) -> str:
+        return f"{_operand(a)} * {_operand(b)}"
+
+    def div(self, x: str, count: int) -> str:
+        return f"{_operand(x)} / {float(count)!r}"
+
+    def sqrt(self, x: str) -> str:
+        return f"tl.sqrt({x})"
+
+
+def _operand(text: str) -> str:
+    """``text`` as an operand of ``*`` or ``/``: parenthesised if it has a space outside
+    brackets (a binary expression), as is where it is a name, attribute or call."""
+    depth = 0
+    for c in text:
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if c == " " and depth == 0:
+            return f"({text})"
+    return text
+
+
+def with_loop(shape: tuple[int, ...], iters: int) -> tuple[int, ...]:
+    """``shape`` of the vectorised layout with ``iters`` on the loop axis."""
+    return (*shape[:LOOP], iters, *shape[LOOP + 1:])
+
+
+# --- shape rules and their Triton alignment -----------------------------------------------------
+
+def same_shape(tile: Dims, dimx: int) -> Dims:
+    return tile
+
+
+def reduce_last_shape(tile: Dims, dimx: int) -> Dims:
     return (*tile[:-1], 1)
 
 
-def _todimx_shape(tile: Dims, dimx: int) -> Dims:
+def fold_last_shape(tile: Dims, dimx: int) -> Dims:
     if tile[-1] % dimx:
         raise BlockGraphError(f"forloop_accum 'sum_todimx': last dimension {tile[-1]} is not a "
                               f"multiple of reduction_dimx {dimx}")
     return (*tile[:-1], dimx)
 
 
-def _ff_loop(f: Any, x: Any, iters: int) -> Any:
-    from ..verify.field import FFArrays
-
-    shape = list(x.shape)
-    shape[LOOP] = iters
-    return FFArrays(f.xp).broadcast_to(x, shape)
+def same_dims(rank: int) -> TileDims:
+    """Every dimension aligned with the operand's."""
+    return TileDims(out=tuple(((0, j),) for j in range(rank)))
 
 
-def _ff_sum(f: Any, x: Any, iters: int, dimx: int) -> Any:
-    return f.sum(_ff_loop(f, x, iters), axis=(LOOP, len(x.shape) - 1))
+def reduce_last_dims(rank: int) -> TileDims:
+    """Leading dimensions aligned, the last one reduced to size 1."""
+    return TileDims(out=(*(((0, j),) for j in range(rank - 1)), ()), reduced=(rank - 1,))
 
 
-def _ff_todimx(f: Any, x: Any, iters: int, dimx: int) -> Any:
-    from ..verify.field import FFArrays
-
-    y = _ff_loop(f, x, iters)
-    y = FFArrays(f.xp).reshape(y, (*y.shape[:-1], y.shape[-1] // dimx, dimx))
-    return f.sum(f.sum(y, axis=len(y.shape) - 2, keepdims=False), axis=LOOP)
+def fold_last_dims(rank: int) -> TileDims:
+    """Leading dimensions aligned; the last one is built at the reduction width."""
+    return TileDims(out=(*(((0, j),) for j in range(rank - 1)), ()))
 
 
-def _ff_rms(f: Any, x: Any, iters: int, dimx: int) -> Any:
-    from ..ops.field_ops import rms
-
-    return rms(f, _ff_sum(f, f.mul(x, x), iters, dimx), iters * x.shape[-1])
-
-
-def _loop(x: np.ndarray, iters: int) -> np.ndarray:
-    shape = list(x.shape)
-    shape[LOOP] = iters
-    return np.broadcast_to(x, shape)
-
-
-def _sum_ref(x: np.ndarray, iters: int, dimx: int) -> np.ndarray:
-    return np.sum(_loop(x, iters), axis=(LOOP, -1), keepdims=True)
-
-
-def _todimx_ref(x: np.ndarray, iters: int, dimx: int) -> np.ndarray:
-    y = _loop(x, iters)
-    y = y.reshape(*y.shape[:-1], y.shape[-1] // dimx, dimx).sum(axis=-2)
-    return np.sum(y, axis=LOOP, keepdims=True)
-
+# --- the record ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Accumulator:
-    """One accumulator kind."""
+    """One accumulator kind: everything egraph-mirage knows about it."""
 
     name: str
-    #: tile dims after the loop, from the tile dims before and ``reduction_dimx``
+    doc: str
+    #: ``shape(tile, dimx)``: tile dims after the loop, from the operand's and ``reduction_dimx``
     shape: Callable[[Dims, int], Dims]
     #: ``expr(term, tile, iterations, dimx)``: the abstract expression after the loop
     expr: Callable[[Term, Dims, int, int], Term]
-    #: ``reference(x, iterations, dimx)`` on the vectorised layout, float
-    reference: Callable[[np.ndarray, int, int], np.ndarray]
-    #: ``step(x, dimx)``: what one iteration adds to the running sum (per-block interpreter)
-    step: Callable[[np.ndarray, int], np.ndarray]
-    #: ``finish(total, count)``: the result after the loop; count = iterations x last dimension
-    finish: Callable[[np.ndarray, int], np.ndarray]
-    #: ``ff(field, x, iterations, dimx)``: the same over Z_p x Z_q, on the vectorised layout
-    ff: Callable[[Any, Any, int, int], Any]
-    doc: str
+    #: ``step(x, dimx, o=NUMPY)``: what one iteration adds to the running total, written with
+    #: the operations ``o``
+    step: Callable[..., Any]
+    #: ``finish(total, count, o=NUMPY)``: the result after the loop; count = iterations x the
+    #: operand's last dimension
+    finish: Callable[..., Any]
+    #: ``tile_dims(rank)``: how the result's dimensions align with the operand's (Triton padding)
+    tile_dims: Callable[[int], TileDims]
     #: a sum of per-iteration terms (so ``rescale=`` may weight the terms)
     linear: bool = True
+    #: ``reference(x, iterations, dimx)``: float64 numpy semantics on the vectorised layout;
+    #: derived from ``step`` and ``finish`` unless given
+    reference: Callable[[np.ndarray, int, int], np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if self.reference is None or isinstance(self.reference, _FromSteps):
+            object.__setattr__(self, "reference", _FromSteps(self, NUMPY))
+
+    def evaluate(self, o: Any, x: Any, iters: int, dimx: int) -> Any:
+        """The accumulator on the vectorised layout with the operations ``o``: every iteration's
+        step, summed over the loop, then finished."""
+        return self.finish(o.loop_sum(self.step(x, dimx, o), iters), iters * x.shape[-1], o)
+
+    def torch(self, x: Any, iters: int, dimx: int) -> Any:
+        """PyTorch semantics on the vectorised layout, in ``x``'s dtype and device."""
+        return self.evaluate(torch_ops(), x, iters, dimx)
+
+    def ff(self, f: Any, x: Any, iters: int, dimx: int) -> Any:
+        """The same over Z_p x Z_q (``f`` a ``verify.field.Field``), on the vectorised layout."""
+        return self.evaluate(FieldOps(f), x, iters, dimx)
+
+    def triton_step(self, x: str, ctx: Any, dimx: int) -> str:
+        """The Triton text one iteration adds, ``x`` the operand's fp32 text."""
+        return self.step(x, dimx, TritonOps(ctx))
+
+    def triton_finish(self, acc: str, count: int) -> str:
+        """The Triton text of the tile after the loop, from the accumulator's variable."""
+        return self.finish(acc, count, TritonOps())
+
+
+class _FromSteps:
+    """An accumulator's vectorised semantics with fixed operations (its derived ``reference``)."""
+
+    def __init__(self, acc: Accumulator, o: Any) -> None:
+        self.acc, self.o = acc, o
+
+    def __call__(self, x: Any, iters: int, dimx: int) -> Any:
+        return self.acc.evaluate(self.o, x, iters, dimx)
+
+    def __repr__(self) -> str:
+        return f"<{self.acc.name!r} from its step and finish>"
+
+
+def _mean_expr(t: Term, tile: Dims, n: int, dimx: int) -> Term:
+    count = n * tile[-1]
+    return app("Div", sum_(count, t), app("Num", count)) if count > 1 else t
 
 
 ACCUMULATORS: dict[str, Accumulator] = {a.name: a for a in [
     Accumulator(
-        "plain", lambda tile, dimx: tile,
-        lambda t, tile, n, dimx: sum_(n, t),
-        lambda x, n, dimx: np.sum(_loop(x, n), axis=LOOP, keepdims=True),
-        lambda x, dimx: x, lambda s, count: s,
-        lambda f, x, n, dimx: f.sum(_ff_loop(f, x, n), axis=LOOP),
-        "sum over iterations, shape unchanged"),
+        "plain", "sum over iterations, shape unchanged",
+        shape=same_shape, tile_dims=same_dims,
+        expr=lambda t, tile, n, dimx: sum_(n, t),
+        step=lambda x, dimx, o=NUMPY: x,
+        finish=lambda total, count, o=NUMPY: total),
     Accumulator(
-        "sum", _last_dim_shape,
-        lambda t, tile, n, dimx: sum_(n * tile[-1], t),
-        _sum_ref, lambda x, dimx: x.sum(-1, keepdims=True), lambda s, count: s, _ff_sum,
-        "sum over iterations and the last dimension (kept as size 1)"),
+        "sum", "sum over iterations and the last dimension (kept as size 1)",
+        shape=reduce_last_shape, tile_dims=reduce_last_dims,
+        expr=lambda t, tile, n, dimx: sum_(n * tile[-1], t),
+        step=lambda x, dimx, o=NUMPY: o.sum_last(x),
+        finish=lambda total, count, o=NUMPY: total),
     Accumulator(
-        "mean", _last_dim_shape,
-        lambda t, tile, n, dimx: (app("Div", sum_(n * tile[-1], t), app("Num", n * tile[-1]))
-                                  if n * tile[-1] > 1 else t),
-        lambda x, n, dimx: _sum_ref(x, n, dimx) / (n * x.shape[-1]),
-        lambda x, dimx: x.sum(-1, keepdims=True), lambda s, count: s / count,
-        lambda f, x, n, dimx: f.mul(_ff_sum(f, x, n, dimx),
-                                    f.constant(Fraction(1, n * x.shape[-1]), x)),
-        "mean over iterations and the last dimension"),
+        "mean", "mean over iterations and the last dimension",
+        shape=reduce_last_shape, tile_dims=reduce_last_dims, expr=_mean_expr,
+        step=lambda x, dimx, o=NUMPY: o.sum_last(x),
+        finish=lambda total, count, o=NUMPY: o.div(total, count)),
     Accumulator(
-        "rms", _last_dim_shape,
-        lambda t, tile, n, dimx: app("Rms", n * tile[-1], t),
-        lambda x, n, dimx: np.sqrt(_sum_ref(x * x, n, dimx) / (n * x.shape[-1])),
-        lambda x, dimx: (x * x).sum(-1, keepdims=True), lambda s, count: np.sqrt(s / count),
-        _ff_rms, "sqrt(sum of squares / count) over iterations and the last dimension",
+        "rms", "sqrt(sum of squares / count) over iterations and the last dimension",
+        shape=reduce_last_shape, tile_dims=reduce_last_dims,
+        expr=lambda t, tile, n, dimx: app("Rms", n * tile[-1], t),
+        step=lambda x, dimx, o=NUMPY: o.sum_last(o.mul(x, x)),
+        finish=lambda total, count, o=NUMPY: o.sqrt(o.div(total, count)),
         linear=False),
     Accumulator(
-        "sum_todimx", _todimx_shape,
-        lambda t, tile, n, dimx: sum_(n * tile[-1] // dimx, t),
-        _todimx_ref,
-        lambda x, dimx: x.reshape(*x.shape[:-1], x.shape[-1] // dimx, dimx).sum(-2),
-        lambda s, count: s, _ff_todimx,
-        "strided sums of the last dimension down to reduction_dimx, over iterations"),
+        "sum_todimx", "strided sums of the last dimension down to reduction_dimx, over iterations",
+        shape=fold_last_shape, tile_dims=fold_last_dims,
+        expr=lambda t, tile, n, dimx: sum_(n * tile[-1] // dimx, t),
+        step=lambda x, dimx, o=NUMPY: o.fold(x, dimx),
+        finish=lambda total, count, o=NUMPY: total),
 ]}
 
 
@@ -149,6 +323,29 @@ def lookup_accumulator(acc: str | None) -> Accumulator:
         raise BlockGraphError(f"forloop_accum: unknown accumulator {acc!r}; known: None, "
                               + ", ".join(repr(k) for k in ACCUMULATORS if k != "plain"))
     return ACCUMULATORS[name]
+
+
+class RecordView(Mapping[str, V]):
+    """A read-only view of ``ACCUMULATORS``, one value per kind derived from its record (for
+    consumers that want a table of one aspect); it follows the table as it changes."""
+
+    def __init__(self, aspect: Callable[[Accumulator], V]) -> None:
+        self._aspect = aspect
+
+    def __getitem__(self, kind: str) -> V:
+        return self._aspect(ACCUMULATORS[kind])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ACCUMULATORS)
+
+    def __len__(self) -> int:
+        return len(ACCUMULATORS)
+
+
+def _sum_ref(x: np.ndarray, iters: int, dimx: int) -> np.ndarray:
+    """Float sum over the iterations and the last dimension (the "sum" kind's reference; the
+    verifier benchmark builds its generic rms on it)."""
+    return ACCUMULATORS["sum"].evaluate(NUMPY, x, iters, dimx)
 
 
 # --- online softmax: the running max and rescaled accumulation ---------------------------------
@@ -164,9 +361,34 @@ def running_max_expr(t: Term, tile: Dims, count: int) -> Term:
     return app("Max", count, t) if count > 1 else t
 
 
+def running_max_in(o: ArrayOps, x: Any) -> Any:
+    """Running max on the vectorised layout: the row max, then the maximum over the iterations
+    so far (NaN propagates)."""
+    return o.cummax(o.xp.amax(x, axis=-1, keepdims=True), LOOP)
+
+
+def rescale_in(o: ArrayOps, x: Any, m: Any) -> Any:
+    """``x_i * w_i``: the terms of a rescaled accumulator, ``m`` with every iteration on the loop
+    axis. ``w_i = exp(m_i - m_last)`` (1 for the last iteration), which is what the per-block
+    recurrence multiplies term i by, ``prod_(j > i) exp(m_(j-1) - m_j)``, also for infinite
+    values: a factor ``exp(m_(j-1) - m_j)`` that is NaN (both infinite alike, e.g. two tiles of
+    -inf scores) makes every earlier term NaN, as it does in the recurrence."""
+    xp, last = o.xp, m.shape[LOOP] - 1
+    w = xp.exp(m - o.part(m, last, None, LOOP))
+    bad = xp.isnan(o.part(m, 1, None, LOOP) - o.part(m, 0, last, LOOP))  # factor j at j - 1
+    later = xp.sum(bad, axis=LOOP, keepdims=True) - xp.cumsum(bad, axis=LOOP) + bad > 0
+    head = xp.where(later, math.nan, o.part(w, 0, last, LOOP))  # some factor j > i is NaN
+    return x * xp.concatenate([head, xp.ones_like(o.part(w, last, None, LOOP))], axis=LOOP)
+
+
 def running_max_ref(x: np.ndarray) -> np.ndarray:
-    """Float running max on the vectorised layout: row max, then cumulative over the loop."""
-    return np.maximum.accumulate(np.max(x, axis=-1, keepdims=True), axis=LOOP)
+    """Float running max on the vectorised layout (``running_max_in`` with numpy)."""
+    return running_max_in(NUMPY, x)
+
+
+def rescale_ref(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Float terms of a rescaled accumulator (``rescale_in`` with numpy)."""
+    return rescale_in(NUMPY, x, m)
 
 
 def running_max_ff(f: Any, x: Any) -> Any:
@@ -180,26 +402,9 @@ def running_max_ff(f: Any, x: Any) -> Any:
     return f.apply_table("max", h)
 
 
-def rescale_ref(x: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``x_i * w_i``: the terms of a rescaled accumulator (float), ``m`` with every iteration
-    on the loop axis. ``w_i = exp(m_i - m_last)`` (1 for the last iteration), which is what the
-    per-block recurrence multiplies term i by, ``prod_(j > i) exp(m_(j-1) - m_j)``, also for
-    infinite values: a factor ``exp(m_(j-1) - m_j)`` that is NaN (both infinite alike, e.g. two
-    tiles of -inf scores) makes every earlier term NaN, as it does in the recurrence."""
-    w = np.exp(m - np.take(m, [-1], axis=LOOP))
-    w[(slice(None),) * LOOP + (slice(-1, None),)] = 1.0  # added last, never multiplied
-    bad = np.isnan(np.diff(m, axis=LOOP)).astype(np.int64)  # factor j = 1 .. F-1 at j - 1
-    later = np.flip(np.cumsum(np.flip(bad, LOOP), axis=LOOP), LOOP) > 0  # some j > i is NaN
-    head = (slice(None),) * LOOP + (slice(0, -1),)
-    w[head] = np.where(later, np.nan, w[head])
-    return x * w
-
-
 def rescale_ff(f: Any, x: Any, m: Any) -> Any:
     """``x_i * exp(m_i - m_last)`` over Z_p x Z_q (exp of the q-parts: needs m's q-part)."""
-    from ..verify.field import FFArrays
-
-    last = FFArrays(f.xp).take(m, -1, LOOP)
+    last = f.arrays.take(m, -1, LOOP)
     return f.mul(x, f.exp(f.add(m, f.mul(last, f.constant(-1, last)))))
 
 
@@ -217,11 +422,9 @@ def matmul_loop_sum_ff(f: Any, a: Any, b: Any) -> Any | None:
     joins the contraction (``sum_i a_i @ b_i = [a_0 .. a_F-1] @ [b_0; ..; b_F-1]``), so the
     per-iteration products are never stored. The same residues as the plain accumulator of the
     products; None (use the plain path) when an operand does not change with the loop."""
-    from ..verify.field import FFArrays
-
     if a.shape[LOOP] == 1 or b.shape[LOOP] == 1 or a.shape[LOOP] != b.shape[LOOP]:
         return None
-    arrays, r, iters = FFArrays(f.xp), len(a.shape), a.shape[LOOP]
+    arrays, r, iters = f.arrays, len(a.shape), a.shape[LOOP]
     rest = list(range(LOOP + 1, r - 2))
     a = arrays.transpose(a, [0, 1, 2, *rest, r - 2, LOOP, r - 1])
     a = arrays.reshape(a, (*a.shape[:LOOP], 1, *a.shape[LOOP:r - 3], a.shape[r - 3],

@@ -21,12 +21,10 @@ from typing import Any
 from ..dtypes import DType
 from ..errors import EMError, GraphError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
+from ..ops import OPS
 from .accumulators import ACCUMULATORS
 from .threadblock import ThreadBlockGraph, new_threadblock_graph
 
-UNARY = ("exp", "sqrt", "square", "silu", "gelu", "relu")
-BINARY = ("add", "mul", "div")
-NONCOMMUTATIVE = ("matmul", "div", "concat")
 #: operators an "extra_op" edit inserts after a tensor ("add_self" is add(x, x))
 EXTRA: tuple[tuple[str, dict[str, Any]], ...] = (
     ("exp", {}), ("sqrt", {}), ("square", {}), ("mul_scalar", {"scalar": 2.0}),
@@ -210,11 +208,14 @@ def _op_edits(at: Getter, body: Body, j: int, block: bool) -> list[Edit]:
     n, out = body.nodes[j], []
     node: Getter = lambda s: at(s).nodes[j]  # noqa: E731
     params: Getter = lambda s: at(s).nodes[j].params  # noqa: E731
+    spec = OPS.get(n.op)  # None for the block graphs' own operators (loaders, accumulators)
     if len(n.operands) == 2 and n.operands[0] != n.operands[1]:
-        out.append(("swap_operands" if n.op in NONCOMMUTATIVE else "commutative_swap",
-                    _put(node, "operands", n.operands[::-1])))
-    for group, kind in ((UNARY, "replace_unary"), (BINARY, "replace_binary")):
-        out += [(kind, _put(node, "op", o)) for o in group if n.op in group and o != n.op]
+        out.append(("commutative_swap" if spec is not None and spec.commutative
+                    else "swap_operands", _put(node, "operands", n.operands[::-1])))
+    kind = spec.mutation_class if spec is not None else None
+    if kind is not None:  # another operator of the same class (op table: ``mutation_class``)
+        out += [(f"replace_{kind}", _put(node, "op", o)) for o, other in OPS.items()
+                if other.mutation_class == kind and o != n.op]
     if n.op == "mul_scalar":
         c = n.params["scalar"]
         out += [("replace_scalar", _put(params, "scalar", x)) for x in (0.5, -c, c + 1.0)]

@@ -18,15 +18,36 @@ def binary(method: str):
     return lambda f, xs, p: getattr(f, method)(xs[0], xs[1])
 
 
-#: names of the random functions the op table uses; the verifier draws them once per test
-#: ("max_hash" and "max" model the running max of online softmax: ``mugraph/accumulators.py``)
-TABLES: set[str] = {"sqrt", "max_hash", "max"}
+#: random functions used outside the op table's entries: sqrt inside rms, and the running max
+#: of online softmax ("max_hash" and "max": ``mugraph/accumulators.py``)
+SHARED_TABLES: frozenset[str] = frozenset({"sqrt", "max_hash", "max"})
 
 
-def table(name: str):
+class RandomFunction:
+    """The ``ff`` of a function with no algebraic model: a random function of the value, drawn
+    once per test (the same on both programs of a test). ``name`` names its table."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, f: Any, xs: FFs, p: Params) -> Any:
+        return f.apply_table(self.name, xs[0])
+
+    def __repr__(self) -> str:
+        return f"RandomFunction({self.name!r})"
+
+
+def table(name: str) -> RandomFunction:
     """A function with no algebraic model: a random function of the value mod p."""
-    TABLES.add(name)
-    return lambda f, xs, p: f.apply_table(name, xs[0])
+    return RandomFunction(name)
+
+
+def random_tables(ops: Any) -> list[str]:
+    """Names of every random function a test must draw: the shared ones and those of the
+    entries of ``ops`` (an op table)."""
+    names = set(SHARED_TABLES)
+    names.update(spec.ff.name for spec in ops.values() if isinstance(spec.ff, RandomFunction))
+    return sorted(names)
 
 
 def exp(f: Any, xs: FFs, p: Params) -> Any:
@@ -65,9 +86,7 @@ def rms_norm(f: Any, xs: FFs, p: Params) -> Any:
 
 
 def concat(f: Any, xs: FFs, p: Params) -> Any:
-    from ..verify.field import FFArrays
-
-    arrays = FFArrays(f.xp)
+    arrays = f.arrays
     a, b = xs
     d = p["dim"] % len(a.shape)
     common = f.xp.broadcast_shapes(a.shape[:d] + (1,) + a.shape[d + 1:],
@@ -75,23 +94,3 @@ def concat(f: Any, xs: FFs, p: Params) -> Any:
     a = arrays.broadcast_to(a, common[:d] + (a.shape[d],) + common[d + 1:])
     b = arrays.broadcast_to(b, common[:d] + (b.shape[d],) + common[d + 1:])
     return arrays.concatenate([a, b], axis=d)
-
-
-def customized(f: Any, xs: FFs, p: Params) -> Any:
-    from ..mugraph import accumulators as accs
-    from ..verify.chunks import splitter
-    from ..verify.field import FFArrays
-    from . import lookup
-
-    kernel = p["kernel"]
-    key = (id(kernel), *(id(x) for x in xs))
-    if key not in f.memo:  # the operands stay alive in the memo, so their ids stay unique
-        f.memo[key] = (xs, kernel.run_vectorised(
-            xs, xp=FFArrays(f.xp), apply_op=lambda op, ys, q: lookup(op).ff(f, ys, q),
-            accumulate=lambda acc, x, n, dimx: accs.lookup_accumulator(acc).ff(f, x, n, dimx),
-            running_max=lambda x: accs.running_max_ff(f, x),
-            rescale=lambda x, m: accs.rescale_ff(f, x, m),
-            matmul_loop_sum=lambda a, b: accs.matmul_loop_sum_ff(f, a, b),
-            split=splitter(f, kernel.tb),
-        ))
-    return f.memo[key][1][p["output"]]

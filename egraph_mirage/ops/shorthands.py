@@ -1,12 +1,15 @@
 """Named methods for the op-table operators, shared by kernel graphs and thread-block graphs.
 
 ``g.matmul(A, B)`` is ``g.apply("matmul", (A, B))``; both builders inherit these methods and
-define ``apply`` (and their own ``rms_norm``, whose parameters differ by level).
+define ``apply`` (and their own ``rms_norm``, whose parameters differ by level). An operator of
+the op table without a method here is still a method: ``g.name(*operands, **params)``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
+
+from .table import OPS
 
 T = TypeVar("T")
 
@@ -16,6 +19,12 @@ class OpShorthands(Generic[T]):
 
     def apply(self, op: str, operands: Any, **params: Any) -> T:
         raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        """Operators of the op table without a named method below."""
+        if name.startswith("_") or name not in OPS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return lambda *operands, **params: self.apply(name, operands, **params)
 
     def matmul(self, A: T, B: T) -> T:
         """Matrix product over the last two dimensions."""

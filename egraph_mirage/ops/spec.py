@@ -11,6 +11,7 @@ import numpy as np
 
 from ..dtypes import DType
 from ..expr import Term
+from .terms import Constructor
 
 Shape = tuple[int, ...]
 Params = Mapping[str, Any]
@@ -23,6 +24,8 @@ ShapeRule = Callable[[str, Sequence[Shape], Params], Shape]
 DTypeRule = Callable[[str, Sequence[DType], Params], DType]
 ExprRule = Callable[[Sequence[Term], Sequence[Shape], Params], Term]
 Reference = Callable[[Sequence[np.ndarray], Params], np.ndarray]
+#: ``torch(tensors, params) -> tensor``: the operator in PyTorch, in the operands' dtype
+TorchRule = Callable[[Sequence[Any], Params], Any]
 #: an operand dimension: (operand position, dimension)
 OperandDim = tuple[int, int]
 
@@ -72,10 +75,13 @@ class TritonEmission:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One operator of the kernel-graph language.
+    """One operator of the kernel-graph language: everything egraph-mirage knows about it.
 
-    Consumers (graph builder, abstract expressions, evaluators, and later the search, verifier and
-    code generators) look the entry up instead of switching on the operator name.
+    Consumers (graph builder, abstract expressions, the oracle's datatype and reachability rules,
+    evaluators in numpy, PyTorch and the finite field, the search, the verifier's degree bound,
+    the mutation benchmark and the code generators) look the entry up instead of switching on
+    the operator name. Adding an operator is one entry here plus its identities, one per line,
+    under ``rules/`` (``docs/architecture.md``).
     """
 
     name: str
@@ -93,6 +99,12 @@ class OpSpec:
     reference: Reference
     #: ``ff(field, operands, params) -> FF``: semantics over Z_p x Z_q for the verifier.
     ff: Callable[[Any, Sequence[Any], Params], Any]
+    #: ``torch(tensors, params) -> tensor``: PyTorch semantics (the eager baseline, what
+    #: ``torch.compile`` compiles, and the float reference of tuned kernels).
+    torch: TorchRule
+    #: Term constructors the abstract expression introduces (shared ones such as ``Sum`` are in
+    #: ``terms.CORE_TERMS``): the oracle declares them and their reachability rules.
+    terms: tuple[Constructor, ...]
     #: Levels (kernel / block / thread) the operator may appear at.
     levels: frozenset[str]
     #: Whether the two tensor operands may be swapped without changing the result.
@@ -114,3 +126,17 @@ class OpSpec:
     def elementwise(self) -> bool:
         """Element-wise operators are the ones allowed at thread level."""
         return THREAD in self.levels
+
+    @property
+    def graph_defined(self) -> bool:
+        """A graph-defined kernel's output: evaluators run the kernel's thread-block graph as a
+        whole (``verify.kernels``, ``gpu.torch_eval``, the lowering) instead of ``ff``/``torch``."""
+        return "kernel" in self.params
+
+    @property
+    def mutation_class(self) -> str | None:
+        """Which operators a mutant may put in this one's place (``mugraph/mutate.py``):
+        "unary" or "binary" for parameterless element-wise operators of that arity."""
+        if not self.elementwise or self.params or self.num_inputs[0] != self.num_inputs[1]:
+            return None
+        return {1: "unary", 2: "binary"}.get(self.num_inputs[0])

@@ -1,13 +1,16 @@
 """The op table: one ``OpSpec`` per operator of the kernel-graph language.
 
-To add an operator, add one entry here (and, if its expression uses a new term constructor, declare
-the constructor and its reachability rule under ``rules/``). Nothing else switches on op names.
+To add an operator, add one entry here; if its expression uses a new term constructor, the entry
+declares it (``terms``) and the oracle derives the datatype line and the reachability rule. Its
+identities go under ``rules/``, one per line. Nothing else switches on op names.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +19,7 @@ from ..expr import Term, app, sum_
 from . import field_ops as ff
 from . import shapes as sh
 from .spec import BLOCK, KERNEL, THREAD, OpSpec, Params, Shape, TileDims, TritonEmission
+from .terms import Constructor, exponential, largest, opaque, product, square
 
 ALL_LEVELS = frozenset({KERNEL, BLOCK, THREAD})
 GRAPH_LEVELS = frozenset({KERNEL, BLOCK})
@@ -42,7 +46,7 @@ def _aligned(shapes: Sequence[Shape], p: Params) -> TileDims:
     return TileDims(out=tuple(tuple((o, j) for o in range(len(shapes))) for j in range(rank)))
 
 
-def _elementwise(tile: str, host: str, keeps_zero: bool) -> TritonEmission:
+def elementwise(tile: str, host: str, keeps_zero: bool) -> TritonEmission:
     """An element-wise emission from format strings over ``{x}`` (unary) or ``{a}``, ``{b}``;
     ``{exp_x}`` is ``triton_exp`` of ``{x}``."""
     def fmt(text: str, args: Sequence[str]) -> str:
@@ -54,23 +58,36 @@ def _elementwise(tile: str, host: str, keeps_zero: bool) -> TritonEmission:
                           dims=_aligned, keeps_zero=keeps_zero)
 
 
-def _unary(name: str, ctor: str, fn, field, doc: str, triton: TritonEmission) -> OpSpec:
+def _torch() -> Any:
+    """PyTorch, imported on first use (the package imports without it)."""
+    import torch
+
+    return torch
+
+
+def unary(name: str, term: Constructor, fn, field, torch_fn, doc: str,
+          triton: TritonEmission) -> OpSpec:
+    """An element-wise operator of one operand: ``term`` is its constructor (``(Name Expr)``),
+    ``fn`` its numpy function, ``torch_fn(x)`` its PyTorch function."""
+    ctor = term.name
     return OpSpec(
         name=name, num_inputs=(1, 1), params=(), shape=sh.same_shape, dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app(ctor, ts[0]),
-        reference=lambda xs, p: fn(xs[0]), ff=field,
-        levels=ALL_LEVELS, commutative=False, triton=triton, doc=doc,
+        reference=lambda xs, p: fn(xs[0]), ff=field, torch=lambda xs, p: torch_fn(xs[0]),
+        terms=(term,), levels=ALL_LEVELS, commutative=False, triton=triton, doc=doc,
     )
 
 
-def _binary(name: str, ctor: str, fn, commutative: bool, sign: str, keeps_zero: bool,
+def _binary(name: str, term: Constructor, fn, commutative: bool, sign: str, keeps_zero: bool,
             doc: str) -> OpSpec:
+    ctor = term.name
     return OpSpec(
         name=name, num_inputs=(2, 2), params=(), shape=sh.broadcast, dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app(ctor, ts[0], ts[1]),
         reference=lambda xs, p: fn(xs[0], xs[1]), ff=ff.binary(name),
+        torch=lambda xs, p: fn(xs[0], xs[1]), terms=(term,),
         levels=ALL_LEVELS, commutative=commutative,
-        triton=_elementwise(f"{{a}} {sign} {{b}}", f"{{a}} {sign} {{b}}", keeps_zero), doc=doc,
+        triton=elementwise(f"{{a}} {sign} {{b}}", f"{{a}} {sign} {{b}}", keeps_zero), doc=doc,
     )
 
 
@@ -218,41 +235,79 @@ def _not_an_expression(*args: object) -> str:
                      "kernel, egraph_mirage.lower), not as an expression")
 
 
+def _evaluated_whole(*args: object) -> Any:
+    raise LowerError("customized: a graph-defined kernel is evaluated as a whole (its thread-"
+                     "block graph, by each evaluator: verify.kernels, gpu.torch_eval)")
+
+
+def _torch_rms_norm(xs: Sequence[Any], p: Params) -> Any:
+    x = xs[0]
+    n = sh.normalized_size("rms_norm", tuple(x.shape), p["normalized_shape"])
+    trailing = sh._trailing_count(tuple(x.shape), n)
+    # the reference has no eps
+    y = _torch().nn.functional.rms_norm(x, tuple(x.shape[x.ndim - trailing:]), eps=0.0)
+    return y * xs[1] if len(xs) == 2 else y
+
+
+def _torch_concat(xs: Sequence[Any], p: Params) -> Any:
+    torch = _torch()
+    a, b = xs  # operands may differ in size-1 dimensions other than the joined one
+    d = p["dim"] % a.ndim
+    other = torch.broadcast_shapes(a.shape[:d] + (1,) + a.shape[d + 1:],
+                                   b.shape[:d] + (1,) + b.shape[d + 1:])
+    a = a.expand(*other[:d], a.shape[d], *other[d + 1:])
+    b = b.expand(*other[:d], b.shape[d], *other[d + 1:])
+    return torch.cat((a, b), dim=d)
+
+
+def _term(name: str, cost: float, doc: str, degree=opaque, sorts: tuple[str, ...] = ("Expr",)
+          ) -> Constructor:
+    return Constructor(name, sorts, doc, cost, degree)
+
+
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec(
         name="matmul", num_inputs=(2, 2), params=(), shape=sh.matmul, dtype=sh.same_dtype,
         expr=_matmul_expr, reference=lambda xs, p: np.matmul(xs[0], xs[1]), ff=ff.binary("matmul"),
+        torch=lambda xs, p: _torch().matmul(xs[0], xs[1]), terms=(),
         levels=GRAPH_LEVELS, commutative=False,
         triton=TritonEmission(tile=lambda args, ctx, p: ctx.dot(0, 1),
                               host=lambda args, shapes, p: f"torch.matmul({args[0]}, {args[1]})",
                               dims=_matmul_dims, keeps_zero=True, dot_operands=(0, 1)),
         doc="matrix product over the last two dimensions, batched over the leading ones",
     ),
-    _binary("add", "Add", np.add, True, "+", True, "element-wise sum with size-1 broadcasting"),
-    _binary("mul", "Mul", np.multiply, True, "*", True,
-            "element-wise product with size-1 broadcasting"),
-    _binary("div", "Div", np.divide, False, "/", False,
-            "element-wise quotient with size-1 broadcasting"),
-    _unary("exp", "Exp", np.exp, ff.exp, "element-wise e**x",
-           _elementwise("{exp_x}", "torch.exp({x})", False)),
-    _unary("sqrt", "Sqrt", np.sqrt, ff.table("sqrt"), "element-wise square root",
-           _elementwise("tl.sqrt({x})", "torch.sqrt({x})", True)),
-    _unary("square", "Square", np.square, ff.square, "element-wise x*x",
-           _elementwise("{x} * {x}", "{x} * {x}", True)),
-    _unary("silu", "Silu", _silu, ff.table("silu"), "element-wise x * sigmoid(x)",
-           _elementwise("{x} * tl.sigmoid({x})", "{x} * torch.sigmoid({x})", True)),
+    _binary("add", _term("Add", 1.0, "element-wise sum", largest, ("Expr", "Expr")),
+            operator.add, True, "+", True, "element-wise sum with size-1 broadcasting"),
+    _binary("mul", _term("Mul", 1.0, "element-wise product", product, ("Expr", "Expr")),
+            operator.mul, True, "*", True, "element-wise product with size-1 broadcasting"),
+    _binary("div", _term("Div", 2.0, "element-wise quotient", product, ("Expr", "Expr")),
+            operator.truediv, False, "/", False, "element-wise quotient with size-1 broadcasting"),
+    unary("exp", _term("Exp", 4.0, "e**x", exponential), np.exp, ff.exp,
+          lambda x: _torch().exp(x), "element-wise e**x",
+          elementwise("{exp_x}", "torch.exp({x})", False)),
+    unary("sqrt", _term("Sqrt", 4.0, "square root"), np.sqrt, ff.table("sqrt"),
+          lambda x: _torch().sqrt(x), "element-wise square root",
+          elementwise("tl.sqrt({x})", "torch.sqrt({x})", True)),
+    unary("square", _term("Square", 1.0, "x*x", square), np.square, ff.square,
+          lambda x: x * x, "element-wise x*x", elementwise("{x} * {x}", "{x} * {x}", True)),
+    unary("silu", _term("Silu", 6.0, "x * sigmoid(x)"), _silu, ff.table("silu"),
+          lambda x: _torch().nn.functional.silu(x), "element-wise x * sigmoid(x)",
+          elementwise("{x} * tl.sigmoid({x})", "{x} * torch.sigmoid({x})", True)),
     # tanh form: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
-    _unary("gelu", "Gelu", _gelu, ff.table("gelu"), "element-wise GELU, tanh form",
-           _elementwise("{x} * tl.sigmoid({k} * ({x} + 0.044715 * {x} * {x} * {x}))",
-                        "torch.nn.functional.gelu({x}, approximate='tanh')", True)),
-    _unary("relu", "Relu", lambda x: np.maximum(x, 0.0), ff.table("relu"),
-           "element-wise max(x, 0)", _elementwise("tl.maximum({x}, 0.0)", "torch.relu({x})",
-                                                  True)),
+    unary("gelu", _term("Gelu", 8.0, "GELU"), _gelu, ff.table("gelu"),
+          lambda x: _torch().nn.functional.gelu(x, approximate="tanh"),
+          "element-wise GELU, tanh form",
+          elementwise("{x} * tl.sigmoid({k} * ({x} + 0.044715 * {x} * {x} * {x}))",
+                       "torch.nn.functional.gelu({x}, approximate='tanh')", True)),
+    unary("relu", _term("Relu", 1.0, "max(x, 0)"), lambda x: np.maximum(x, 0.0),
+          ff.table("relu"), lambda x: _torch().relu(x), "element-wise max(x, 0)",
+          elementwise("tl.maximum({x}, 0.0)", "torch.relu({x})", True)),
     OpSpec(
         name="mul_scalar", num_inputs=(1, 1), params=("scalar",), shape=_mul_scalar_shape,
         dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: app("Mul", ts[0], app("Const", _scalar_text(p["scalar"]))),
         reference=lambda xs, p: xs[0] * float(p["scalar"]), ff=ff.mul_scalar,
+        torch=lambda xs, p: xs[0] * float(p["scalar"]), terms=(),
         levels=ALL_LEVELS, commutative=False,
         triton=TritonEmission(
             tile=lambda args, ctx, p: f"{args[0]} * {_scalar_text(p['scalar'])}",
@@ -263,6 +318,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec(
         name="reduction", num_inputs=(1, 1), params=("dim",), shape=sh.reduction,
         dtype=sh.same_dtype, expr=_reduction_expr, reference=_reduction_ref, ff=ff.reduction,
+        torch=lambda xs, p: _torch().sum(xs[0], dim=p["dim"], keepdim=True), terms=(),
         levels=GRAPH_LEVELS, commutative=False,
         triton=TritonEmission(
             tile=lambda args, ctx, p: ctx.sum(args[0], 0, (p["dim"] % len(ctx.real(0)),)),
@@ -273,6 +329,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec(
         name="rms_norm", num_inputs=(1, 2), params=("normalized_shape",), shape=_rms_norm_shape,
         dtype=sh.same_dtype, expr=_rms_norm_expr, reference=_rms_norm_ref, ff=ff.rms_norm,
+        torch=_torch_rms_norm, terms=(),
         levels=GRAPH_LEVELS, commutative=False,
         triton=TritonEmission(tile=_rms_norm_tile, host=_rms_norm_host, dims=_aligned,
                               keeps_zero=False),
@@ -280,7 +337,9 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     ),
     OpSpec(
         name="concat", num_inputs=(2, 2), params=("dim",), shape=sh.concat, dtype=sh.same_dtype,
-        expr=_concat_expr, reference=_concat_ref, ff=ff.concat,
+        expr=_concat_expr, reference=_concat_ref, ff=ff.concat, torch=_torch_concat,
+        terms=(_term("Concat", 1.0, "a (k1 long) followed by b (k2 long) along one dimension",
+                     largest, ("i64", "i64", "Expr", "Expr")),),
         levels=GRAPH_LEVELS, commutative=False,
         triton=TritonEmission(
             tile=lambda args, ctx, p: ctx.concat(args[0], args[1], p["dim"] % len(ctx.real(0))),
@@ -291,7 +350,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
         name="customized", num_inputs=(1, 64), params=("kernel", "output"),
         shape=_customized_shape, dtype=sh.same_dtype,
         expr=lambda ts, shapes, p: _kernel(p).exprs(ts)[p["output"]],
-        reference=lambda xs, p: _kernel(p).run_vectorised(xs)[p["output"]], ff=ff.customized,
+        reference=lambda xs, p: _kernel(p).run_vectorised(xs)[p["output"]],
+        ff=_evaluated_whole, torch=_evaluated_whole, terms=(),
         levels=frozenset({KERNEL}), commutative=False,
         triton=TritonEmission(tile=_not_an_expression, host=_not_an_expression,
                               dims=_not_an_expression, keeps_zero=False),  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ from .. import expr as ex
 from ..errors import OracleError
 from ..graph import KernelGraph, Tensor, abstract_term
 from . import egglog_compat as eg
+from .prelude import load_prelude, prelude_text
 from .rules import DEFAULT_RULES_DIR, load_rules
 from .snapshot import Snapshot, from_serialized
 
@@ -77,7 +78,7 @@ def split_pairs(sizes: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def target_facts(targets: Sequence[ex.Term], split_sizes: Iterable[int]) -> list[str]:
-    """The facts the rule files expect from the oracle (see rules/00_datatype.egg): the sizes
+    """The facts the rule files expect from the oracle (``oracle/prelude.py``): the sizes
     that may be split (``SplitBy``), the joined sizes of two written sums (``Size``), the written
     subterms (``Written``), and each target, named ``$target<i>``, reachable (``Reach``)."""
     written = sorted({t.args[0] for tt in targets for t in tt.walk() if t.op == "Sum"})
@@ -117,6 +118,8 @@ class Oracle:
 
         t0 = time.perf_counter()
         self._egraph = eg.new_egraph()
+        self.prelude = prelude_text()
+        load_prelude(self._egraph, self.prelude)
         load_rules(self._egraph, self.rule_paths)
         self._constructors = self._term_constructors()
         #: the sizes the rules may split sums by (see ``sizes``)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -11,8 +12,24 @@ from typing import Any
 from ..errors import RuleError
 from . import egglog_compat as eg
 
-#: The rule files that ship with egraph-mirage (the ``rules/`` folder at the repository root).
-DEFAULT_RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
+
+def _default_rules_dir() -> Path:
+    """The rule files that ship with egraph-mirage.
+
+    An installed wheel carries them inside the package (``egraph_mirage/_rules``, which
+    pyproject.toml maps onto the repository's top-level ``rules/`` folder); a source checkout
+    or an editable install has no such folder and reads the top-level ``rules/`` itself, so
+    edits to it take effect at once.
+    """
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "_rules"
+    if shipped.is_dir():
+        return shipped
+    return package.parent / "rules"
+
+
+#: The folder of rule files an ``Oracle`` loads unless told otherwise (see ``_default_rules_dir``).
+DEFAULT_RULES_DIR = _default_rules_dir()
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,29 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
         else:
             raise RuleError(str(p), 0, "no such rule file or folder")
     return out
+
+
+def rules_digest(paths: Iterable[str | Path], prelude: str = "") -> str:
+    """A SHA-256 hex digest of the rules an oracle loads from ``paths``, in loading order.
+
+    ``prelude`` (egglog text run before the files) is hashed first, then the contents of every
+    rule file (folders expanded as ``rule_files`` does); file names and locations do not count,
+    so a copy of a folder has the digest of its original. Checkpoints record it, so a search
+    made under other rules is not resumed.
+    """
+    h = hashlib.sha256()
+
+    def part(data: bytes) -> None:  # length-prefixed: no two sequences of parts collide
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+
+    part(prelude.encode())
+    for f in rule_files(paths):
+        try:
+            part(f.read_bytes())
+        except OSError as exc:
+            raise RuleError(str(f), 0, f"cannot read: {exc}") from None
+    return h.hexdigest()
 
 
 def _first_line(exc: BaseException) -> str:

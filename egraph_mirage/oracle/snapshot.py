@@ -13,9 +13,9 @@ from typing import Any
 
 NodeKey = tuple[str, tuple[Any, ...]]
 
-#: The sort of abstract expressions, as declared in ``rules/00_datatype.egg``.
+#: The sort of abstract expressions, as declared by ``oracle/prelude.py``.
 TERM_SORT = "Expr"
-#: The relation that marks reachable e-classes, as declared in ``rules/00_datatype.egg``.
+#: The relation that marks reachable e-classes, as declared by ``oracle/prelude.py``.
 REACH = "Reach"
 
 

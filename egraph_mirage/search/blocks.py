@@ -26,8 +26,6 @@ from .reach import ReachIndex, ref
 from .shapes import KernelShape
 
 Dims = tuple[int, ...]
-#: operators the block level may use, in a fixed order
-BLOCK_OPS = tuple(name for name, spec in OPS.items() if BLOCK in spec.levels)
 #: most distinct tiles the goal distances close over (beyond it the search runs unpruned)
 _CLOSURE_MAX = 20000
 
@@ -268,8 +266,9 @@ class BlockSearch:
         memo_key = ("candidates", dims, swapped, apart)
         if memo_key not in self.memo:
             out = []
-            for name in BLOCK_OPS:
-                spec = OPS[name]
+            for name, spec in OPS.items():  # read now: the table may have grown since import
+                if BLOCK not in spec.levels:
+                    continue
                 lo, hi = spec.num_inputs
                 if not lo <= len(operands) <= min(hi, 2) or (swapped and spec.commutative):
                     continue

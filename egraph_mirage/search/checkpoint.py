@@ -1,8 +1,9 @@
 """Checkpoint files: a search's finished tasks and their results, written as they arrive.
 
 The file is JSON, rewritten atomically after every finished task. It records a fingerprint of
-the program, the configuration and the seed; a rerun with a different program or configuration,
-or a file that is not a checkpoint, is a ``SearchError`` naming the file.
+the program, the configuration, the seed and the rules (a digest of the rule files' contents, in
+loading order); a rerun with a different program, configuration, seed or rules, or a file that is
+not a checkpoint, is a ``SearchError`` naming the file.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from .config import SearchError
 from .tasks import Payload, TaskResult
 
 FORMAT = "egraph-mirage-checkpoint"
-VERSION = 3  # 3: split two-kernel tasks between the one-kernel sizes (2: one size per task)
+#: 4: the fingerprint covers the rules; 3: split two-kernel tasks between the one-kernel sizes;
+#: 2: one size per task
+VERSION = 4
 
 
 def fingerprint(payload: Payload, seed: int) -> str:
-    text = json.dumps([payload.target_json, repr(payload.config), seed])
+    """What a checkpoint must match to be resumed: program, configuration, seed and rules."""
+    text = json.dumps([payload.target_json, repr(payload.config), seed, payload.rules])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -53,8 +57,8 @@ class Checkpoint:
             raise SearchError(f"{p}: checkpoint version {data.get('version')!r}, expected "
                               f"{VERSION}")
         if data.get("fingerprint") != fp:
-            raise SearchError(f"{p}: this checkpoint belongs to another program, configuration "
-                              "or seed; use a new file")
+            raise SearchError(f"{p}: this checkpoint belongs to another program, configuration, "
+                              "seed or rule set; use a new file")
         try:
             for entry in data["tasks"]:
                 res = TaskResult(str(entry["task"]),

@@ -6,12 +6,15 @@ or a function ``build()`` returning one. The best μGraph is printed and written
 run beyond the new count are removed), their figures and the statistics to ``OUT/results.json``;
 the checkpoint ``OUT/search.ckpt`` lets a rerun resume. ``egraph-mirage bench gpu --mugraph-dir``
 reads such folders (``DIR/<name>_b<batch>/`` or ``DIR/<name>/``). ``--profile`` ranks by time
-measured on the CUDA GPU where there is one (``superoptimize(..., profile=True)``).
+measured on the CUDA GPU where there is one (``superoptimize(..., profile=True)``). ``--rules``
+replaces the shipped rule files and ``--extra-rules`` adds to them (``superoptimize(...,
+rules=, extra_rules=)``); ``--max-tasks`` bounds the search by work, the same on any machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import runpy
 from pathlib import Path
 
@@ -35,8 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker processes (default: every core)")
     p.add_argument("--out", default="egraph-mirage-out", metavar="DIR",
                    help="folder for the results and the checkpoint")
+    p.add_argument("--max-tasks", type=int, default=None, metavar="N",
+                   help="search only the first N tasks of the task list (a budget counted in "
+                   "work: the same search on any machine)")
     p.add_argument("--max-results", type=int, default=None,
                    help="stop after this many verified μGraphs")
+    p.add_argument("--rules", action="append", default=None, metavar="PATH",
+                   help="a rule file or folder of *.egg files to use instead of the shipped "
+                   "rules (repeatable: loaded in the order given)")
+    p.add_argument("--extra-rules", nargs="+", action="extend", default=[], metavar="PATH",
+                   help="rule files or folders loaded after the rules (repeatable)")
     p.add_argument("--profile", action="store_true",
                    help="rank the results by time measured on the CUDA GPU (tuned, checked and "
                    "timed through the Triton lowering); without a GPU, by the cost model")
@@ -64,7 +75,18 @@ def load_program(spec: str, batch: int, small: bool) -> KernelGraph:
     return g
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """A ``SearchError`` naming the option for a budget or count that cannot be meant."""
+    if args.budget is not None and (math.isnan(args.budget) or args.budget <= 0):
+        raise SearchError(f"--budget must be a positive number of seconds, got {args.budget}")
+    for option, value in (("--max-tasks", args.max_tasks), ("--max-results", args.max_results),
+                          ("--workers", args.workers), ("--batch", args.batch)):
+        if value is not None and value < 1:
+            raise SearchError(f"{option} must be a positive integer, got {value}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     g = load_program(args.program, args.batch, args.small)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:
         keep_jax_off_the_gpu()
     results = superoptimize(g, config, time_budget=args.budget, workers=args.workers,
-                            checkpoint=out / "search.ckpt", profile=args.profile)
+                            checkpoint=out / "search.ckpt", profile=args.profile,
+                            max_tasks=args.max_tasks, rules=args.rules,
+                            extra_rules=args.extra_rules)
     st = results.stats
     write_results(out, results, {"name": args.program, "batch": args.batch,
                                  "small": args.small})
@@ -80,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
           f"{st.pruned_by_oracle:,} pruned by the e-graph, {st.pruned_otherwise:,} otherwise; "
           f"{st.candidates_verified} candidates verified, {st.candidates_rejected} rejected; "
           f"{st.tasks_done}/{st.tasks_total} tasks"
-          + (" (time budget reached)" if st.budget_exhausted else "")
+          + (" (budget reached)" if st.budget_exhausted else "")
           + (" (interrupted)" if st.interrupted else ""))
     secs = ", ".join(f"{k} {v:.1f} s" for k, v in st.seconds.items())
     print(f"seconds: {secs}")

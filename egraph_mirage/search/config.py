@@ -15,6 +15,7 @@ candidates to the given values, as in the original's configuration.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -84,6 +85,15 @@ class SearchConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < (0 if name == "max_kernel_ops" else 1):
                 raise SearchError(f"SearchConfig.{name} must be a positive integer, got {v!r}")
+        m = self.max_results
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+            raise SearchError(f"SearchConfig.max_results must be a positive integer or None, "
+                              f"got {m!r}")
+        tol = self.numeric_tolerance
+        if (not isinstance(tol, (int, float)) or isinstance(tol, bool) or math.isnan(tol)
+                or tol < 0):
+            raise SearchError(f"SearchConfig.numeric_tolerance must be a number >= 0, got "
+                              f"{tol!r}")
 
 
 def grid_parts(config: SearchConfig, sizes: Sequence[int]) -> list[int]:

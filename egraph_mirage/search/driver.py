@@ -11,17 +11,19 @@
                (``stats.ranked_by`` says which ranking the results are in)
 
 A checkpoint file, when given, records every finished task and its results as they arrive; a
-rerun with the same file skips those tasks. Ctrl-C and the time budget end the search early with
-what was found.
+rerun with the same file skips those tasks. Ctrl-C, the time budget and the task budget end the
+search early with what was found.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..graph import KernelGraph
@@ -33,13 +35,32 @@ from .profile import Profiler, profile_stage
 from .reach import ReachIndex
 from .results import SearchResult, SearchResults, SearchStats
 from .shapes import DTensor
-from .tasks import Payload, TaskResult, list_tasks, run_task
+from .tasks import Context, Payload, TaskResult, list_tasks, run_task
+
+#: rule files or folders, as ``Oracle(rules=, extra_rules=)`` takes them; one path is a list of one
+RulePaths = Sequence[str | os.PathLike[str]] | str | os.PathLike[str]
 
 
-def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0) -> Payload:
-    """Stage ``prepare``: saturate the target's e-graph and describe its inputs."""
+def _paths(value: RulePaths | None, name: str) -> list[Path] | None:
+    if value is None:
+        return None
+    items = [value] if isinstance(value, (str, os.PathLike)) else value
+    try:
+        return [Path(p) for p in items]
+    except TypeError:
+        raise SearchError(f"superoptimize: {name} must be rule files or folders, got "
+                          f"{value!r}") from None
+
+
+def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0, rules: RulePaths | None = None,
+            extra_rules: RulePaths = ()) -> Payload:
+    """Stage ``prepare``: saturate the target's e-graph and describe its inputs.
+
+    ``rules`` replaces the shipped rule files, ``extra_rules`` are loaded after them (both as
+    in ``Oracle``); the payload records a digest of the files' contents."""
     from ..graph import abstract_term
     from ..oracle import Oracle
+    from ..oracle.rules import rules_digest
 
     if not isinstance(g, KernelGraph):
         raise SearchError(f"superoptimize: expected a KernelGraph, got {type(g).__name__}")
@@ -49,7 +70,8 @@ def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0) -> Payload:
     if any(t.op == "customized" for t in g.operators):
         raise SearchError("superoptimize: the input program already has graph-defined kernels;"
                           " give it as library operators")
-    oracle = Oracle(g, warn_incomplete=False)
+    oracle = Oracle(g, rules=_paths(rules, "rules"),
+                    extra_rules=_paths(extra_rules, "extra_rules") or (), warn_incomplete=False)
     reach = ReachIndex.from_oracle(oracle)
     classes, out_classes = dim_classes(g, LinkProbe())
     inputs = []
@@ -58,7 +80,24 @@ def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0) -> Payload:
         inputs.append(DTensor(i, t.dims, t.dtype, cls, dcls, cls if cls is not None else ("v", i)))
     scalars = sorted({float(t.params["scalar"]) for t in g.operators if "scalar" in t.params}
                      | set(config.scalars))
-    return Payload(g.to_json(), reach, config, tuple(inputs), tuple(scalars), out_classes[0], seed)
+    # the generated prelude (from the op table) is part of the rules the e-graph was built with
+    digest = rules_digest(oracle.rule_paths, getattr(oracle, "prelude", ""))
+    return Payload(g.to_json(), reach, config, tuple(inputs), tuple(scalars), out_classes[0], seed,
+                   digest)
+
+
+def check_budgets(time_budget: Any, max_tasks: Any) -> None:
+    """A ``SearchError`` naming the argument unless ``time_budget`` is None or a positive number
+    of seconds (``inf``: no limit) and ``max_tasks`` None or a positive integer."""
+    if time_budget is not None:
+        ok = isinstance(time_budget, (int, float)) and not isinstance(time_budget, bool)
+        if not ok or math.isnan(time_budget) or time_budget <= 0:
+            raise SearchError(f"superoptimize: time_budget must be a positive number of seconds "
+                              f"or None, got {time_budget!r}")
+    if max_tasks is not None and (not isinstance(max_tasks, int) or isinstance(max_tasks, bool)
+                                  or max_tasks < 1):
+        raise SearchError(f"superoptimize: max_tasks must be a positive integer or None, got "
+                          f"{max_tasks!r}")
 
 
 def _executor(workers: Any) -> tuple[cf.Executor | None, bool]:
@@ -80,14 +119,22 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
                   time_budget: float | None = None, workers: Any = None,
                   checkpoint: Any = None, seed: int = 0, progress: bool | None = None,
                   on_result: Callable[[SearchResult], None] | None = None,
-                  profile: bool = False, profiler: Profiler | None = None) -> SearchResults:
+                  profile: bool = False, profiler: Profiler | None = None,
+                  max_tasks: int | None = None, rules: RulePaths | None = None,
+                  extra_rules: RulePaths = ()) -> SearchResults:
     """Search for μGraphs equal to program ``g``; returns them verified, best first.
 
-    ``time_budget`` (seconds) ends the search early; ``workers`` is a process count (default:
-    every core) or a ``concurrent.futures.Executor`` (a Dask ``Client.get_executor()`` runs the
-    search on a cluster); ``checkpoint`` names a file that records progress and lets a rerun
-    resume; ``seed`` seeds the finite-field tests; ``progress`` prints a live status line
-    (default: when stderr is a terminal).
+    ``time_budget`` (seconds) ends the search early; ``max_tasks`` bounds it by work instead:
+    only the first ``max_tasks`` tasks of the task list are searched (in the list's order, so
+    the same tasks on any machine and with any number of workers; those the checkpoint holds
+    are not run again). ``workers`` is a process count (default: every core) or a
+    ``concurrent.futures.Executor`` (a Dask ``Client.get_executor()`` runs the search on a
+    cluster); ``checkpoint`` names a file that records progress and lets a rerun resume (a
+    checkpoint of another program, configuration, seed or rule set is refused); ``seed`` seeds
+    the finite-field tests; ``progress`` prints a live status line (default: when stderr is a
+    terminal). ``rules`` (rule files or folders) replaces the shipped rules and
+    ``extra_rules`` adds to them, as in ``Oracle(rules=, extra_rules=)``; the workers search
+    the e-graph saturated under them.
 
     ``profile=True`` ranks the verified results by time measured on the CUDA GPU where torch
     sees one: each is lowered, tuned over the lowering's knobs, checked against PyTorch and
@@ -106,16 +153,18 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
         raise SearchError(f"superoptimize: config must be a SearchConfig, got {config!r}")
     if profiler is not None and not profile:
         raise SearchError("superoptimize: profiler= is used only with profile=True")
+    check_budgets(time_budget, max_tasks)
     t_start = time.perf_counter()
     stats = SearchStats()
-    payload = prepare(g, config, seed)
+    payload = prepare(g, config, seed, rules, extra_rules)
     stats.seconds["prepare"] = time.perf_counter() - t_start
-    tasks = list_tasks(payload)
+    ctx = Context(payload)  # this process's tasks share it; other processes build their own
+    tasks = list_tasks(payload, ctx)
     stats.tasks_total = len(tasks)
     ck = Checkpoint.open(checkpoint, payload, seed) if checkpoint is not None else None
     done: dict[str, TaskResult] = dict(ck.done) if ck else {}
     stats.resumed_tasks = len(done)
-    todo = [t for t in tasks if t.name not in done]
+    todo = [t for t in tasks[:max_tasks] if t.name not in done]
     deadline = None if time_budget is None else time.time() + time_budget
     show = sys.stderr.isatty() if progress is None else progress
     results: dict[str, SearchResult] = {}
@@ -155,9 +204,12 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
                 if deadline is not None and time.time() > deadline:
                     stats.budget_exhausted = True
                     break
-                absorb(run_task(payload, task, deadline), fresh=True)
+                absorb(run_task(payload, task, deadline, ctx), fresh=True)
         else:
-            futures = [executor.submit(run_task, payload, task, deadline) for task in todo]
+            # threads of this process share its context; other processes build their own
+            shared = ctx if isinstance(executor, cf.ThreadPoolExecutor) else None
+            futures = [executor.submit(run_task, payload, task, deadline, shared)
+                       for task in todo]
             try:
                 for fut in cf.as_completed(futures):
                     absorb(fut.result(), fresh=True)
@@ -174,7 +226,9 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
         if show:
             sys.stderr.write("\n")
     stats.seconds["wall"] = time.perf_counter() - t_search
-    if deadline is not None and stats.tasks_done < stats.tasks_total:
+    if stats.tasks_done < stats.tasks_total and (
+            deadline is not None
+            or (max_tasks is not None and max_tasks < stats.tasks_total and not enough[0])):
         stats.budget_exhausted = True
     ranked = sorted(results.values(),
                     key=lambda r: (r.estimated_seconds, r.num_kernels, r.to_json()))

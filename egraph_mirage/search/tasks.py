@@ -9,7 +9,9 @@ in any process, in any order: the search's result does not depend on the number 
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -62,6 +64,20 @@ class Payload:
     #: dimension classes of the program's output
     out_classes: tuple[Any, ...]
     seed: int = 0
+    #: digest of the rules the e-graph was saturated with (``oracle.rules.rules_digest``)
+    rules: str = ""
+
+    #: a digest of everything above: two payloads with one key give tasks the same context
+    #: (target, verifier, shapes, the block search's memo), in any process. Computed once, at
+    #: construction; a pickled payload carries it
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        r = self.reach
+        text = repr((self.target_json, repr(self.config), self.seed, self.rules, self.inputs,
+                     self.scalars, self.out_classes, r.roots, r.complete, sorted(r.reachable),
+                     list(r.nodes.items())))
+        object.__setattr__(self, "key", hashlib.sha256(text.encode()).hexdigest())
 
 
 @dataclass(frozen=True)
@@ -86,8 +102,12 @@ class TaskResult:
     stopped: bool = False
 
 
-class _Context:
-    """Per-process state built from a payload: the target, its verifier, cached shapes."""
+class Context:
+    """State built from a payload, shared by the tasks of one search in one process: the
+    target, its verifier, the kernel shapes and the block search's memo.
+
+    The driver builds one and passes it to ``list_tasks`` and ``run_task``; a task sent to
+    another process (or an executor's thread) gets it from ``context``."""
 
     def __init__(self, payload: Payload) -> None:
         self.payload = payload
@@ -120,18 +140,26 @@ class _Context:
         return self._verifier
 
 
-_CONTEXTS: dict[int, _Context] = {}  # one per payload, per process (the verifier is costly)
+#: the contexts this process built for tasks that came without one, by ``Payload.key``, the
+#: most recent last; a worker runs many tasks of one search, and building a context (its
+#: verifier) is costly
+_CONTEXTS: OrderedDict[str, Context] = OrderedDict()
+#: how many contexts a process keeps
+KEEP_CONTEXTS = 2
 
 
-def _context(payload: Payload) -> _Context:
-    key = hash((payload.target_json, repr(payload.config)))
-    if key not in _CONTEXTS:
-        _CONTEXTS.clear()
-        _CONTEXTS[key] = _Context(payload)
-    return _CONTEXTS[key]
+def context(payload: Payload) -> Context:
+    """The context of ``payload`` in this process: the one kept for a payload with the same
+    key (program, configuration, seed, rules and e-graph), else a new one."""
+    key = payload.key
+    ctx = _CONTEXTS.pop(key, None) or Context(payload)
+    _CONTEXTS[key] = ctx
+    while len(_CONTEXTS) > KEEP_CONTEXTS:
+        _CONTEXTS.popitem(last=False)
+    return ctx
 
 
-def list_tasks(payload: Payload) -> list[Task]:
+def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     """The tasks of a search, in the order they should run: cheap and likely first.
 
     Tasks are ordered by an estimate of the block operators of their plans. A one-kernel task
@@ -143,9 +171,10 @@ def list_tasks(payload: Payload) -> list[Task]:
     more, so it runs right after the one-kernel tasks of ``k + SPLIT_LAG`` operators (for the
     first ``SPLIT_EARLY`` split shapes; the others follow the one-kernel tasks: each split task
     searches every final kernel behind each first kernel, which is costly). Library operators
-    and the other two-kernel plans follow. The list depends only on the payload.
+    and the other two-kernel plans follow. The list depends only on the payload (``ctx``, its
+    context, is built when not given).
     """
-    ctx = _context(payload)
+    ctx = ctx or context(payload)
     most = payload.config.max_block_ops
     two = payload.config.max_kernels >= 2
     shallow = min(SHALLOW, most)
@@ -177,9 +206,11 @@ def splits_reduction(ks: KernelShape, out_classes: Sequence[Any], config: Search
     return bool(cut) and (ks.frange == 1 or ks.loop_class in cut)
 
 
-def run_task(payload: Payload, task: Task, deadline: float | None = None) -> TaskResult:
-    """Run one task to the end (or to ``deadline``, a ``time.time()`` value)."""
-    ctx = _context(payload)
+def run_task(payload: Payload, task: Task, deadline: float | None = None,
+             ctx: Context | None = None) -> TaskResult:
+    """Run one task to the end (or to ``deadline``, a ``time.time()`` value). ``ctx``: the
+    payload's context (``context(payload)`` when not given)."""
+    ctx = ctx or context(payload)
     run = _Run(ctx, deadline)
     t0 = time.perf_counter()
     inputs = list(payload.inputs)
@@ -205,7 +236,7 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None) -> Tas
     return res
 
 
-def _library_moves(ctx: _Context, inputs: list[DTensor]) -> list[tuple[list[DTensor], list[Step]]]:
+def _library_moves(ctx: Context, inputs: list[DTensor]) -> list[tuple[list[DTensor], list[Step]]]:
     """Library operators on the inputs whose result is reachable and new."""
     from ..ops import KERNEL, OPS
 
@@ -213,7 +244,7 @@ def _library_moves(ctx: _Context, inputs: list[DTensor]) -> list[tuple[list[DTen
     out = []
     have = {t.cls for t in inputs}
     for name, spec in OPS.items():
-        if KERNEL not in spec.levels or name == "customized" or spec.elementwise:
+        if KERNEL not in spec.levels or spec.graph_defined or spec.elementwise:
             continue
         n = len(inputs)
         combos = [(i,) for i in range(n)] + [(i, j) for i in range(n) for j in range(n)]
@@ -245,7 +276,7 @@ def _library_moves(ctx: _Context, inputs: list[DTensor]) -> list[tuple[list[DTen
 
 
 class _Run:
-    def __init__(self, ctx: _Context, deadline: float | None) -> None:
+    def __init__(self, ctx: Context, deadline: float | None) -> None:
         self.ctx, self.deadline = ctx, deadline
         self.config = ctx.payload.config
         self.counters = Counters()

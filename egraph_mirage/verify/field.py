@@ -77,6 +77,12 @@ class Field:
         #: several outputs is one operator per output, but runs once)
         self.memo: dict[Any, Any] = {}
 
+    @property
+    def arrays(self) -> FFArrays:
+        """Reshape, transpose, broadcast, take and concatenate on this field's values (both
+        parts of an ``FF`` at once), with the field's array module."""
+        return FFArrays(self.xp)
+
     # --- elementary -----------------------------------------------------------------------
     def mod(self, x: Any, m: int) -> Any:
         """x mod m for float64 integers below 2**53. x / m may round across an integer when x is

@@ -22,9 +22,11 @@ from ..dtypes import DType, float16
 from ..errors import GraphError
 from ..expr import Term
 from ..graph import KernelGraph, abstract_term
-from ..ops import lookup
-from ..ops.field_ops import TABLES
+from ..ops import OPS, term_constructors
+from ..ops.field_ops import random_tables
+from ..ops.terms import opaque
 from . import field as ff
+from .kernels import field_op
 
 
 @dataclass(frozen=True)
@@ -49,37 +51,22 @@ def evaluate_ff(graph: KernelGraph, f: ff.Field, inputs: Sequence[ff.FF]) -> lis
     """Run ``graph`` over the field ``f`` (each op's ``ff`` semantics)."""
     vals: dict[int, ff.FF] = {t.index: x for t, x in zip(graph.inputs, inputs)}
     for t in graph.operators:
-        vals[t.index] = lookup(t.op).ff(f, [vals[o.index] for o in t.operands], t.params)
+        vals[t.index] = field_op(f, t.op, [vals[o.index] for o in t.operands], t.params)
     return [vals[t.index] for t in graph.outputs]
 
 
 def degree(term: Term) -> tuple[int, int]:
     """(degree, exps on a path) of a term: a rational function's degree bound (numerator plus
-    denominator), and the largest number of exps nested on a path. Results of functions without
-    an algebraic model count as fresh variables (degree 1)."""
+    denominator), and the largest number of exps nested on a path, by each constructor's degree
+    rule (``ops.terms``). Constructors the tables do not know (from user rule files) are
+    functions without an algebraic model: fresh variables (degree 1)."""
+    rules = {c.name: c.degree for c in term_constructors(OPS).values()}
     memo: dict[Term, tuple[int, int]] = {}
 
     def go(t: Term) -> tuple[int, int]:
-        if t in memo:
-            return memo[t]
-        kids = [go(c) for c in t.children]
-        k = max((e for _, e in kids), default=0)
-        if t.op in ("Var",):
-            r = (1, 0)
-        elif t.op in ("Num", "Const"):
-            r = (0, 0)
-        elif t.op in ("Mul", "Div"):
-            r = (kids[0][0] + kids[1][0], k)
-        elif t.op == "Exp":
-            r = (kids[0][0], k + 1)
-        elif t.op in ("Add", "Concat", "Sum"):
-            r = (max(d for d, _ in kids), k)
-        elif t.op == "Square":
-            r = (2 * kids[0][0], k)
-        else:  # Sqrt, Silu, Gelu, Relu, Rms, Max, user functions: a fresh random value
-            r = (1, k)
-        memo[t] = r
-        return r
+        if t not in memo:
+            memo[t] = rules.get(t.op, opaque)([go(c) for c in t.children])
+        return memo[t]
 
     return go(term)
 
@@ -139,7 +126,7 @@ class Verifier:
             xp = self._xp
             tables = {ff.table_key(name, dom):
                       xp.asarray(ff.numpy_table(rng, ff.P if dom == "p" else ff.Q))
-                      for name in sorted(TABLES) for dom in ("p", "q")}
+                      for name in random_tables(OPS) for dom in ("p", "q")}
             xs = [ff.numpy_input(rng, t.dims) for t in target.inputs]
             ins = ([xp.asarray(x.p) for x in xs], [xp.asarray(x.q) for x in xs], field_key, tables)
             outs, zero = run(*ins, self._exp_table)

@@ -1,0 +1,86 @@
+"""Budgets of a search: ``max_tasks`` counts work (the same search on any machine), and budgets
+or counts that cannot be meant are a ``SearchError`` naming the argument."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+
+import pytest
+
+import egraph_mirage as em
+from egraph_mirage.search import SearchConfig, SearchError, superoptimize
+from egraph_mirage.search.driver import prepare
+from egraph_mirage.search.tasks import list_tasks, run_task
+
+#: a search space small enough to enumerate completely in a few seconds
+TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
+
+
+@pytest.fixture(scope="module")
+def rmsnorm() -> em.KernelGraph:
+    return em.benchmarks.get("rmsnorm_linear", small=True)
+
+
+def _texts(results) -> list[str]:
+    return [r.to_json() for r in results]
+
+
+@pytest.mark.parametrize("budget", [math.nan, -math.inf, 0, 0.0, -1.5, "60", True])
+def test_bad_time_budgets(rmsnorm: em.KernelGraph, budget: object) -> None:
+    with pytest.raises(SearchError, match="time_budget"):
+        superoptimize(rmsnorm, TINY, time_budget=budget, workers=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tasks", [0, -3, 2.5, True, "10"])
+def test_bad_task_budgets(rmsnorm: em.KernelGraph, tasks: object) -> None:
+    with pytest.raises(SearchError, match="max_tasks"):
+        superoptimize(rmsnorm, TINY, max_tasks=tasks, workers=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_results", 0), ("max_results", -1), ("max_results", 1.5),
+    ("numeric_tolerance", -1e-9), ("numeric_tolerance", math.nan), ("numeric_tolerance", "0"),
+])
+def test_bad_config_values(field: str, value: object) -> None:
+    with pytest.raises(SearchError, match=field):
+        SearchConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_good_values_are_taken() -> None:
+    SearchConfig(max_results=1, numeric_tolerance=0.0)
+    SearchConfig(max_results=None, numeric_tolerance=1e-3)
+
+
+def test_an_infinite_time_budget_is_no_limit(rmsnorm: em.KernelGraph) -> None:
+    results = superoptimize(rmsnorm, TINY, time_budget=math.inf, workers=1, progress=False)
+    assert results and results.stats.tasks_done == results.stats.tasks_total
+
+
+def test_max_tasks_searches_the_first_tasks(rmsnorm: em.KernelGraph, tmp_path) -> None:
+    """Only the first N tasks of the list run, on any number of workers; a rerun with a larger
+    budget resumes them from the checkpoint."""
+    payload = prepare(rmsnorm, TINY)
+    tasks = list_tasks(payload)
+    n = next(i for i, t in enumerate(tasks, 1) if run_task(payload, t).found) + 2
+    assert n < len(tasks)
+    expected = {f[0] for t in tasks[:n] for f in run_task(payload, t).found}
+    path = tmp_path / "search.ckpt"
+    one = superoptimize(rmsnorm, TINY, workers=1, max_tasks=n, progress=False, checkpoint=path)
+    assert set(_texts(one)) == expected
+    st = one.stats
+    assert (st.tasks_done, st.tasks_total, st.budget_exhausted) == (n, len(tasks), True)
+    with cf.ThreadPoolExecutor(2) as pool:
+        threads = superoptimize(rmsnorm, TINY, workers=pool, max_tasks=n, progress=False)
+    assert _texts(threads) == _texts(one)
+    more = superoptimize(rmsnorm, TINY, workers=1, max_tasks=n + 3, progress=False,
+                         checkpoint=path)
+    assert more.stats.resumed_tasks == n and more.stats.tasks_done == n + 3
+    every = superoptimize(rmsnorm, TINY, workers=1, max_tasks=10 * len(tasks), progress=False)
+    assert not every.stats.budget_exhausted and every.stats.tasks_done == len(tasks)
+
+
+def test_max_results_is_not_a_spent_budget(rmsnorm: em.KernelGraph) -> None:
+    results = superoptimize(rmsnorm, SearchConfig(max_results=1), workers=1, max_tasks=10_000,
+                            progress=False)
+    assert results and not results.stats.budget_exhausted
