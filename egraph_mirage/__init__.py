@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import benchmarks, handwritten
+from .api import compile, generate_triton_program, save, to_json, to_svg
 from .dtypes import DType, bfloat16, float16, float32
 from .errors import (
                      BlockGraphError,
@@ -64,8 +65,10 @@ __all__ = [
                      "benchmarks",
                      "bfloat16",
                      "check_numerics",
+                     "compile",
                      "float16",
                      "float32",
+                     "generate_triton_program",
                      "handwritten",
                      "load",
                      "loads",
@@ -73,6 +76,9 @@ __all__ = [
                      "new_threadblock_graph",
                      "parse",
                      "run_reference",
+                     "save",
                      "superoptimize",
+                     "to_json",
+                     "to_svg",
                      "verify",
 ]

@@ -12,6 +12,8 @@ Every operator checks its operands through its op-table entry and raises a typed
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,9 +112,10 @@ class KernelGraph(OpShorthands[Tensor]):
 
         ``inputs`` are the kernel-graph tensors ``tb``'s loaders read, in the order of the loaders.
         """
-        from .mugraph.kernel import GraphKernel
-
-        kernel = GraphKernel(tb)
+        as_kernel = getattr(tb, "as_kernel", None)
+        if as_kernel is None:
+            raise GraphError(f"customized: expected a ThreadBlockGraph, got {type(tb).__name__}")
+        kernel = as_kernel()
         inputs = tuple(inputs)
         if len(inputs) != len(tb.inputs):
             raise GraphError(f"customized: the block graph has {len(tb.inputs)} loaders but "
@@ -153,44 +156,26 @@ class KernelGraph(OpShorthands[Tensor]):
                                                      t.params)
         return [values[t.index] for t in self.outputs]
 
+    # --- deprecated: the later stages' entry points are free functions (``egraph_mirage.api``)
     def to_json(self) -> str:
-        """Versioned JSON text of this graph and its graph-defined kernels; ``em.loads`` rebuilds
-        it (see ``mugraph.serialize``)."""
-        from .mugraph.serialize import dumps
-
-        return dumps(self)
+        """Deprecated: ``em.to_json(g)``."""
+        return _moved("to_json")(self)
 
     def save(self, path: Any) -> None:
-        """Write ``to_json()`` to ``path`` (a str or ``os.PathLike``) atomically; ``em.load(path)``
-        reads it back."""
-        from .mugraph.serialize import save
-
-        save(self, path)
+        """Deprecated: ``em.save(g, path)``."""
+        _moved("save")(self, path)
 
     def to_svg(self, path: Any = None) -> str:
-        """SVG drawing of this graph and its graph-defined kernels (``mugraph.draw``); also
-        written to ``path`` if given. Needs the Graphviz ``dot`` program."""
-        from .mugraph.draw import mugraph_svg
-
-        return mugraph_svg(self, path)
+        """Deprecated: ``em.to_svg(g, path)``."""
+        return _moved("to_svg")(self, path)
 
     def generate_triton_program(self, path: Any, **options: Any) -> str:
-        """Write this μGraph as one standalone Triton program (kernels and a host function
-        ``run(*inputs) -> list of outputs``) to ``path``, atomically; returns the source.
-        ``options``: ``num_warps``, ``num_stages``, ``fp32_dots``, ``fp32_precision``
-        (``lower.LowerOptions``)."""
-        from .lower import options_from, write_program
-
-        return write_program(self, path, options_from(options))
+        """Deprecated: ``em.generate_triton_program(g, path, **options)``."""
+        return _moved("generate_triton_program")(self, path, **options)
 
     def compile(self, **options: Any) -> Any:
-        """This μGraph as a callable on torch tensors returning the list of outputs (through its
-        generated Triton program; ``lower.compile_graph``). ``options``: ``num_warps``,
-        ``num_stages`` (launch meta-parameters, for a tuner), ``fp32_dots``, ``fp32_precision``,
-        ``interpret`` (default: Triton's interpreter when there is no CUDA device)."""
-        from .lower import compile_graph
-
-        return compile_graph(self, **options)
+        """Deprecated: ``em.compile(g, **options)``."""
+        return _moved("compile")(self, **options)
 
     def __repr__(self) -> str:
         lines = [f"KernelGraph({len(self.inputs)} inputs, {len(self.operators)} operators)"]
@@ -226,3 +211,11 @@ def abstract_term(T: Tensor) -> ex.Term:
 def abstract_expr(T: Tensor) -> str:
     """The abstract expression of tensor ``T`` as s-expression text, in the rule files' syntax."""
     return abstract_term(T).to_sexpr()
+
+
+def _moved(name: str) -> Any:
+    """The free function that replaces method ``name`` (kept one release, with a warning). The
+    facade is looked up when called: this module imports nothing from the later stages."""
+    warnings.warn(f"KernelGraph.{name} is deprecated; use em.{name}(g, ...)", DeprecationWarning,
+                  stacklevel=3)
+    return getattr(importlib.import_module("egraph_mirage.api"), name)

@@ -1,11 +1,12 @@
 """Hashes of the Triton source generated for every hand-written variant of the benchmark
-programs at b = 1, 8 and 16, at every setting of ``fuse_combines`` and ``swap_dots`` that the
-checked-out lowering knows: run it at two commits and compare the JSON to show that a change
+programs at b = 1, 8 and 16, at every setting of ``fuse_combines``, ``swap_dots`` and ``pdl`` that
+the checked-out lowering knows: run it at two commits and compare the JSON to show that a change
 leaves the generated code alone (``docs/benchmarks.md`` says which commits were compared).
 
 Usage, from the repository root of each checkout:
   PYTHONPATH=. python3 scripts/source_hashes.py [PROGRAM ...] > hashes.json
-(default: every benchmark program). Keys: ``program|batch|variant|fuse_combines|swap_dots``.
+(default: every benchmark program). Keys: ``program|batch|variant|fuse_combines|swap_dots``,
+with ``|pdl`` appended where pdl is on.
 """
 
 from __future__ import annotations
@@ -22,18 +23,21 @@ from egraph_mirage.lower.program import generate_source
 
 
 def main(names: list[str]) -> dict[str, str]:
-    has_swap = "swap_dots" in {f.name for f in dataclasses.fields(LowerOptions)}
+    knobs = {f.name for f in dataclasses.fields(LowerOptions)} & {"fuse_combines", "swap_dots",
+                                                                  "pdl"}
     out = {}
     for name in names or em.benchmarks.names():
         for b in (1, 8, 16):
             g = em.benchmarks.get(name, b)
             for i, v in enumerate(em.handwritten.variants(name, g)):
-                for fuse, swap in itertools.product((False, True), (False, True)):
-                    if swap and not has_swap:
+                for fuse, swap, pdl in itertools.product((False, True), repeat=3):
+                    opts = {"fuse_combines": fuse, "swap_dots": swap, "pdl": pdl}
+                    if any(v and k not in knobs for k, v in opts.items()):
                         continue
-                    opts = {"fuse_combines": fuse} | ({"swap_dots": swap} if swap else {})
-                    src = generate_source(v, LowerOptions(**opts))
-                    out[f"{name}|{b}|{i}|{fuse}|{swap}"] = hashlib.sha256(src.encode()).hexdigest()
+                    src = generate_source(v, LowerOptions(**{k: v for k, v in opts.items()
+                                                             if k in knobs}))
+                    key = f"{name}|{b}|{i}|{fuse}|{swap}" + ("|pdl" if pdl else "")
+                    out[key] = hashlib.sha256(src.encode()).hexdigest()
     return out
 
 

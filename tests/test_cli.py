@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -124,3 +125,60 @@ def test_optimize_names_a_missing_program(capsys):
 
     assert main(["optimize", "no_such_program"]) == 2
     assert "neither a benchmark" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--budget", "nan"], "--budget"),
+    (["--budget=-inf"], "--budget"),
+    (["--budget", "0"], "--budget"),
+    (["--budget", "-5"], "--budget"),
+    (["--max-results", "-1"], "--max-results"),
+    (["--max-results", "0"], "--max-results"),
+    (["--max-tasks", "0"], "--max-tasks"),
+    (["--workers", "0"], "--workers"),
+])
+def test_optimize_refuses_budgets_that_cannot_be_meant(capsys: pytest.CaptureFixture[str],
+                                                       tmp_path, argv: list[str],
+                                                       option: str) -> None:
+    code, out, err = _run(capsys, "optimize", "rmsnorm_linear", "--small", "--out",
+                          str(tmp_path / "out"), *argv)
+    assert code == 2
+    assert err.startswith(f"error: {option} must be") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err + out and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("budget", ["nan", "0", "-1"])
+def test_bench_search_refuses_a_budget_that_cannot_be_meant(capsys: pytest.CaptureFixture[str],
+                                                            budget: str) -> None:
+    code, _, err = _run(capsys, "bench", "search", "--small", "--programs", "ntrans",
+                        f"--budget={budget}")
+    assert code == 2 and err.startswith("error: --budget must be")
+
+
+def test_optimize_with_a_task_budget_and_rules(capsys: pytest.CaptureFixture[str],
+                                               tmp_path) -> None:
+    """--max-tasks bounds the search by work; --rules and --extra-rules (several files, or the
+    option repeated) reach the oracle, and the checkpoint records them."""
+    import shutil
+
+    from egraph_mirage.oracle.rules import DEFAULT_RULES_DIR
+
+    rules = tmp_path / "rules"
+    shutil.copytree(DEFAULT_RULES_DIR, rules)
+    one, two = tmp_path / "50_one.egg", tmp_path / "51_zero.egg"
+    one.write_text("(rewrite (Mul (Num 1) a) a)  ; one is the unit of mul\n")
+    two.write_text("(rewrite (Add (Num 0) a) a)  ; zero is the unit of add\n")
+    out = tmp_path / "out"
+    common = ["optimize", "rmsnorm_linear", "--small", "--workers", "1", "--max-tasks", "3",
+              "--out", str(out)]
+    code, text, err = _run(capsys, *common, "--rules", str(rules), "--extra-rules", str(one),
+                           str(two))
+    assert code == 1, err  # three tasks find nothing at small shapes
+    assert re.search(r" 3/\d+ tasks \(budget reached\)", text), text
+    code, text, err = _run(capsys, *common, "--rules", str(rules), "--extra-rules", str(one),
+                           "--extra-rules", str(two))
+    assert code == 1, err  # the same rules: resumed from the checkpoint
+    code, _, err = _run(capsys, *common, "--extra-rules", str(one))
+    assert code == 2 and "rule set" in err and len(err.strip().splitlines()) == 1
+    code, _, err = _run(capsys, *common, "--rules", str(tmp_path / "missing"))
+    assert code == 2 and "no such rule file" in err

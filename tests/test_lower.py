@@ -575,3 +575,17 @@ def test_handwritten_paper_shapes_gpu(name: str, dtype: em.DType) -> None:
     # small inputs: the split-KV attention exponentiates without the max, and its partial sums
     # are fp16 device tensors
     _check(h, dtype, reference=g.evaluate, scale=0.1)
+
+
+def test_the_lowering_is_a_list_of_named_stages() -> None:
+    """Each stage's artefact can be inspected; the last is the generated program."""
+    from egraph_mirage.lower import LowerOptions, lowering_stages
+
+    g = em.benchmarks.get("gqa", small=True)
+    h = em.handwritten.fused("gqa", g)
+    done = lowering_stages(h, LowerOptions(pdl=True))
+    assert list(done) == ["plan", "emit", "program"]
+    assert len(done["plan"].order) >= 1 and all(done["plan"].names.values())
+    assert all(src.lstrip().startswith("@triton.jit") for src in done["emit"].kernel_sources)
+    assert any(line.startswith("_launch(") for line in done["emit"].body)
+    assert done["program"] == generate_source(h, LowerOptions(pdl=True))

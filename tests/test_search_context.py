@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import egraph_mirage as em
+from egraph_mirage.oracle.prelude import prelude_text
 from egraph_mirage.oracle.rules import DEFAULT_RULES_DIR, rules_digest
 from egraph_mirage.search import (
     SearchConfig,
@@ -96,6 +97,7 @@ def test_other_rules_give_another_search(rmsnorm: em.KernelGraph, fewer_rules: P
     assert _texts(again) == _texts(full) and again.stats.states == full.stats.states
     a, b = prepare(rmsnorm, TINY), prepare(rmsnorm, TINY, rules=fewer_rules)
     assert a.rules != b.rules and a.key != b.key
+    assert a.rules == rules_digest([DEFAULT_RULES_DIR], prelude_text())  # the prelude counts
     assert context(b).payload.reach is b.reach and context(a).payload.reach is a.reach
 
 

@@ -17,7 +17,7 @@ from egraph_mirage.viz import RenderError, egraph_dot, egraph_svg, expr_dot, exp
 
 ENODE_BOX = re.compile(r"^\s+n\d+_\d+ \[label=", re.MULTILINE)
 CLUSTER = re.compile(r"^\s+subgraph cluster_(\d+) \{", re.MULTILINE)
-#: number of term (Expr) arguments of each operator of rules/00_datatype.egg
+#: number of term (Expr) arguments of each constructor of the generated prelude (oracle/prelude.py)
 TERM_ARITY = {"Var": 0, "Num": 0, "Const": 0, "Sum": 1, "Rms": 1, "Exp": 1, "Sqrt": 1,
               "Square": 1, "Silu": 1, "Gelu": 1, "Relu": 1, "Add": 2, "Mul": 2, "Div": 2,
               "Concat": 2}

@@ -5,8 +5,9 @@ library operators become torch calls, and a host function ``run`` launches them 
     write_program(graph, "program.py")               # the same, written atomically
     fn = compile_graph(graph, num_warps=4, num_stages=2)
     outputs = fn(*torch_tensors)                     # a list of tensors
+    lowering_stages(graph)                           # each named stage's artefact, in order
 
-``KernelGraph.generate_triton_program`` and ``KernelGraph.compile`` delegate here. Nothing in this
+``em.generate_triton_program`` and ``em.compile`` delegate here. Nothing in this
 package imports egglog or JAX, and triton / torch are imported only when a program is compiled.
 See ``docs/lowering.md`` for the mapping.
 """
@@ -22,6 +23,7 @@ from .program import (
     canonical_knobs,
     generate_source,
     graph_knobs,
+    lowering_stages,
     options_from,
     write_program,
 )
@@ -40,6 +42,7 @@ __all__ = [
     "generate_source",
     "graph_knobs",
     "kernel_source",
+    "lowering_stages",
     "options_from",
     "use_interpreter",
     "write_program",

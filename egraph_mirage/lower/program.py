@@ -136,19 +136,49 @@ def _host_call(t: Tensor, names: dict[int, str]) -> str:
     return f"{names[t.index]} = {expr}"
 
 
-def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) -> str:
-    """The Python source of the Triton program for ``graph``."""
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The "plan" stage: variable names, which combines run fused, what each kernel writes,
+    the launch order, and whether the launches use programmatic dependent launch."""
+
+    names: dict[int, str]
+    combines: dict[int, fuse.Combine]
+    #: id(kernel) -> the kernel-graph tensors it writes
+    outputs: dict[int, list[Tensor]]
+    #: the graph-defined kernels launched, in order
+    order: list[GraphKernel]
+    pdl: bool
+
+    def position(self, kernel: GraphKernel) -> int:
+        return next(n for n, k in enumerate(self.order) if k is kernel)
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """The "emit" stage: every kernel's Triton source (in file order) and the host function's
+    body (allocations, launches and library calls, in graph order)."""
+
+    kernel_sources: list[str]
+    body: list[str]
+
+
+def plan_launches(graph: KernelGraph, options: LowerOptions) -> LaunchPlan:
+    """Stage "plan" of the lowering."""
     if not isinstance(graph, KernelGraph):
         raise GraphError(f"lowering: expected a KernelGraph, got {type(graph).__name__}")
     if not graph.outputs:
         raise GraphError("lowering: the graph has no outputs; call mark_output")
-    names = _names(graph)
-    dots = DotConfig(options.fp32_dots, options.fp32_precision, options.swap_dots)
     combines = fuse.plan(graph) if options.fuse_combines else {}
-    outputs = {id(k): outs for k, outs in fuse.launches(graph)}
     order = _launched(graph, combines)
-    position = {id(k): n for n, k in enumerate(order)}
-    pdl = options.pdl and len(order) > 1
+    return LaunchPlan(_names(graph), combines, {id(k): outs for k, outs in fuse.launches(graph)},
+                      order, options.pdl and len(order) > 1)
+
+
+def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted:
+    """Stage "emit" of the lowering: kernels are written on first use, while the host body is
+    walked in graph order."""
+    names, combines, outputs, pdl = plan.names, plan.combines, plan.outputs, plan.pdl
+    dots = DotConfig(options.fp32_dots, options.fp32_precision, options.swap_dots)
     kernels: dict[tuple[int, str], str] = {}  # (id(block graph), role) -> kernel name
     kernel_sources: list[str] = []
 
@@ -166,7 +196,7 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
     def launched_name(kernel: GraphKernel, c: fuse.Combine | None, at: int) -> str:
         """The kernel launched ``at``-th for ``kernel`` (the producer of combine ``c``, which
         calls the consumer's function), with its programmatic-dependent-launch lines."""
-        head = pdl_head(at, len(order)) if pdl else ()
+        head = pdl_head(at, len(plan.order)) if pdl else ()
         where = f"@{at}" if pdl else ""  # a block graph launched twice: each with its own head
         if c is None:
             return kernel_name(kernel.tb, "plain" + where, lambda: KernelRole(head=head))
@@ -180,7 +210,7 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
     launched: set[int] = set()
     body: list[str] = []
     for t in graph.operators:
-        if t.op != "customized":
+        if not lookup(t.op).graph_defined:  # type: ignore[arg-type]
             body.append(_host_call(t, names))
             continue
         kernel = t.params["kernel"]
@@ -193,7 +223,7 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
         outs = list(outputs[id(kernel)])
         args = [names[o.index] for o in t.operands] + [names[u.index] for u in outs]
         device = names[t.operands[0].index]
-        at = position[id(kernel)]
+        at = plan.position(kernel)
         name = launched_name(kernel, c, at)
         if c is not None:
             b_outs = outputs[id(c.consumer)]
@@ -210,7 +240,33 @@ def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) 
         after = ", pdl=PDL" if pdl and at > 0 else ""
         body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args)},), "
                     f"num_warps, num_stages{after})")
-    return _file(graph, names, options, kernel_sources, body, bool(combines), pdl)
+    return Emitted(kernel_sources, body)
+
+
+#: The lowering as named stages, in order: each takes the graph, the options and the artefacts
+#: of the stages before it (by name) and returns its own artefact (``lowering_stages``).
+STAGES: tuple[tuple[str, Callable[[KernelGraph, LowerOptions, dict[str, Any]], Any]], ...] = (
+    ("plan", lambda g, o, done: plan_launches(g, o)),
+    ("emit", lambda g, o, done: emit(g, done["plan"], o)),
+    ("program", lambda g, o, done: _file(g, done["plan"].names, o, done["emit"].kernel_sources,
+                                         done["emit"].body, bool(done["plan"].combines),
+                                         done["plan"].pdl)),
+)
+
+
+def lowering_stages(graph: KernelGraph, options: LowerOptions = LowerOptions()
+                    ) -> dict[str, Any]:
+    """Every stage's artefact, by stage name, in order (``STAGES``): for inspection; the
+    last, "program", is the generated source."""
+    done: dict[str, Any] = {}
+    for name, stage in STAGES:
+        done[name] = stage(graph, options, done)
+    return done
+
+
+def generate_source(graph: KernelGraph, options: LowerOptions = LowerOptions()) -> str:
+    """The Python source of the Triton program for ``graph``."""
+    return lowering_stages(graph, options)["program"]
 
 
 def pdl_head(position: int, launches: int) -> tuple[str, ...]:

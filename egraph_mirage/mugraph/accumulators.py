@@ -232,7 +232,9 @@ class Accumulator:
     finish: Callable[..., Any]
     #: ``tile_dims(rank)``: how the result's dimensions align with the operand's (Triton padding)
     tile_dims: Callable[[int], TileDims]
-    #: a sum of per-iteration terms (so ``rescale=`` may weight the terms)
+    #: ``step`` is linear in its operand (``step(x * w) = step(x) * w`` for a weight ``w``
+    #: constant over the reduced dimensions), so ``rescale=`` may weight each iteration's
+    #: term by weighting its operand
     linear: bool = True
     #: ``reference(x, iterations, dimx)``: float64 numpy semantics on the vectorised layout;
     #: derived from ``step`` and ``finish`` unless given
@@ -272,6 +274,15 @@ class _FromSteps:
 
     def __call__(self, x: Any, iters: int, dimx: int) -> Any:
         return self.acc.evaluate(self.o, x, iters, dimx)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.acc.step, self.acc.finish, id(self.o))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _FromSteps) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def __repr__(self) -> str:
         return f"<{self.acc.name!r} from its step and finish>"

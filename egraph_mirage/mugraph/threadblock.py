@@ -63,6 +63,13 @@ class BlockTensor:
 class ThreadBlockGraph(OpShorthands[BlockTensor]):
     """The per-block program of a graph-defined kernel."""
 
+    def as_kernel(self) -> Any:
+        """This block graph, validated and frozen, as a graph-defined kernel (what
+        ``KernelGraph.customized`` adds to a program)."""
+        from .kernel import GraphKernel
+
+        return GraphKernel(self)
+
     def __init__(self, grid_dim: Sequence[int] = (1, 1, 1), block_dim: Sequence[int] = (128, 1, 1),
                  forloop_range: int = 1, reduction_dimx: int = 64,
                  smem_bytes: int = DEFAULT_SMEM_BYTES) -> None:

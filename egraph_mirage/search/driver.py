@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..graph import KernelGraph
-from ..mugraph.serialize import loads
+from ..mugraph.serialize import dumps, loads
 from .checkpoint import Checkpoint
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe, dim_classes
@@ -81,8 +81,8 @@ def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0, rules: RulePath
     scalars = sorted({float(t.params["scalar"]) for t in g.operators if "scalar" in t.params}
                      | set(config.scalars))
     # the generated prelude (from the op table) is part of the rules the e-graph was built with
-    digest = rules_digest(oracle.rule_paths, getattr(oracle, "prelude", ""))
-    return Payload(g.to_json(), reach, config, tuple(inputs), tuple(scalars), out_classes[0], seed,
+    digest = rules_digest(oracle.rule_paths, oracle.prelude)
+    return Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0], seed,
                    digest)
 
 

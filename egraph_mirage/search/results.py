@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..graph import KernelGraph
+from ..mugraph.serialize import dumps
 
 
 @dataclass
@@ -65,7 +66,7 @@ class SearchResult:
     knobs: dict[str, Any] | None = None
 
     def to_json(self) -> str:
-        return self.graph.to_json()
+        return dumps(self.graph)
 
     def summary(self) -> str:
         measured = ("" if self.measured_us is None else

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import EMError
 from ..graph import KernelGraph
-from ..mugraph.serialize import loads
+from ..mugraph.serialize import dumps, loads
 from .blocks import BlockSearch, Counters, Tile
 from .config import SearchConfig
 from .dims import LinkProbe
@@ -380,7 +380,7 @@ class _Run:
         except EMError:  # the μGraph API refused it: a search bug, counted, not fatal
             counts["invalid_candidates"] = counts.get("invalid_candidates", 0) + 1
             return
-        text = g.to_json()
+        text = dumps(g)
         if text in self._checked:
             return
         self._checked.add(text)
