@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .errors import GraphError, ResourceError
 from .graph import KernelGraph, Tensor, new_kernel_graph
 from .mugraph import new_threadblock_graph
+from .mugraph.serialize import dumps
 from .mugraph.threadblock import DEFAULT_SMEM_BYTES, BlockTensor, ThreadBlockGraph
 
 
@@ -388,7 +389,7 @@ def variants(name: str, g: KernelGraph) -> list[KernelGraph]:
             if build is first and tiles == Tiles():
                 raise
             continue
-        key = h.to_json()
+        key = dumps(h)
         if key not in seen:
             seen.add(key)
             out.append(h)

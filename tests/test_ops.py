@@ -101,9 +101,9 @@ def _matmul_block_graph():
 
 
 def _customized_bad_operand() -> tuple[Callable[[], object], list[str]]:
-    from egraph_mirage.mugraph import GraphKernel
+    from egraph_mirage.mugraph import GraphDefinedKernel
 
-    kernel = GraphKernel(_matmul_block_graph())
+    kernel = GraphDefinedKernel(_matmul_block_graph())
     h, (bad, w2) = _graph((3, 64), (64, 32))
     # applied through the op-table entry, the way every other operator is checked
     return (lambda: h.apply("customized", (bad, w2), kernel=kernel, output=0)), ["(3, 64)"]

@@ -4,6 +4,11 @@ Every benchmark program at its small shapes: the first verified μGraph the sear
 meet the program's goal (one kernel, or at most two for attention with nothing as large as the
 attention scores written to device memory), re-verify with fresh tests, and match the program in
 float. The search is told nothing about the programs; ``GOALS`` is only read here.
+
+The searches are bounded by work, never by time, so the outcome is the same on any machine: the
+first ``MAX_TASKS`` tasks of each task list at most. Measured 2026-11-23, the first result comes
+from task 257 (gqa, mha), 161 (mqa), 385 (qknorm), 33 (rmsnorm_linear), 25 (lora), 42
+(gated_mlp) and 47 (ntrans), in 2 to 200 s on a busy 2-core machine (qknorm the longest).
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import egraph_mirage as em
 from egraph_mirage.bench.search_bench import GOALS, largest_intermediate
 from egraph_mirage.search import SearchConfig, superoptimize
 
-#: seconds a small search may take before the test gives up (it finds the form much sooner)
-BUDGET = 240.0
+#: tasks a small search may run before the test gives up: about twice the most any program
+#: needs (qknorm, 385), so a change of the task order that costs a little does not fail it
+MAX_TASKS = 800
 
 
 def _block_ops(g: em.KernelGraph) -> list[list[str]]:
@@ -23,12 +29,18 @@ def _block_ops(g: em.KernelGraph) -> list[list[str]]:
             for t in g.operators if t.op == "customized" and t.params["output"] == 0]
 
 
-@pytest.mark.parametrize("name", em.benchmarks.names())
+#: the searches that take more than a minute (qknorm: 200 s on a busy 2-core machine)
+SLOW = {"qknorm"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+                                  for n in em.benchmarks.names()])
 def test_the_fused_form_is_discovered(name: str) -> None:
     g = em.benchmarks.get(name, small=True)
-    results = superoptimize(g, SearchConfig(max_results=1), time_budget=BUDGET, workers=1,
+    results = superoptimize(g, SearchConfig(max_results=1), max_tasks=MAX_TASKS, workers=1,
                             progress=False)
-    assert results, f"{name}: nothing found in {BUDGET:.0f} s ({results.stats})"
+    assert results, f"{name}: nothing found in the first {MAX_TASKS} tasks ({results.stats})"
+    assert not results.stats.budget_exhausted
     best = results.best
     assert best.num_kernels <= GOALS[name]
     assert largest_intermediate(best.graph) < largest_intermediate(g)

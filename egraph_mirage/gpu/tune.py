@@ -16,7 +16,6 @@ the bytes the kernels move and their launches) otherwise.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import itertools
 import json
 import math
@@ -30,6 +29,8 @@ from ..dtypes import DType
 from ..extract.program_cost import ProgramCost
 from ..files import write_atomic
 from ..graph import KernelGraph
+from ..lower import KNOBS, canonical_knobs, compile_graph, graph_knobs
+from ..mugraph.serialize import dumps
 from .timing import InputSet, Program, Timer
 
 Knobs = dict[str, Any]
@@ -59,38 +60,29 @@ def default_cache_dir() -> Path:
 
 
 def default_compiler() -> Compiler | None:
-    """The lowering's compile entry point, or None while ``egraph_mirage.lower`` has none:
-    ``KernelGraph.compile(**knobs)`` if it exists, else ``egraph_mirage.lower.compile``."""
-    if callable(getattr(KernelGraph, "compile", None)):
-        return lambda g, knobs: g.compile(**knobs)  # type: ignore[attr-defined]
-    lower = importlib.import_module("egraph_mirage.lower")
-    fn = getattr(lower, "compile", None)
-    if callable(fn):
-        return lambda g, knobs: fn(g, **knobs)
-    return None
+    """The lowering's compile entry point (``lower.compile_graph``)."""
+    return lambda g, knobs: compile_graph(g, **knobs)
 
 
 def knob_space(space: Mapping[str, Sequence[Any]] | None = None,
                mugraph: KernelGraph | None = None) -> list[Knobs]:
-    """Every combination of the knob values (the lowering's ``KNOBS`` if it names them). With
+    """Every combination of the knob values (default: the lowering's ``KNOBS``). With
     ``mugraph``, a space that is not empty also gets the knobs that matter for that μGraph only
     (the lowering's ``graph_knobs``) where it does not name them; ``{}`` stays the lowering's
     defaults alone. Settings that generate the same program as an earlier one (the lowering's
     ``canonical_knobs``) are left out."""
-    lower = importlib.import_module("egraph_mirage.lower")
     if space is None:
-        space = getattr(lower, "KNOBS", None) or DEFAULT_KNOBS
-    if space and mugraph is not None and callable(getattr(lower, "graph_knobs", None)):
-        space = {**lower.graph_knobs(mugraph), **space}
+        space = KNOBS or DEFAULT_KNOBS
+    if space and mugraph is not None:
+        space = {**graph_knobs(mugraph), **space}
     keys = sorted(space)
     settings = [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
-    canonical = getattr(lower, "canonical_knobs", None)
-    if mugraph is None or not callable(canonical):
+    if mugraph is None:
         return settings
     seen: set[tuple[tuple[str, Any], ...]] = set()
     out = []
     for knobs in settings:
-        key = tuple(sorted(canonical(mugraph, knobs).items()))
+        key = tuple(sorted(canonical_knobs(mugraph, knobs).items()))
         if key not in seen:
             seen.add(key)
             out.append(knobs)
@@ -98,10 +90,13 @@ def knob_space(space: Mapping[str, Sequence[Any]] | None = None,
 
 
 def lowering_fingerprint() -> str:
-    """Hash of the lowering's source files: a changed code generator invalidates cached trials."""
+    """Hash of the code generator's source files (the lowering, and the op table's and the
+    accumulators' Triton emissions): a changed generator invalidates cached trials."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1] / "lower"
-    for path in sorted(root.rglob("*.py")):
+    root = Path(__file__).resolve().parents[1]
+    files = [*sorted((root / "lower").rglob("*.py")), *sorted((root / "ops").rglob("*.py")),
+             root / "mugraph" / "accumulators.py"]
+    for path in files:
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -190,7 +185,7 @@ def tune(mugraph: KernelGraph, program: KernelGraph, *, compiler: Compiler, time
     kernels' own time) or "plain". ``tol``: as in ``check``.
     """
     cache = cache or TuneCache(None)
-    text, lowering = mugraph.to_json(), lowering_fingerprint()
+    text, lowering = dumps(mugraph), lowering_fingerprint()
     result = TuneResult()
     refs: list[Any] = []  # the reference outputs, computed at the first trial that needs them
     for knobs in knob_space(space, mugraph):

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..graph import KernelGraph, Tensor
-from ..mugraph.kernel import GraphKernel
+from ..mugraph.kernel import GraphDefinedKernel
 from ..mugraph.threadblock import ThreadBlockGraph
 from .kernel_codegen import KernelRole
 
@@ -43,8 +43,8 @@ MAX_UNROLL = 16
 class Combine:
     """Consumer kernel ``consumer`` runs inside ``producer``, one block per group."""
 
-    producer: GraphKernel
-    consumer: GraphKernel
+    producer: GraphDefinedKernel
+    consumer: GraphDefinedKernel
     #: grid axes of the producer that the consumer keeps (the others are cut into pieces)
     kept: tuple[int, ...]
     #: per consumer input: the producer output it reads, or None (an earlier tensor)
@@ -64,9 +64,9 @@ class Combine:
         return math.prod(self.consumer.tb.grid_dim)
 
 
-def launches(graph: KernelGraph) -> list[tuple[GraphKernel, list[Tensor]]]:
+def launches(graph: KernelGraph) -> list[tuple[GraphDefinedKernel, list[Tensor]]]:
     """Graph-defined kernels in launch order, each with its outputs (by output index)."""
-    order: list[tuple[GraphKernel, list[Tensor]]] = []
+    order: list[tuple[GraphDefinedKernel, list[Tensor]]] = []
     seen: dict[int, list[Tensor]] = {}
     for t in graph.operators:
         if t.op != "customized":
@@ -106,7 +106,7 @@ def plan(graph: KernelGraph) -> dict[int, Combine]:
     return out
 
 
-def _combine(a: GraphKernel, b: GraphKernel, a_at: int,
+def _combine(a: GraphDefinedKernel, b: GraphDefinedKernel, a_at: int,
              position: dict[int, int]) -> Combine | None:
     ta, tb = a.tb, b.tb
     kept = tuple(ax for ax in range(3) if tb.grid_dim[ax] > 1)

@@ -19,7 +19,7 @@ from ..dtypes import DType
 from ..errors import EMError, GraphError, LowerError
 from ..files import write_atomic
 from ..graph import KernelGraph, Tensor
-from ..mugraph.kernel import GraphKernel
+from ..mugraph.kernel import GraphDefinedKernel
 from ..mugraph.threadblock import ThreadBlockGraph
 from ..ops import lookup
 from . import fuse
@@ -61,7 +61,7 @@ def canonical_knobs(graph: KernelGraph, knobs: Mapping[str, Any]) -> dict[str, A
     return out
 
 
-def _launched(graph: KernelGraph, combines: Mapping[int, fuse.Combine]) -> list[GraphKernel]:
+def _launched(graph: KernelGraph, combines: Mapping[int, fuse.Combine]) -> list[GraphDefinedKernel]:
     """The graph-defined kernels launched, in order (a fused combine is no launch)."""
     return [k for k, _ in fuse.launches(graph)
             if (c := combines.get(id(k))) is None or c.consumer is not k]
@@ -146,10 +146,10 @@ class LaunchPlan:
     #: id(kernel) -> the kernel-graph tensors it writes
     outputs: dict[int, list[Tensor]]
     #: the graph-defined kernels launched, in order
-    order: list[GraphKernel]
+    order: list[GraphDefinedKernel]
     pdl: bool
 
-    def position(self, kernel: GraphKernel) -> int:
+    def position(self, kernel: GraphDefinedKernel) -> int:
         return next(n for n, k in enumerate(self.order) if k is kernel)
 
 
@@ -193,7 +193,7 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
             kernel_sources.insert(at, kernel_source(tb, name, dots, how()))
         return kernels[id(tb), role]
 
-    def launched_name(kernel: GraphKernel, c: fuse.Combine | None, at: int) -> str:
+    def launched_name(kernel: GraphDefinedKernel, c: fuse.Combine | None, at: int) -> str:
         """The kernel launched ``at``-th for ``kernel`` (the producer of combine ``c``, which
         calls the consumer's function), with its programmatic-dependent-launch lines."""
         head = pdl_head(at, len(plan.order)) if pdl else ()

@@ -6,9 +6,9 @@ align with its operand's in the Triton lowering, and whether it may be rescaled.
 ``finish`` are written once, against a small set of operations ``o`` (``sum_last``, ``fold``,
 ``mul``, ``div``, ``sqrt``), and every consumer runs them with its own operations:
 
-- ``ArrayOps(numpy)``: the float reference, per block (``GraphKernel.run_blocks``) and, on the
-  vectorised layout ``(gx, gy, gz, F, *tile)`` (axis ``LOOP`` is the iteration), for all blocks
-  at once (``Accumulator.reference``);
+- ``ArrayOps(numpy)``: the float reference, per block (``GraphDefinedKernel.run_blocks``) and,
+  on the vectorised layout ``(gx, gy, gz, F, *tile)`` (axis ``LOOP`` is the iteration), for all
+  blocks at once (``Accumulator.reference``);
 - ``ArrayOps(torch)``: PyTorch evaluation (``Accumulator.torch``, ``gpu.torch_eval``);
 - ``FieldOps``: the finite-field verifier over Z_p x Z_q (``Accumulator.ff``);
 - ``TritonOps``: Triton source text (``Accumulator.triton_step`` / ``triton_finish``).

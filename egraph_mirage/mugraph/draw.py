@@ -252,7 +252,7 @@ def mugraph_dot(g: Any) -> str:
     outputs = {t.index for t in g.outputs}
     inputs = {t.index for t in g.inputs}
     n_kernels = 0
-    kernel_ids: dict[int, int] = {}  # id(GraphKernel) -> k, numbered by first use
+    kernel_ids: dict[int, int] = {}  # id(GraphDefinedKernel) -> k, numbered by first use
     kernel_objs: list[Any] = []
     kernel_outs: list[list[Any]] = []
     kernel_ins: list[tuple[Any, ...]] = []

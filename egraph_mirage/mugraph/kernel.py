@@ -12,8 +12,9 @@ Two evaluators give its meaning, and must agree:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,18 +24,21 @@ from ..ops import lookup
 from . import accumulators as accs
 from . import partition as pt
 from .accumulators import lookup_accumulator
-from .threadblock import EPILOGUE, INVARIANT, LOOP_SIDE, ThreadBlockGraph
+from .partition import EPILOGUE, INVARIANT, LOOP_SIDE
+
+if TYPE_CHECKING:
+    from .threadblock import ThreadBlockGraph
 
 #: the block graph run on a grid: (loader index -> the kernel input it reads, grid, loader index
 #: -> its tiles already laid out) -> the saved tiles in the vectorised layout, in saver order
 Body = Callable[[dict[int, Any], tuple[int, ...], dict[int, Any]], list[Any]]
 
 
-class GraphKernel:
-    """An immutable use of a thread-block graph as a kernel."""
+class GraphDefinedKernel:
+    """An immutable use of a thread-block graph as a kernel (``ThreadBlockGraph.as_kernel``)."""
 
     def __init__(self, tb: ThreadBlockGraph) -> None:
-        if not isinstance(tb, ThreadBlockGraph):
+        if not callable(getattr(tb, "as_kernel", None)):
             raise GraphError(f"customized: expected a ThreadBlockGraph, got {type(tb).__name__}")
         tb.validate()
         tb.frozen = True
@@ -231,3 +235,12 @@ def _tile(x: np.ndarray, t: Any, block: tuple[int, ...], it: int) -> np.ndarray:
             start += it * t.dims[d]
         index.append(slice(start, start + t.dims[d]))
     return x[tuple(index)]
+
+
+def __getattr__(name: str) -> Any:
+    """``GraphKernel``: the former name of ``GraphDefinedKernel`` (deprecated)."""
+    if name == "GraphKernel":
+        warnings.warn("GraphKernel is deprecated; use GraphDefinedKernel", DeprecationWarning,
+                      stacklevel=2)
+        return GraphDefinedKernel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

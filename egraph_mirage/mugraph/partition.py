@@ -22,6 +22,9 @@ from typing import Any
 
 from ..errors import MapError
 
+#: where a tile lives: in the loop, after it, or either (loaded once, the same every iteration)
+LOOP_SIDE, EPILOGUE, INVARIANT = "loop", "epilogue", "invariant"
+
 Dims = tuple[int, ...]
 NUM_AXES = 3
 #: leading axes of the vectorised layout: grid x, y, z and the loop iteration

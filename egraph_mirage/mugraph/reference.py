@@ -13,7 +13,7 @@ from ..ops import lookup
 
 def run_reference(graph: KernelGraph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Float64 outputs of ``graph``: library operators by their numpy reference, graph-defined
-    kernels block by block and iteration by iteration (``GraphKernel.run_blocks``)."""
+    kernels block by block and iteration by iteration (``GraphDefinedKernel.run_blocks``)."""
     if len(inputs) != len(graph.inputs):
         raise GraphError(f"run_reference: graph has {len(graph.inputs)} inputs, got {len(inputs)}")
     vals: dict[int, np.ndarray] = {}

@@ -46,7 +46,7 @@ def dumps(graph: KernelGraph) -> str:
     number = {t.index: i for i, t in enumerate(graph.inputs)}
     kernels: list[dict[str, Any]] = []
     operators: list[dict[str, Any]] = []
-    kernel_no: dict[int, int] = {}  # id(GraphKernel) -> its place in "kernels"
+    kernel_no: dict[int, int] = {}  # id(GraphDefinedKernel) -> its place in "kernels"
     due: tuple[Any, ...] | None = None  # (kernel, output, operands) the next operator must be
     for j, t in enumerate(graph.operators):
         number[t.index] = len(number)

@@ -26,11 +26,11 @@ from ..ops import shapes as sh
 from ..ops.shorthands import OpShorthands
 from . import partition as pt
 from .accumulators import lookup_accumulator, running_max_shape
+from .kernel import GraphDefinedKernel
+from .partition import EPILOGUE, INVARIANT, LOOP_SIDE
 
 #: shared memory a block may use for its tiles, in bytes (the original system's default)
 DEFAULT_SMEM_BYTES = 96 * 1024
-#: where a tile lives: in the loop, after it, or either (loaded once, the same every iteration)
-LOOP_SIDE, EPILOGUE, INVARIANT = "loop", "epilogue", "invariant"
 #: block ops that are not op-table entries: loaders, accumulators and the running max
 ACCUMULATOR_OPS = ("forloop_accum", "forloop_accum_rescale")
 BUILDER_OPS = ("input", "forloop_max", *ACCUMULATOR_OPS)
@@ -63,12 +63,10 @@ class BlockTensor:
 class ThreadBlockGraph(OpShorthands[BlockTensor]):
     """The per-block program of a graph-defined kernel."""
 
-    def as_kernel(self) -> Any:
+    def as_kernel(self) -> GraphDefinedKernel:
         """This block graph, validated and frozen, as a graph-defined kernel (what
         ``KernelGraph.customized`` adds to a program)."""
-        from .kernel import GraphKernel
-
-        return GraphKernel(self)
+        return GraphDefinedKernel(self)
 
     def __init__(self, grid_dim: Sequence[int] = (1, 1, 1), block_dim: Sequence[int] = (128, 1, 1),
                  forloop_range: int = 1, reduction_dimx: int = 64,

@@ -77,7 +77,7 @@ def plan(tb: ThreadBlockGraph, limit: int | None = None) -> tuple[int, int] | No
 
 
 def splitter(f: Field, tb: ThreadBlockGraph) -> Callable[[Body, dict[int, FF]], list[FF]] | None:
-    """A ``split`` hook for ``GraphKernel.run_vectorised`` over field ``f``, or None when the
+    """A ``split`` hook for ``GraphDefinedKernel.run_vectorised`` over field ``f``, or None when the
     kernel is small enough to evaluate at once. Part k of ``parts`` along grid axis ``axis`` is
     the kernel on a grid with ``grid[axis] / parts`` blocks there, reading, for each loader that
     splits an input dimension along that axis, the k-th slice of that dimension (the input is
