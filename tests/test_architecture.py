@@ -122,3 +122,22 @@ def test_the_program_imports_no_later_stage() -> None:
              "egraph_mirage.extract")
     for m in ("egraph_mirage.graph", "egraph_mirage.ops.table", "egraph_mirage.ops.field_ops"):
         assert not {e for e in edges[m] if e.startswith(later)}, m
+
+
+def test_moved_and_renamed_names_keep_a_deprecated_alias(tmp_path: Path) -> None:
+    """The methods that moved to the free functions of ``egraph_mirage.api``, and
+    ``GraphKernel``, still work for one release, with a ``DeprecationWarning``."""
+    import pytest
+
+    import egraph_mirage as em
+    from egraph_mirage import mugraph
+
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    h = em.handwritten.fused("rmsnorm_linear", g)
+    with pytest.warns(DeprecationWarning, match="em.to_json"):
+        assert h.to_json() == em.to_json(h)
+    with pytest.warns(DeprecationWarning, match="em.save"):
+        h.save(tmp_path / "h.json")
+    assert em.load(tmp_path / "h.json").operators[0].op == h.operators[0].op
+    with pytest.warns(DeprecationWarning, match="GraphDefinedKernel"):
+        assert mugraph.GraphKernel is mugraph.GraphDefinedKernel

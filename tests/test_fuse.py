@@ -32,7 +32,7 @@ def _max_rel_error(h: em.KernelGraph, g: em.KernelGraph, seed: int = 0, **option
     xs = [torch.tensor(0.1 * rng.standard_normal(t.dims), dtype=torch.float16, device=DEVICE)
           for t in g.inputs]
     (ref,) = g.evaluate([x.double().cpu().numpy() for x in xs])
-    fn = h.compile(**options)
+    fn = em.compile(h, **options)
     for _ in range(2):  # the second call finds the counters the first left at zero
         (out,) = fn(*xs)
     return float(np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max())
@@ -157,7 +157,7 @@ def test_direct_launches_match_and_misaligned_inputs_take_tritons_path() -> None
     input that is not 16-byte aligned goes through Triton again (and stays right)."""
     g = em.benchmarks.get("rmsnorm_linear")
     h = hw.rmsnorm_linear_split_k(g)
-    fn = h.compile()
+    fn = em.compile(h)
     rng = np.random.default_rng(0)
     X = torch.tensor(0.1 * rng.standard_normal((2, 4096)), dtype=torch.float16, device="cuda")
     W = torch.tensor(0.1 * rng.standard_normal((4096, 6144)), dtype=torch.float16,

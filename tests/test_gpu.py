@@ -292,7 +292,7 @@ def _torch_compiler(h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
 
 def test_cache_key_depends_on_everything() -> None:
     g = em.handwritten.fused("lora", em.benchmarks.get("lora", small=True))
-    text = g.to_json()
+    text = em.to_json(g)
     k = cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "graph")
     assert k == cache_key(text, "NVIDIA H200", {"num_stages": 2, "num_warps": 4}, "graph")
     assert k != cache_key(text, "NVIDIA H100", {"num_warps": 4, "num_stages": 2}, "graph")
@@ -300,7 +300,7 @@ def test_cache_key_depends_on_everything() -> None:
     assert k != cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "plain")
     assert k != cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "graph", "v2")
     other = em.handwritten.fused("lora", em.benchmarks.get("lora", batch=2, small=True))
-    assert k != cache_key(other.to_json(), "NVIDIA H200", {"num_warps": 4, "num_stages": 2},
+    assert k != cache_key(em.to_json(other), "NVIDIA H200", {"num_warps": 4, "num_stages": 2},
                           "graph")
 
 

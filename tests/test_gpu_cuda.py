@@ -85,7 +85,7 @@ def test_rmsnorm_linear_is_right_at_every_knob(torch_cuda, batch: int  # type: i
     for i, h in enumerate(em.handwritten.variants("rmsnorm_linear", g)):
         swap = em.lower.graph_knobs(h).get("swap_dots", (False,))
         for warps, stages, sw in itertools.product((4, 8), (2, 3), swap):
-            fn = h.compile(num_warps=warps, num_stages=stages, swap_dots=sw)
+            fn = em.compile(h, num_warps=warps, num_stages=stages, swap_dots=sw)
             try:
                 ok, err = check(fn, g, xs)
             except Exception as e:  # a tiling over the shared memory at these knobs
@@ -113,7 +113,7 @@ def test_programs_launched_with_pdl_are_right(torch_cuda, name: str  # type: ign
     for h in em.handwritten.variants(name, g):
         if "pdl" not in em.lower.graph_knobs(h):
             continue
-        fn = h.compile(fuse_combines=False, pdl=True, num_stages=3)
+        fn = em.compile(h, fuse_combines=False, pdl=True, num_stages=3)
         assert bool(fn.module.PDL) == hopper
         ok, err = check(fn, g, xs)
         assert ok, (em.handwritten.variants(name, g).index(h), err)

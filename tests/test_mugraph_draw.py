@@ -135,9 +135,9 @@ def test_path_variant_and_to_svg(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["mugraph.svg"]  # no temporary file left behind
     svg_text(path.read_text(encoding="utf-8"))
     other = fused("lora")
-    assert other.to_svg(str(path)) == path.read_text(encoding="utf-8")  # replaces the file
+    assert em.to_svg(other, str(path)) == path.read_text(encoding="utf-8")  # replaces the file
     assert "accum plain" in svg_text(path.read_text(encoding="utf-8"))
-    assert h.to_svg() == svg
+    assert em.to_svg(h) == svg
 
 
 def test_missing_dot_raises_render_error(no_dot: Path) -> None:
@@ -148,7 +148,7 @@ def test_missing_dot_raises_render_error(no_dot: Path) -> None:
     assert isinstance(info.value, em.EMError)
     assert not path.exists() and os.listdir(no_dot) == []
     with pytest.raises(RenderError):
-        h.to_svg()
+        em.to_svg(h)
     assert "digraph mugraph" in mugraph_dot(h)  # the DOT text needs no Graphviz
 
 

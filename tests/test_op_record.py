@@ -118,7 +118,7 @@ def test_the_search_fuses_it_and_the_lowering_runs_it(cube: Path) -> None:
     g.mark_output(O)
     assert em.verify(target, g, tests=2).equivalent
     xs = _inputs(g)
-    out = g.compile()(*[torch.tensor(v, dtype=torch.float32) for v in xs])[0]
+    out = em.compile(g)(*[torch.tensor(v, dtype=torch.float32) for v in xs])[0]
     np.testing.assert_allclose(out.double().numpy(), np.matmul(xs[0] ** 3, xs[1]), rtol=1e-4,
                                atol=1e-4)
 

@@ -49,7 +49,7 @@ def test_every_handwritten_form_and_tiling_verifies(name: str) -> None:
     """The split-K forms and the other tile sizes that ``bench gpu`` tunes over are equal too."""
     g = em.benchmarks.get(name, small=True)
     hs = em.handwritten.variants(name, g)
-    assert hs[0].to_json() == em.handwritten.fused(name, g).to_json()
+    assert em.to_json(hs[0]) == em.to_json(em.handwritten.fused(name, g))
     for h in hs:
         res = verifier(name).check(h)
         assert res.equivalent, res.reason
