@@ -156,7 +156,7 @@ def test_single_mugraph_files(tmp_path: Path) -> None:
     g = em.benchmarks.get("lora", batch=2, small=True)
     em.save(em.handwritten.lora(g), tmp_path / "lora_b2.json")
     em.save(em.handwritten.lora_concat(g), tmp_path / "lora_b2_1.json")
-    em.handwritten.lora(em.benchmarks.get("lora", small=True)).save(tmp_path / "lora_b1.json")
+    em.save(em.handwritten.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b1.json")
     found = gb.candidates("lora", 2, g, str(tmp_path))
     assert len(found.graphs) == 2 and found.source == "search"
     assert found.files == [str(tmp_path / "lora_b2.json"), str(tmp_path / "lora_b2_1.json")]
@@ -166,7 +166,7 @@ def test_single_mugraph_files(tmp_path: Path) -> None:
     assert [em.to_json(h) for h in found.graphs] == [em.to_json(h) for h in
                                                    em.handwritten.variants("gated_mlp", gm)]
     (tmp_path / "lora_b2_1.json").unlink()
-    em.handwritten.lora(em.benchmarks.get("lora", small=True)).save(tmp_path / "lora_b2_2.json")
+    em.save(em.handwritten.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b2_2.json")
     with pytest.raises(GraphError, match="differ"):
         gb.candidates("lora", 2, g, str(tmp_path))
     (tmp_path / "lora_b2_2.json").unlink()

@@ -259,7 +259,7 @@ def test_save_and_load(tmp_path: Path) -> None:
     assert path.read_text(encoding="utf-8") == em.to_json(g) + "\n"
     h = em.load(path)
     assert em.to_json(h) == em.to_json(g)
-    assert em.load(str(path)).to_json() == em.to_json(g)
+    assert em.to_json(em.load(str(path))) == em.to_json(g)
     other = PROGRAMS["fused-ntrans"]()
     em.save(other, str(path))  # replaces the file
     assert em.to_json(em.load(path)) == em.to_json(other)
