@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import egraph_mirage as em
-from egraph_mirage.extract.program_cost import ProgramCost
 from egraph_mirage.gpu import baselines as bl
 from egraph_mirage.gpu.floor import Floor, io_bytes
 from egraph_mirage.gpu.timing import (
@@ -33,11 +32,12 @@ from egraph_mirage.gpu.tune import (
     cache_key,
     check,
     knob_space,
-    rank,
     tolerance,
     tune,
 )
 from egraph_mirage.mugraph import ACCUMULATORS
+from egraph_mirage.rank.cost_model import ProgramCost
+from egraph_mirage.rank.measured import rank
 
 NAMES = em.benchmarks.names()
 

@@ -1,10 +1,10 @@
-"""The search's cost model (``extract.program_cost``) on attention plans at paper shapes."""
+"""The search's cost model (``rank.cost_model``) on attention plans at paper shapes."""
 
 from __future__ import annotations
 
 import egraph_mirage as em
-from egraph_mirage.extract.program_cost import ProgramCost
 from egraph_mirage.handwritten import attention as split_kv_attention
+from egraph_mirage.rank.cost_model import ProgramCost
 
 
 def test_batch_dimensions_of_a_matmul_are_not_padded() -> None:

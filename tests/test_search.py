@@ -211,3 +211,17 @@ def test_a_split_k_plan_is_found_early(rmsnorm):
             break
     else:
         pytest.fail("no split-K plan among the one-kernel and split tasks")
+
+
+def test_the_search_runs_as_named_stages_whose_artefacts_can_be_inspected() -> None:
+    from egraph_mirage.search.driver import STAGES
+
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    seen: list[tuple[str, object]] = []
+    results = superoptimize(g, SearchConfig(max_results=1), workers=1, progress=False,
+                            max_tasks=60, on_stage=lambda name, art: seen.append((name, art)))
+    assert [name for name, _ in seen] == [name for name, _ in STAGES] == [
+        "prepare", "tasks", "search", "rank", "profile"]
+    art = dict(seen)
+    assert art["prepare"].reach is not None and len(art["tasks"]) == results.stats.tasks_total
+    assert len(art["search"]) == len(results) and art["rank"][0] is results.best

@@ -17,9 +17,7 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage.lower import graph_knobs
-from egraph_mirage.search import SearchConfig, SearchError, SearchResults, superoptimize
-from egraph_mirage.search.layout import result_files, write_results
-from egraph_mirage.search.profile import (
+from egraph_mirage.rank.measured import (
     BY_COST_MODEL,
     BY_GPU,
     GpuProfiler,
@@ -27,6 +25,8 @@ from egraph_mirage.search.profile import (
     cuda_available,
     profile_stage,
 )
+from egraph_mirage.search import SearchConfig, SearchError, SearchResults, superoptimize
+from egraph_mirage.search.outdir import result_files, write_results
 from egraph_mirage.search.results import SearchResult, SearchStats
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,9 +8,9 @@ For each benchmark program and batch size, in fp16:
   (``handwritten.variants``: each form under a few tile sizes); the row's ``source`` says which
   ("search" / "handwritten") and
   ``mugraph_file`` which file won. Every candidate is lowered, tuned over the lowering's knobs
-  and numerically checked against PyTorch in float32 (``gpu.tune.rank``); the fastest is checked
-  again on fresh inputs and timed; None while no lowering exists. ``--from-search`` first runs
-  the search for each program and batch (``superoptimize`` with ``--search-budget``) into
+  and numerically checked against PyTorch in float32 (``rank.measured.rank``); the fastest is
+  checked again on fresh inputs and timed; None while no lowering exists. ``--from-search`` first
+  runs the search for each program and batch (``superoptimize`` with ``--search-budget``) into
   ``DIR/<name>_b<batch>/``;
 * the baselines of ``gpu.baselines`` (eager, torch.compile, SDPA where the program is attention);
 * each timed with plain launches and under CUDA-graph replay (``gpu.timing``), with the bandwidth
@@ -114,7 +114,7 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     """The μGraphs to try for program ``name`` at ``batch`` (``g``), first found of:
 
     1. ``DIR/<name>_b<batch>/``: an ``egraph-mirage optimize --out`` folder (``result_<k>.json``
-       best first, else ``best.json``; ``search.layout``); every μGraph must take ``g``'s inputs;
+       best first, else ``best.json``; ``search.outdir``); every μGraph must take ``g``'s inputs;
     2. ``DIR/<name>/``: the same, for a search run at one batch: μGraphs for other shapes are
        left out (with a note when none is left);
     3. ``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: single μGraph files;
@@ -122,7 +122,7 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
 
     ``max_candidates`` keeps the first that many of a folder (the search's best by its cost
     model)."""
-    from ..search.layout import mugraph_files
+    from ..search.outdir import mugraph_files
 
     notes: list[str] = []
     if mugraph_dir is not None:
@@ -146,11 +146,11 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
 def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
                 log: Log = _stderr) -> Path:
     """Run the search for ``g`` (``name`` at ``batch``) and write its folder
-    ``cfg.mugraph_dir/<name>_b<batch>/`` (``search.layout``); its checkpoint lets a rerun resume
+    ``cfg.mugraph_dir/<name>_b<batch>/`` (``search.outdir``); its checkpoint lets a rerun resume
     rather than search again. Imports the search (egglog, JAX) only here."""
+    from ..rank.measured import keep_jax_off_the_gpu
     from ..search import SearchConfig, superoptimize
-    from ..search.layout import write_results
-    from ..search.profile import keep_jax_off_the_gpu
+    from ..search.outdir import write_results
 
     keep_jax_off_the_gpu()
     folder = Path(cfg.mugraph_dir or DEFAULT_SEARCH_DIR) / f"{name}_b{batch}"
@@ -183,7 +183,8 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
     ``timer``) ranks the knob settings; the reported figures are ``timer``'s."""
     from ..gpu import baselines as bl
     from ..gpu.timing import graph_bytes, input_sets, l2_bytes, random_inputs, rotation_count
-    from ..gpu.tune import Trial, TuneCache, TuneResult, check, rank, tolerance, tune
+    from ..gpu.tune import Trial, TuneCache, TuneResult, check, tolerance, tune
+    from ..rank.measured import rank
 
     g = benchmarks.get(name, batch=batch, small=cfg.small)
     if cfg.from_search:
@@ -460,7 +461,7 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
                          search_budget=args.search_budget, search_workers=args.search_workers,
                          tune_top=args.tune_top, and_handwritten=args.and_handwritten)
     if cfg.from_search:
-        from ..search.profile import keep_jax_off_the_gpu
+        from ..rank.measured import keep_jax_off_the_gpu
 
         keep_jax_off_the_gpu()  # before anything imports JAX
     floor = Floor(measure_copy_bandwidth())

@@ -34,7 +34,7 @@ from typing import Any
 from .. import benchmarks
 from ..graph import KernelGraph
 from ..search import SearchConfig, superoptimize
-from ..search.layout import write_results
+from ..search.outdir import write_results
 from .table import aligned
 
 KEYS = ("benchmark", "seconds_to_first", "seconds_to_best", "seconds_total", "states",

@@ -9,7 +9,7 @@ device name and the knobs, so a second run re-times nothing; the best is compile
 hand back a callable.
 
 ``rank(candidates, tuner)`` orders μGraphs by measured time where a GPU and the lowering are
-present, and by the search's cost model (``extract.program_cost.ProgramCost``: estimated time from
+present, and by the search's cost model (``rank.cost_model.ProgramCost``: estimated time from
 the bytes the kernels move and their launches) otherwise.
 """
 
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from ..dtypes import DType
-from ..extract.program_cost import ProgramCost
 from ..files import write_atomic
 from ..graph import KernelGraph
 from ..lower import KNOBS, canonical_knobs, compile_graph, graph_knobs
@@ -233,30 +232,3 @@ def _trial(mugraph: KernelGraph, program: KernelGraph, knobs: Knobs, compiler: C
     except Exception as exc:
         return Trial(knobs, "failed", error=err, message=f"{type(exc).__name__}: {exc}"[:300])
     return Trial(knobs, "ok", us=us, error=err)
-
-
-@dataclass
-class Ranked:
-    mugraph: KernelGraph
-    us: float | None  # measured; None when not timed (no GPU) or every setting failed
-    estimated_us: float  # the cost model's estimate (``ProgramCost.seconds``)
-    traffic_bytes: int  # the cost model's device-memory traffic (``ProgramCost.traffic_bytes``)
-    tuned: TuneResult | None = None
-
-
-def rank(candidates: Sequence[KernelGraph],
-         tuner: Callable[[KernelGraph], TuneResult] | None = None,
-         cost: ProgramCost | None = None) -> list[Ranked]:
-    """Candidates fastest first. ``tuner`` (e.g. ``lambda h: tune(h, program, compiler=...,
-    timer=..., ...)``) is used where given; without it (no GPU, no lowering) the order is the
-    cost model's (``cost``, default ``ProgramCost()``), the one the search ranks by. Candidates
-    that failed every setting go last, in the cost model's order.
-    """
-    cost = cost or ProgramCost()
-    out = []
-    for g in candidates:
-        tuned = tuner(g) if tuner is not None else None
-        out.append(Ranked(g, None if tuned is None else tuned.us, cost.seconds(g) * 1e6,
-                          cost.traffic_bytes(g), tuned))
-    return sorted(out, key=lambda r: (r.us is None, r.us or 0.0, r.estimated_us,
-                                      r.traffic_bytes))

@@ -23,7 +23,7 @@ from ..ops import BLOCK, OPS
 from .config import SearchConfig
 from .dims import LinkProbe, result_classes
 from .reach import ReachIndex, ref
-from .shapes import KernelShape
+from .tiling import KernelShape
 
 Dims = tuple[int, ...]
 #: most distinct tiles the goal distances close over (beyond it the search runs unpruned)

@@ -21,10 +21,10 @@ from pathlib import Path
 from .. import benchmarks
 from ..errors import EMError
 from ..graph import KernelGraph
+from ..rank.measured import keep_jax_off_the_gpu
 from .config import SearchConfig, SearchError
 from .driver import superoptimize
-from .layout import write_results
-from .profile import keep_jax_off_the_gpu
+from .outdir import write_results
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,11 +1,12 @@
-"""``em.superoptimize``: the pipeline as named stages.
+"""``em.superoptimize``: the pipeline as named stages (``STAGES``).
 
-    prepare  — the oracle saturates the target's expressions; dimension classes; the tasks
+    prepare  — the oracle saturates the target's expressions; dimension classes
+    tasks    — the task list in search order; a checkpoint's finished tasks
     search   — tasks run in worker processes (or any ``concurrent.futures.Executor``), each
                enumerating kernels under e-graph pruning and verifying what it completes
     rank     — verified μGraphs sorted by the cost model (estimated time), ties broken by text
     profile  — only with ``profile=True``: on a CUDA GPU, each result is tuned and timed
-               (``search.profile``, through ``gpu.tune``) and the results are re-ranked by
+               (``rank.measured``, through ``gpu.tune``) and the results are re-ranked by
                measured time; results that fail to lower or fail the GPU's numeric check are
                dropped and counted. Without a GPU the cost model's ranking stands
                (``stats.ranked_by`` says which ranking the results are in)
@@ -23,19 +24,21 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
+from ..rank import by_cost
+from ..rank.measured import Profiler, profile_stage
 from .checkpoint import Checkpoint
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe, dim_classes
-from .profile import Profiler, profile_stage
 from .reach import ReachIndex
 from .results import SearchResult, SearchResults, SearchStats
-from .shapes import DTensor
 from .tasks import Context, Payload, TaskResult, list_tasks, run_task
+from .tiling import DTensor
 
 #: rule files or folders, as ``Oracle(rules=, extra_rules=)`` takes them; one path is a list of one
 RulePaths = Sequence[str | os.PathLike[str]] | str | os.PathLike[str]
@@ -115,13 +118,152 @@ def _executor(workers: Any) -> tuple[cf.Executor | None, bool]:
     return cf.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")), True
 
 
+@dataclass
+class Run:
+    """What the stages of one search share: the request, and what each stage adds."""
+
+    g: KernelGraph
+    config: SearchConfig
+    options: dict[str, Any]
+    stats: SearchStats = field(default_factory=SearchStats)
+    t_start: float = field(default_factory=time.perf_counter)
+    payload: Payload | None = None
+    ctx: Context | None = None
+    tasks: list[Any] = field(default_factory=list)
+    checkpoint: Checkpoint | None = None
+    #: verified results by μGraph text, as found
+    results: dict[str, SearchResult] = field(default_factory=dict)
+    ranked: list[SearchResult] = field(default_factory=list)
+
+    def artefact(self, stage: str) -> Any:
+        """What ``stage`` made: "prepare" the payload (reach index, inputs' classes, the
+        configuration) and "tasks" the task list; "search" the verified results as found;
+        "rank" and "profile" the results best first."""
+        return {"prepare": self.payload, "tasks": self.tasks, "search": self.results,
+                "rank": self.ranked, "profile": self.ranked}[stage]
+
+
+def _stage_prepare(run: Run) -> None:
+    """Saturate the target's e-graph (``prepare``) and build this process's context."""
+    o = run.options
+    run.payload = prepare(run.g, run.config, o["seed"], o["rules"], o["extra_rules"])
+    run.stats.seconds["prepare"] = time.perf_counter() - run.t_start
+    run.ctx = Context(run.payload)  # this process's tasks share it; other processes build theirs
+
+
+def _stage_tasks(run: Run) -> None:
+    """The task list, in search order; a checkpoint's finished tasks are taken as done."""
+    assert run.payload is not None
+    run.tasks = list_tasks(run.payload, run.ctx)
+    run.stats.tasks_total = len(run.tasks)
+    if run.options["checkpoint"] is not None:
+        run.checkpoint = Checkpoint.open(run.options["checkpoint"], run.payload,
+                                         run.options["seed"])
+
+
+def _stage_search(run: Run) -> None:
+    """Run the tasks (in this process, worker processes or the caller's executor)."""
+    o, stats, config, payload, ck = run.options, run.stats, run.config, run.payload, run.checkpoint
+    done: dict[str, TaskResult] = dict(ck.done) if ck else {}
+    stats.resumed_tasks = len(done)
+    todo = [t for t in run.tasks[:o["max_tasks"]] if t.name not in done]
+    deadline = None if o["time_budget"] is None else time.time() + o["time_budget"]
+    show = sys.stderr.isatty() if o["progress"] is None else o["progress"]
+    results = run.results
+    enough = [False]  # set once max_results are found
+
+    def absorb(res: TaskResult, fresh: bool) -> None:
+        stats.add(res.counts)
+        if not res.stopped:  # a task cut short by the time budget is not done
+            stats.tasks_done += 1
+        for name, secs in res.seconds.items():
+            stats.seconds[name] = stats.seconds.get(name, 0.0) + secs
+        for text, kernels, est, bound, tests, err, _ in res.found:
+            if text not in results:
+                r = SearchResult(loads(text), kernels, est, bound, tests, err,
+                                 time.perf_counter() - run.t_start)
+                results[text] = r
+                if stats.seconds_to_first is None:
+                    stats.seconds_to_first = r.found_after
+                if o["on_result"] is not None:
+                    o["on_result"](r)
+        if config.max_results is not None and len(results) >= config.max_results:
+            enough[0] = True
+        if fresh and ck is not None and not res.stopped:
+            ck.record(res)
+        if show:
+            _status(stats, results)
+
+    for res in done.values():
+        absorb(res, fresh=False)
+    executor, owned = _executor(o["workers"])
+    t_search = time.perf_counter()
+    try:
+        if executor is None:
+            for task in todo:
+                if enough[0]:
+                    break
+                if deadline is not None and time.time() > deadline:
+                    stats.budget_exhausted = True
+                    break
+                absorb(run_task(payload, task, deadline, run.ctx), fresh=True)
+        else:
+            # threads of this process share its context; other processes build their own
+            shared = run.ctx if isinstance(executor, cf.ThreadPoolExecutor) else None
+            futures = [executor.submit(run_task, payload, task, deadline, shared)
+                       for task in todo]
+            try:
+                for fut in cf.as_completed(futures):
+                    absorb(fut.result(), fresh=True)
+                    if enough[0]:
+                        break
+            finally:
+                for fut in futures:
+                    fut.cancel()
+    except KeyboardInterrupt:
+        stats.interrupted = True
+    finally:
+        if owned and executor is not None:
+            executor.shutdown(wait=not stats.interrupted, cancel_futures=True)
+        if show:
+            sys.stderr.write("\n")
+    stats.seconds["wall"] = time.perf_counter() - t_search
+    max_tasks = o["max_tasks"]
+    if stats.tasks_done < stats.tasks_total and (
+            deadline is not None
+            or (max_tasks is not None and max_tasks < stats.tasks_total and not enough[0])):
+        stats.budget_exhausted = True
+
+
+def _stage_rank(run: Run) -> None:
+    """The verified results best first by the cost model (``rank.by_cost``)."""
+    run.ranked = by_cost(list(run.results.values()))
+
+
+def _stage_profile(run: Run) -> None:
+    """With ``profile=True``: re-rank by time measured on the GPU (``rank.measured``)."""
+    if run.options["profile"]:
+        run.ranked = profile_stage(run.ranked, run.g, run.stats, run.options["profiler"])
+
+
+#: The search as named stages, in order: each reads and extends the ``Run``.
+STAGES: tuple[tuple[str, Callable[[Run], None]], ...] = (
+    ("prepare", _stage_prepare),
+    ("tasks", _stage_tasks),
+    ("search", _stage_search),
+    ("rank", _stage_rank),
+    ("profile", _stage_profile),
+)
+
+
 def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
                   time_budget: float | None = None, workers: Any = None,
                   checkpoint: Any = None, seed: int = 0, progress: bool | None = None,
                   on_result: Callable[[SearchResult], None] | None = None,
                   profile: bool = False, profiler: Profiler | None = None,
                   max_tasks: int | None = None, rules: RulePaths | None = None,
-                  extra_rules: RulePaths = ()) -> SearchResults:
+                  extra_rules: RulePaths = (),
+                  on_stage: Callable[[str, Any], None] | None = None) -> SearchResults:
     """Search for μGraphs equal to program ``g``; returns them verified, best first.
 
     ``time_budget`` (seconds) ends the search early; ``max_tasks`` bounds it by work instead:
@@ -143,10 +285,13 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     dropped (``stats.profile_failed``, ``stats.profile_wrong``). Without a GPU the results keep
     the cost model's order and ``stats.ranked_by`` is "cost model", with the reason in
     ``stats.profile_note``; ``time_budget`` bounds the search, not the profiling after it.
-    ``profiler`` replaces the GPU measurement (a ``search.profile.GpuProfiler`` with another
+    ``profiler`` replaces the GPU measurement (a ``rank.measured.GpuProfiler`` with another
     compiler, timer or cache, or a fake in tests). On a GPU machine call
-    ``search.profile.keep_jax_off_the_gpu()`` first (``optimize --profile`` does): the
+    ``rank.measured.keep_jax_off_the_gpu()`` first (``optimize --profile`` does): the
     verifier's JAX would otherwise take most of the GPU's memory.
+
+    The search runs as the named stages of ``STAGES``; ``on_stage(name, artefact)``, when given,
+    is called after each with what it made (``Run.artefact``), for inspection or dumping.
     """
     config = config or SearchConfig()
     if not isinstance(config, SearchConfig):
@@ -154,89 +299,17 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     if profiler is not None and not profile:
         raise SearchError("superoptimize: profiler= is used only with profile=True")
     check_budgets(time_budget, max_tasks)
-    t_start = time.perf_counter()
-    stats = SearchStats()
-    payload = prepare(g, config, seed, rules, extra_rules)
-    stats.seconds["prepare"] = time.perf_counter() - t_start
-    ctx = Context(payload)  # this process's tasks share it; other processes build their own
-    tasks = list_tasks(payload, ctx)
-    stats.tasks_total = len(tasks)
-    ck = Checkpoint.open(checkpoint, payload, seed) if checkpoint is not None else None
-    done: dict[str, TaskResult] = dict(ck.done) if ck else {}
-    stats.resumed_tasks = len(done)
-    todo = [t for t in tasks[:max_tasks] if t.name not in done]
-    deadline = None if time_budget is None else time.time() + time_budget
-    show = sys.stderr.isatty() if progress is None else progress
-    results: dict[str, SearchResult] = {}
-    enough = [False]  # set once max_results are found
-
-    def absorb(res: TaskResult, fresh: bool) -> None:
-        stats.add(res.counts)
-        if not res.stopped:  # a task cut short by the time budget is not done
-            stats.tasks_done += 1
-        for name, secs in res.seconds.items():
-            stats.seconds[name] = stats.seconds.get(name, 0.0) + secs
-        for text, kernels, est, bound, tests, err, _ in res.found:
-            if text not in results:
-                r = SearchResult(loads(text), kernels, est, bound, tests, err,
-                                 time.perf_counter() - t_start)
-                results[text] = r
-                if stats.seconds_to_first is None:
-                    stats.seconds_to_first = r.found_after
-                if on_result is not None:
-                    on_result(r)
-        if config.max_results is not None and len(results) >= config.max_results:
-            enough[0] = True
-        if fresh and ck is not None and not res.stopped:
-            ck.record(res)
-        if show:
-            _status(stats, results)
-
-    for res in done.values():
-        absorb(res, fresh=False)
-    executor, owned = _executor(workers)
-    t_search = time.perf_counter()
-    try:
-        if executor is None:
-            for task in todo:
-                if enough[0]:
-                    break
-                if deadline is not None and time.time() > deadline:
-                    stats.budget_exhausted = True
-                    break
-                absorb(run_task(payload, task, deadline, ctx), fresh=True)
-        else:
-            # threads of this process share its context; other processes build their own
-            shared = ctx if isinstance(executor, cf.ThreadPoolExecutor) else None
-            futures = [executor.submit(run_task, payload, task, deadline, shared)
-                       for task in todo]
-            try:
-                for fut in cf.as_completed(futures):
-                    absorb(fut.result(), fresh=True)
-                    if enough[0]:
-                        break
-            finally:
-                for fut in futures:
-                    fut.cancel()
-    except KeyboardInterrupt:
-        stats.interrupted = True
-    finally:
-        if owned and executor is not None:
-            executor.shutdown(wait=not stats.interrupted, cancel_futures=True)
-        if show:
-            sys.stderr.write("\n")
-    stats.seconds["wall"] = time.perf_counter() - t_search
-    if stats.tasks_done < stats.tasks_total and (
-            deadline is not None
-            or (max_tasks is not None and max_tasks < stats.tasks_total and not enough[0])):
-        stats.budget_exhausted = True
-    ranked = sorted(results.values(),
-                    key=lambda r: (r.estimated_seconds, r.num_kernels, r.to_json()))
-    if profile:
-        ranked = profile_stage(ranked, g, stats, profiler)
-    if ranked:
-        stats.seconds_to_best = ranked[0].found_after
-    return SearchResults(ranked, stats)
+    run = Run(g, config, dict(time_budget=time_budget, workers=workers, checkpoint=checkpoint,
+                              seed=seed, progress=progress, on_result=on_result, profile=profile,
+                              profiler=profiler, max_tasks=max_tasks, rules=rules,
+                              extra_rules=extra_rules))
+    for name, stage in STAGES:
+        stage(run)
+        if on_stage is not None:
+            on_stage(name, run.artefact(name))
+    if run.ranked:
+        run.stats.seconds_to_best = run.ranked[0].found_after
+    return SearchResults(run.ranked, run.stats)
 
 
 def _status(stats: SearchStats, results: dict[str, SearchResult]) -> None:

@@ -18,7 +18,7 @@ from ..graph import KernelGraph, Tensor, new_kernel_graph
 from ..mugraph import new_threadblock_graph
 from ..mugraph import partition as pt
 from .blocks import Tile
-from .shapes import DTensor, KernelShape
+from .tiling import DTensor, KernelShape
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ class SearchStats:
     interrupted: bool = False
     budget_exhausted: bool = False
     resumed_tasks: int = 0
-    #: what ordered the results: "cost model" (``extract.program_cost``) or "gpu" (measured)
+    #: what ordered the results: "cost model" (``rank.cost_model``) or "gpu" (measured)
     ranked_by: str = "cost model"
     #: ``profile=True`` only: what happened (or why nothing was measured), on which device, and
     #: the results dropped because they failed to lower or run / failed the numeric check

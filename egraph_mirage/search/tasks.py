@@ -34,7 +34,7 @@ from .plan import (
     uses_whole_shape,
 )
 from .reach import ReachIndex, ref
-from .shapes import DTensor, KernelShape, can_finish, kernel_shapes, reduced_cuts
+from .tiling import DTensor, KernelShape, can_finish, kernel_shapes, reduced_cuts
 
 FINAL, INTERMEDIATE, LIBRARY, SPLIT = "final", "intermediate", "library", "split"
 #: block graphs of two-kernel plans: first kernels up to this many operators, then the larger ones
@@ -370,7 +370,7 @@ class _Run:
 
     # --- verification ------------------------------------------------------------------------
     def _check(self, steps: list[Step], out_ref: int) -> None:
-        from ..extract.program_cost import ProgramCost
+        from ..rank.cost_model import ProgramCost
         from ..verify import check_numerics
 
         t0 = time.perf_counter()

@@ -1,0 +1,250 @@
+"""Ranking by measured time: stage ``profile`` of ``superoptimize(..., profile=True)`` (verified
+μGraphs timed on a GPU) and ``rank`` (candidates ordered by a tuner's times, ``bench gpu``).
+
+Each verified μGraph is lowered, tuned over the lowering's knobs, checked against PyTorch in
+float32 and timed by ``gpu.tune.tune`` (trials cached on disk, like ``bench gpu``'s); the results
+are then ranked by measured time. A result that does not lower, compile or run at any setting,
+or that fails the numeric check at every setting that ran, is dropped and counted in the search's
+statistics (``profile_failed``, ``profile_wrong``): a measured ranking never returns a μGraph the
+GPU got wrong. Without a CUDA GPU (or without torch) nothing is measured: the ranking stays the
+cost model's and ``stats.profile_note`` says why.
+
+The GPU side is imported here only when a measurement is made, so the search runs where neither
+torch nor triton is installed. ``GpuProfiler`` takes its compiler, timer and device as
+arguments, which is how the CPU tests measure with fakes; any object with ``device_name`` and
+``measure`` (``Profiler``) will do.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import LowerError
+from ..graph import KernelGraph
+from .cost_model import ProgramCost
+
+if TYPE_CHECKING:
+    from ..gpu.tune import TuneResult
+    from ..search.results import SearchResult, SearchStats
+
+#: ``SearchStats.ranked_by`` values
+BY_COST_MODEL = "cost model"
+BY_GPU = "gpu"
+#: at most this many messages of dropped results are kept in the statistics
+MAX_MESSAGES = 20
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The outcome of profiling one μGraph."""
+
+    #: "ok"; "failed": no knob setting lowered, compiled and ran; "wrong": every setting that
+    #: ran failed the numeric check against PyTorch
+    status: str
+    us: float | None = None
+    knobs: Mapping[str, Any] | None = None
+    message: str = ""
+
+
+class Profiler(Protocol):
+    """What the profile stage needs: a device name and a way to measure μGraphs of a program."""
+
+    @property
+    def device_name(self) -> str: ...
+
+    def measure(self, program: KernelGraph, mugraphs: Sequence[KernelGraph]
+                ) -> list[Measurement]:
+        """One measurement per μGraph, in order; ``program`` is the reference."""
+        ...
+
+
+def keep_jax_off_the_gpu() -> None:
+    """Make the verifier's JAX use the CPU unless the caller chose otherwise (``JAX_PLATFORMS``).
+
+    Where JAX sees a GPU it takes 75% of its memory when first used, in every search process,
+    leaving the GPU's measurements short of memory; the search needs JAX only on the CPU. Call
+    before the search imports JAX (the ``optimize --profile`` and ``bench gpu --from-search``
+    commands do); worker processes inherit the setting."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(whether torch sees a CUDA GPU, why not). Never raises; imports torch only here."""
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed"
+    try:
+        if torch.cuda.is_available():
+            return True, ""
+    except Exception as exc:  # a broken driver counts as none
+        return False, f"torch.cuda failed: {type(exc).__name__}: {exc}"
+    return False, "torch.cuda.is_available() is False"
+
+
+@dataclass
+class GpuProfiler:
+    """Tunes and times with ``gpu.tune``. Every field has a working default on a CUDA machine:
+
+    ``compiler`` the lowering (``gpu.tune.default_compiler()``); ``timer`` a ``CudaTimer`` with
+    short runs (the same settings ``bench gpu`` tunes with); ``device`` where inputs live;
+    ``cache`` a ``gpu.tune.TuneCache`` (default: ``gpu.tune.default_cache_dir()``); ``space``
+    the knob space (default: the lowering's); ``timing`` "graph" (CUDA-graph replay) or "plain".
+    """
+
+    compiler: Any = None
+    timer: Any = None
+    device: str = "cuda"
+    name: str | None = None
+    cache: Any = None
+    space: Mapping[str, Sequence[Any]] | None = None
+    timing: str = "graph"
+    seed: int = 0
+    std: float = 0.1
+
+    @property
+    def device_name(self) -> str:
+        if self.name is None:
+            from ..gpu.timing import device_name
+
+            self.name = device_name() if self.device == "cuda" else self.device
+        return self.name
+
+    def measure(self, program: KernelGraph, mugraphs: Sequence[KernelGraph]
+                ) -> list[Measurement]:
+        from ..gpu.timing import (
+            CudaTimer,
+            TimingConfig,
+            graph_bytes,
+            input_sets,
+            l2_bytes,
+            random_inputs,
+            rotation_count,
+        )
+        from ..gpu.tune import TuneCache, default_cache_dir, default_compiler, tune
+
+        compiler = self.compiler or default_compiler()
+        if compiler is None:  # nothing can be measured: the stage keeps the cost model
+            raise LowerError("profile: egraph_mirage.lower has no compile entry point")
+        timer = self.timer or CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5,
+                                                     graph_replays=7))
+        cache = self.cache if self.cache is not None else TuneCache(default_cache_dir())
+        # inputs rotate through more than the L2 holds; a CPU (tests) has no L2 to defeat
+        count = (rotation_count(graph_bytes(program), l2_bytes()) if self.device == "cuda"
+                 else 1)
+        sets = input_sets(program, count, self.device, self.seed, self.std)
+        check_inputs = random_inputs(program, self.device, self.seed + 10_000, self.std)
+        out = []
+        for h in mugraphs:
+            try:
+                res = tune(h, program, compiler=compiler, timer=timer, input_sets=sets,
+                           check_inputs=check_inputs, device=self.device_name, cache=cache,
+                           space=self.space, timing=self.timing)
+            except Exception as exc:  # e.g. the best setting no longer compiles
+                out.append(Measurement("failed", message=f"{type(exc).__name__}: {exc}"[:300]))
+                continue
+            if res.best is not None and res.best.us is not None:
+                out.append(Measurement("ok", res.best.us, dict(res.best.knobs)))
+                continue
+            wrong = [t for t in res.trials if t.status == "wrong"]
+            if wrong:
+                errors = [t.error for t in wrong if t.error is not None]
+                why = f"relative error {min(errors):.2e} at best" if errors else "wrong outputs"
+                out.append(Measurement("wrong", message=why))
+            else:
+                msgs = sorted({t.message for t in res.trials if t.message})
+                out.append(Measurement("failed", message="; ".join(msgs)[:300] or "no setting"))
+        return out
+
+
+def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: SearchStats,
+                  profiler: Profiler | None = None) -> list[SearchResult]:
+    """Stage ``profile``: ``ranked`` (the cost model's order) re-ranked by measured time.
+
+    ``profiler`` None measures on the CUDA GPU (``GpuProfiler()``) where torch sees one, and
+    otherwise returns ``ranked`` as it is, with the reason in ``stats.profile_note``. Results
+    that fail are dropped and counted (see the module docstring). If the profiler itself breaks
+    (or Ctrl-C), the cost model's ranking is kept and the note says so: the search's results are
+    never lost to the GPU.
+    """
+    stats.ranked_by = BY_COST_MODEL
+    if stats.interrupted:  # Ctrl-C asked for what was found, now
+        stats.profile_note = "search interrupted: not profiled, ranked by the cost model"
+        return ranked
+    if profiler is None:
+        ok, why = cuda_available()
+        if not ok:
+            stats.profile_note = f"profile=True but no CUDA GPU ({why}): ranked by the cost model"
+            return ranked
+        profiler = GpuProfiler()
+    if not ranked:
+        stats.profile_note = "nothing to profile"
+        return ranked
+    t0 = time.perf_counter()
+    try:
+        stats.profile_device = profiler.device_name
+        found = profiler.measure(program, [r.graph for r in ranked])
+    except KeyboardInterrupt:
+        stats.interrupted = True
+        stats.profile_note = "profiling interrupted: ranked by the cost model"
+        return ranked
+    except Exception as exc:
+        stats.profile_note = (f"profiling failed ({type(exc).__name__}: {exc}"[:300]
+                              + "): ranked by the cost model")
+        return ranked
+    finally:
+        stats.seconds["profile"] = time.perf_counter() - t0
+    if len(found) != len(ranked):
+        stats.profile_note = (f"the profiler returned {len(found)} measurements for "
+                              f"{len(ranked)} results: ranked by the cost model")
+        return ranked
+    kept: list[SearchResult] = []
+    for r, m in zip(ranked, found):
+        if m.status == "ok" and m.us is not None:
+            kept.append(replace(r, measured_us=float(m.us), knobs=dict(m.knobs or {})))
+            continue
+        if m.status == "wrong":
+            stats.profile_wrong += 1
+        else:
+            stats.profile_failed += 1
+        if len(stats.profile_messages) < MAX_MESSAGES:
+            stats.profile_messages.append(f"{m.status}: {m.message}")
+    stats.ranked_by = BY_GPU
+    stats.profile_note = (f"{len(kept)} of {len(ranked)} results timed on "
+                          f"{stats.profile_device}; {stats.profile_failed} failed to lower or "
+                          f"run, {stats.profile_wrong} failed the numeric check (dropped)")
+    # the order before profiling breaks ties (it is deterministic: estimate, kernels, text)
+    position = {id(r.graph): i for i, r in enumerate(ranked)}
+    return sorted(kept, key=lambda r: (r.measured_us, position[id(r.graph)]))
+
+
+@dataclass
+class Ranked:
+    mugraph: KernelGraph
+    us: float | None  # measured; None when not timed (no GPU) or every setting failed
+    estimated_us: float  # the cost model's estimate (``ProgramCost.seconds``)
+    traffic_bytes: int  # the cost model's device-memory traffic (``ProgramCost.traffic_bytes``)
+    tuned: TuneResult | None = None
+
+
+def rank(candidates: Sequence[KernelGraph],
+         tuner: Callable[[KernelGraph], TuneResult] | None = None,
+         cost: ProgramCost | None = None) -> list[Ranked]:
+    """Candidates fastest first. ``tuner`` (e.g. ``lambda h: tune(h, program, compiler=...,
+    timer=..., ...)``) is used where given; without it (no GPU, no lowering) the order is the
+    cost model's (``cost``, default ``ProgramCost()``), the one the search ranks by. Candidates
+    that failed every setting go last, in the cost model's order.
+    """
+    cost = cost or ProgramCost()
+    out = []
+    for g in candidates:
+        tuned = tuner(g) if tuner is not None else None
+        out.append(Ranked(g, None if tuned is None else tuned.us, cost.seconds(g) * 1e6,
+                          cost.traffic_bytes(g), tuned))
+    return sorted(out, key=lambda r: (r.us is None, r.us or 0.0, r.estimated_us,
+                                      r.traffic_bytes))

@@ -1,0 +1,193 @@
+"""Kernel shapes: the grid, the for-loop and every loader's maps of one graph-defined kernel.
+
+A kernel shape assigns up to three dimension classes to the grid axes (each cut into a number of
+parts by the ``grid_parts`` strategy) and at most one class to the for-loop (``loop_parts``). Each
+available tensor is then loaded with the maps that follow: a grid axis splits the tensor's
+dimension of that class, or replicates it (-1); the loop walks the tensor's dimension of the loop
+class, or loads the same tile every iteration (-1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..dtypes import DType
+from ..errors import MapError
+from ..mugraph import partition as pt
+from .config import SearchConfig, grid_parts, loop_parts
+
+Dims = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DTensor:
+    """A tensor in device memory during the search."""
+
+    ref: int  # position in the plan's tensor list
+    dims: Dims
+    dtype: DType
+    cls: int | None  # e-class of its abstract expression
+    dcls: tuple[Any, ...]  # dimension classes
+    key: Any  # identity for deduplication: e-class, or a structural key without the oracle
+
+
+@dataclass(frozen=True)
+class Loader:
+    tensor: DTensor
+    imap: tuple[int, int, int]
+    fdim: int
+    tile: Dims
+    tile_classes: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    grid: tuple[int, int, int]
+    axis_classes: tuple[Any, Any, Any]
+    frange: int
+    loop_class: Any
+    loaders: tuple[Loader, ...]
+
+    @property
+    def blocks(self) -> int:
+        return math.prod(self.grid)
+
+
+def _class_sizes(tensors: Sequence[DTensor]) -> dict[Any, list[int]]:
+    sizes: dict[Any, list[int]] = {}
+    for t in tensors:
+        for c, s in zip(t.dcls, t.dims):
+            if c is not None:
+                sizes.setdefault(c, []).append(s)
+    return sizes
+
+
+def _loader(t: DTensor, grid: tuple[int, int, int], axis_classes: Sequence[Any], frange: int,
+            loop_class: Any, config: SearchConfig) -> Loader | None:
+    imap = tuple(t.dcls.index(c) if c is not None and c in t.dcls else -1
+                 for c in axis_classes)
+    fdim = -1
+    if loop_class is not None:
+        if loop_class in t.dcls:
+            fdim = t.dcls.index(loop_class)
+        else:  # partial results of a split of the loop's class, one piece per iteration
+            fdim = next((d for d, c in enumerate(t.dcls) if split_of(c) == (loop_class, frange)),
+                        -1)
+    if config.imaps is not None and imap not in config.imaps:
+        return None
+    if config.fmaps is not None and fdim not in config.fmaps:
+        return None
+    try:
+        tile = pt.tile_dims("search", t.dims, grid, frange, imap, fdim)
+    except MapError:
+        return None
+    classes = tuple(c if s > 1 else None for c, s in zip(t.dcls, tile))
+    return Loader(t, imap, fdim, tile, classes)  # type: ignore[arg-type]
+
+
+def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[KernelShape]:
+    """Every kernel shape over ``tensors``, best-first by the ``target_blocks`` heuristic."""
+    sizes = _class_sizes(tensors)
+    classes = sorted(sizes, key=repr)
+    options = {c: grid_parts(config, sizes[c]) for c in classes}
+    shapes: list[tuple[float, int, KernelShape]] = []
+    n = 0
+    for k in range(0, 4):
+        for chosen in itertools.combinations(classes, k):
+            for parts in itertools.product(*(options[c] for c in chosen)):
+                grid = tuple(list(parts) + [1] * (3 - k))
+                axis_classes = tuple(list(chosen) + [None] * (3 - k))
+                blocks = math.prod(grid)
+                if blocks > config.max_blocks:
+                    continue
+                if config.griddims is not None and grid not in config.griddims:
+                    continue
+                for loop_class, frange in _loops(sizes, dict(zip(chosen, parts)), config):
+                    # a tile over the shared-memory budget on its own can never be loaded:
+                    # the tensor is left out of this shape (a later kernel that reads only
+                    # the small partials of an earlier one still has a shape)
+                    loaders = [ld for t in tensors
+                               if (ld := _loader(t, grid, axis_classes, frange, loop_class,
+                                                 config)) is not None
+                               and math.prod(ld.tile) * t.dtype.itemsize <= config.smem_bytes]
+                    if not _uses_grid(grid, loaders) or not loaders:
+                        continue
+                    if frange > 1 and all(ld.fdim == -1 for ld in loaders):
+                        continue
+                    if sum(math.prod(ld.tile) * ld.tensor.dtype.itemsize
+                           for ld in loaders) > config.smem_bytes:
+                        continue  # the inputs' tiles alone overflow shared memory
+                    ks = KernelShape(grid, axis_classes, frange, loop_class,  # type: ignore
+                                     tuple(loaders))
+                    shapes.append((_score(ks, config), n, ks))
+                    n += 1
+    shapes.sort(key=lambda s: (s[0], s[1]))
+    for _, _, ks in shapes:
+        yield ks
+
+
+def split_of(cls: Any) -> tuple[Any, int] | None:
+    """(class, pieces) when ``cls`` is the dimension along which a kernel whose grid cut
+    ``class`` into ``pieces`` wrote its partial results side by side (``plan.output_maps``)."""
+    if isinstance(cls, tuple) and len(cls) == 4 and cls[0] == "split":
+        _, axis_classes, a, grid = cls
+        return axis_classes[a], grid[a]
+    return None
+
+
+def can_finish(ks: KernelShape, out_classes: Sequence[Any]) -> bool:
+    """Whether a kernel of this shape can write the program's output on its own.
+
+    Every loaded tensor is cut along the classes of the grid and of the loop. A grid axis over a
+    class the output lacks leaves each block a part of a reduction (partials a later kernel must
+    combine); a loop over a class the output has leaves the epilogue only one iteration's share of
+    that dimension. Neither kernel produces the output, so a final kernel needs neither.
+    """
+    if reduced_cuts(ks, out_classes):
+        return False
+    return ks.frange == 1 or ks.loop_class is None or ks.loop_class not in out_classes
+
+
+def reduced_cuts(ks: KernelShape, out_classes: Sequence[Any]) -> list[tuple[int, Any]]:
+    """(blocks, class) of each grid axis of ``ks`` that cuts a class the output lacks: its
+    blocks each hold a part of a reduction."""
+    return [(g, c) for g, c in zip(ks.grid, ks.axis_classes)
+            if g > 1 and (c is None or c not in out_classes)]
+
+
+def _score(ks: KernelShape, config: SearchConfig) -> float:
+    """Heuristic order of kernel shapes: little re-reading of inputs across blocks and loop
+    iterations, and a block count near ``target_blocks``."""
+    traffic = sum(math.prod(ld.tile) * ks.blocks * (ks.frange if ld.fdim != -1 else 1)
+                  for ld in ks.loaders)
+    needed = sum(math.prod(ld.tensor.dims) for ld in ks.loaders)
+    return math.log2(traffic / needed) + 0.5 * abs(math.log2(ks.blocks / config.target_blocks))
+
+
+def _loops(sizes: dict[Any, list[int]], grid: dict[Any, int], config: SearchConfig
+           ) -> Iterator[tuple[Any, int]]:
+    if config.fmaps is None or -1 in config.fmaps:
+        if config.franges is None or 1 in config.franges:
+            yield None, 1
+    pieces: dict[Any, set[int]] = {}
+    for c in sizes:
+        if (sp := split_of(c)) is not None:
+            pieces.setdefault(sp[0], set()).add(sp[1])
+    for c in sorted(sizes, key=repr):
+        per_block = [s // grid.get(c, 1) for s in sizes[c] if s % grid.get(c, 1) == 0]
+        if len(per_block) != len(sizes[c]):
+            continue
+        # a loop may also walk the pieces of an earlier kernel's split of this class
+        extra = {p for p in pieces.get(c, ()) if c not in grid and all(s % p == 0 and s > p
+                                                                      for s in per_block)
+                 and (config.franges is None or p in config.franges)}
+        for f in sorted(set(loop_parts(config, per_block)) | extra):
+            yield c, f
+
+
+def _uses_grid(grid: Sequence[int], loaders: Sequence[Loader]) -> bool:
+    return all(g == 1 or any(ld.imap[a] != -1 for ld in loaders) for a, g in enumerate(grid))
