@@ -46,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
                    help='s-expressions to ask about, e.g. \'(Sum 64 (Mul (Var "v0") (Var "v1")))\'')
     o.add_argument("--svg", metavar="PATH", help="also draw the saturated e-graph to PATH")
 
+    r = sub.add_parser("rules", help="list the rule files in use, or print the generated prelude")
+    r.add_argument("--prelude", action="store_true",
+                   help="print the egglog text the oracle runs before the rule files (the Expr "
+                        "datatype and reachability rules, written from the op table)")
+    r.add_argument("--rules", nargs="+", action="extend", metavar="PATH",
+                   help="rule files or folders in place of the shipped ones")
+
     from .search import command as optimize
 
     optimize.add_arguments(sub.add_parser("optimize", help="superoptimize a program"))
@@ -138,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return optimize.run(args)
         if args.command == "oracle":
             return _oracle(args.name, args.batch, args.small, args.query, args.svg)
+        if args.command == "rules":
+            return _rules(args.prelude, args.rules)
         if args.bench == "verify":
             return _bench_verify(args)
         if args.bench == "search":
@@ -150,6 +159,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EMError as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # always one line
         return 2
+
+
+def _rules(prelude: bool, paths: Sequence[str] | None) -> int:
+    from .oracle.prelude import prelude_text
+    from .oracle.rules import DEFAULT_RULES_DIR, rule_files, rules_digest, split_forms
+
+    if prelude:
+        print(prelude_text(), end="")
+        return 0
+    files = rule_files(paths or [DEFAULT_RULES_DIR])
+    for f in files:
+        print(f"{f}  ({len(split_forms(f.read_text(), str(f)))} forms)")
+    print(f"digest {rules_digest(files, prelude_text())}  (the generated prelude included)")
+    return 0
 
 
 def _list() -> int:

@@ -182,3 +182,14 @@ def test_optimize_with_a_task_budget_and_rules(capsys: pytest.CaptureFixture[str
     assert code == 2 and "rule set" in err and len(err.strip().splitlines()) == 1
     code, _, err = _run(capsys, *common, "--rules", str(tmp_path / "missing"))
     assert code == 2 and "no such rule file" in err
+
+
+def test_rules_lists_the_files_and_prints_the_generated_prelude(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "rules")
+    assert code == 0 and "10_algebra.egg" in out and "digest " in out
+    code, out, _ = _run(capsys, "rules", "--prelude")
+    assert code == 0 and out.startswith("; The term language")
+    assert "(datatype Expr" in out and "(rule ((Reach (Exp a0))) ((Reach a0)))" in out
+    code, _, err = _run(capsys, "rules", "--rules", "no/such/folder")
+    assert code == 2 and err.startswith("error: no/such/folder")
