@@ -23,6 +23,7 @@ from ..errors import EMError, GraphError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
 from ..ops import OPS
 from .accumulators import ACCUMULATORS
+from .serialize import dumps
 from .threadblock import ThreadBlockGraph, new_threadblock_graph
 
 #: operators an "extra_op" edit inserts after a tensor ("add_self" is add(x, x))
@@ -167,14 +168,11 @@ def build(spec: GraphSpec) -> KernelGraph:
 
 
 def graph_key(g: KernelGraph) -> str:
-    """A text that is equal for structurally equal μGraphs (``to_json`` where it exists)."""
-    to_json = getattr(g, "to_json", None)
-    if to_json is not None:
-        try:
-            return str(to_json())
-        except EMError:
-            pass
-    return repr(extract(g))
+    """A text that is equal for structurally equal μGraphs (their JSON, where they have one)."""
+    try:
+        return dumps(g)
+    except EMError:
+        return repr(extract(g))
 
 
 # --- edits -------------------------------------------------------------------------------------
