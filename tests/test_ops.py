@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import egraph_mirage as em
 from egraph_mirage.ops import LEVELS, THREAD
 from egraph_mirage.ops.spec import TileDims, TritonEmission
+from egraph_mirage.ops.terms import Constructor
 
 OPS = em.OPS
 ELEMENTWISE_UNARY = tuple(n for n, s in OPS.items() if s.mutation_class == "unary")
@@ -36,8 +37,13 @@ def test_entry_complete(name: str) -> None:
     assert 1 <= lo <= hi
     assert isinstance(spec.params, tuple) and all(isinstance(p, str) for p in spec.params)
     assert isinstance(spec.doc, str) and spec.doc
-    for rule in ("shape", "dtype", "expr", "reference"):
+    for rule in ("shape", "dtype", "expr", "reference", "ff", "torch"):
         assert callable(getattr(spec, rule)), f"{name}.{rule} is not callable"
+    # the term constructors it introduces: declared once, with a cost and a degree rule
+    assert isinstance(spec.terms, tuple)
+    for c in spec.terms:
+        assert isinstance(c, Constructor) and c.cost >= 0 and callable(c.degree), c
+    assert spec.mutation_class in (None, "unary", "binary")
     # the Triton emission: tile (in a kernel), host (torch, between kernels), dimension rule
     assert isinstance(spec.triton, TritonEmission), f"{name}.triton"
     for part in ("tile", "host", "dims"):
@@ -326,3 +332,19 @@ def test_references_cover_table() -> None:
         if not spec.graph_defined:  # graph-defined kernels: checked block by block elsewhere
             xs, params = sample_case(name)
             assert np.all(np.isfinite(_ref(name, xs, **params))), name
+
+
+def test_every_constructor_of_an_expression_is_declared() -> None:
+    """The terms an entry's expression builds use only declared constructors (the oracle
+    declares exactly those), so no entry forgets its ``terms``."""
+    from egraph_mirage.ops import term_constructors
+
+    declared = term_constructors()
+    for name, spec in OPS.items():
+        if spec.graph_defined:
+            continue
+        xs, params = sample_case(name)
+        g, ts = _graph(*[x.shape for x in xs], dtype=em.float32)
+        out = g.apply(name, ts, **params)
+        used = {t.op for t in em.abstract_term(out).walk()}
+        assert used <= declared.keys(), f"{name}: {used - declared.keys()} not declared"
