@@ -174,10 +174,12 @@ def test_optimize_with_a_task_budget_and_rules(capsys: pytest.CaptureFixture[str
     code, text, err = _run(capsys, *common, "--rules", str(rules), "--extra-rules", str(one),
                            str(two))
     assert code == 1, err  # three tasks find nothing at small shapes
-    assert re.search(r" 3/\d+ tasks \(budget reached\)", text), text
+    assert re.search(r" 3/\d+ tasks \(task budget reached\)", text), text
+    assert re.search(r"task budget \(max_tasks 3\) was reached at 3/\d+ tasks", text), text
     code, text, err = _run(capsys, *common, "--rules", str(rules), "--extra-rules", str(one),
                            "--extra-rules", str(two))
     assert code == 1, err  # the same rules: resumed from the checkpoint
+    assert "resumed 3 task(s) from" in text and "resumed from" in err, text + err
     code, _, err = _run(capsys, *common, "--extra-rules", str(one))
     assert code == 2 and "rule set" in err and len(err.strip().splitlines()) == 1
     code, _, err = _run(capsys, *common, "--rules", str(tmp_path / "missing"))

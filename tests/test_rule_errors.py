@@ -41,7 +41,12 @@ BROKEN: dict[str, tuple[str, int]] = {
     "string not closed": (HEADER + '(birewrite (Var "x) (Var "y"))\n', 3),
     "datatype declared again": (HEADER + "(datatype Expr (Var String))\n", 3),
     "a shipped rule repeated": (HEADER + "(birewrite (Add a b) (Add b a))\n", 3),
+    "a line repeated": (HEADER + VALID, 3),
+    "constructor declared twice": (HEADER + "(constructor Foo (Expr) Expr)\n"
+                                   "(constructor Foo (Expr) Expr)\n", 4),
 }
+#: cases on which egglog panics (Rust writes the panic, and a backtrace, to descriptor 2)
+PANICS = ("a shipped rule repeated", "a line repeated")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +73,35 @@ def test_broken_file_names_file_and_line(target: em.KernelGraph, tmp_path: Path,
     path = tmp_path / "broken.egg"
     path.write_text(text)
     expect_rule_error(target, path, path, line)
+
+
+@pytest.mark.parametrize("case", [*PANICS, "constructor declared twice", "datatype declared again"])
+def test_egglog_panics_leave_stderr_clean(target: em.KernelGraph, tmp_path: Path, case: str,
+                                          capfd: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """egglog's own output (a Rust panic message and backtrace) is captured: the error is one
+    line naming file and line, with egglog's reason, and nothing reaches stderr."""
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
+    text, line = BROKEN[case]
+    path = tmp_path / "dup.egg"
+    path.write_text(text)
+    capfd.readouterr()
+    err = expect_rule_error(target, path, path, line)
+    out = capfd.readouterr()
+    assert out.err == "" and out.out == "", out.err[:500]
+    assert "\n" not in str(err)
+    if case in PANICS:
+        assert "already present" in err.detail, err.detail
+    em.Oracle(target)  # descriptor 2 is restored: later oracles still build
+
+
+def test_meaningful_line_of_a_panic() -> None:
+    panic = ("\nthread '<unnamed>' panicked at src/lib.rs:995:29:\nRule 'r' was already present\n"
+             "stack backtrace:\n   0: rust_begin_unwind\n             at panicking.rs:697:5\n"
+             "note: Some details are omitted\n")
+    assert egglog_compat.meaningful_line(panic) == "Rule 'r' was already present"
+    assert egglog_compat.failure_message(RuntimeError(""), panic) == "Rule 'r' was already present"
+    assert egglog_compat.meaningful_line("stack backtrace:\n") == ""
 
 
 def test_unknown_constructor_message(target: em.KernelGraph, tmp_path: Path) -> None:

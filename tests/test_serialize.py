@@ -306,5 +306,15 @@ def test_load_error_from_content_names_the_file_and_entry(tmp_path: Path) -> Non
     with pytest.raises(SerializationError,
                        match=r"tampered\.json: kernels\[0\]\.ops\[3\]: .*'nope'"):
         em.load(path)
-    with pytest.raises(FileNotFoundError):
-        em.load(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize("name, words", [
+    ("absent.json", "no such μGraph file"), (".", "is a folder"), ("a\0b.json", "cannot read"),
+])
+def test_load_of_what_is_not_a_file_names_the_path(tmp_path: Path, name: str, words: str) -> None:
+    path = tmp_path / name if name != "." else tmp_path
+    with pytest.raises(SerializationError) as info:
+        em.load(path)
+    assert str(info.value).startswith(f"{path}: ") and words in str(info.value)
+    with pytest.raises(SerializationError, match="expected a path, got int"):
+        em.load(3)  # type: ignore[arg-type]

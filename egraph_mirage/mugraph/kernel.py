@@ -48,6 +48,14 @@ class GraphDefinedKernel:
     def output_dims(self, i: int) -> tuple[int, ...]:
         return self.tb.output_dims(i)
 
+    def __repr__(self) -> str:
+        # one line: the grid, the for-loop's range and the block operators (loaders not counted);
+        # ``repr(ThreadBlockGraph)`` (``kernel.tb``) lists the operators themselves
+        tb = self.tb
+        grid = ",".join(str(d) for d in tb.grid_dim)
+        ops = sum(1 for t in tb.tensors if t.op != "input")
+        return f"GraphDefinedKernel(grid=({grid}), loop={tb.forloop_range}, {ops} ops)"
+
     def block_exprs(self, input_terms: Sequence[Term]) -> dict[int, Term]:
         """Abstract expression of every tile, loaders standing for their kernel inputs."""
         tb = self.tb

@@ -96,13 +96,24 @@ def save(graph: KernelGraph, path: str | os.PathLike[str]) -> None:
 
 
 def load(path: str | os.PathLike[str]) -> KernelGraph:
-    """Read a μGraph file written by ``save``; errors name ``path`` (a missing file: OSError)."""
-    path = os.fspath(path)
-    with open(path, encoding="utf-8") as f:
-        try:
+    """Read a μGraph file written by ``save``; every error is a ``SerializationError`` naming
+    ``path`` (a missing file, a folder, an unreadable or malformed file)."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise SerializationError(f"load: expected a path, got {type(path).__name__}") from None
+    try:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
-        except UnicodeDecodeError as e:
-            raise SerializationError(f"{path}: not a μGraph file (not UTF-8 text: {e})") from None
+    except UnicodeDecodeError as e:
+        raise SerializationError(f"{path}: not a μGraph file (not UTF-8 text: {e})") from None
+    except FileNotFoundError:
+        raise SerializationError(f"{path}: no such μGraph file") from None
+    except IsADirectoryError:
+        raise SerializationError(f"{path}: is a folder, not a μGraph file") from None
+    except (OSError, ValueError) as e:  # permissions, a NUL in the name, ...
+        raise SerializationError(f"{path}: cannot read the μGraph file "
+                                 f"({type(e).__name__}: {e})") from None
     return _Reader(path).read(text)
 
 

@@ -16,11 +16,12 @@ loop (the epilogue). Every output passes through an accumulator. For online soft
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
 from typing import Any
 
 from ..dtypes import DType
-from ..errors import BlockGraphError, GraphError, ResourceError
+from ..errors import BlockGraphError, GraphError, MapError, ResourceError
 from ..ops import BLOCK, lookup
 from ..ops import shapes as sh
 from ..ops.shorthands import OpShorthands
@@ -34,6 +35,21 @@ DEFAULT_SMEM_BYTES = 96 * 1024
 #: block ops that are not op-table entries: loaders, accumulators and the running max
 ACCUMULATOR_OPS = ("forloop_accum", "forloop_accum_rescale")
 BUILDER_OPS = ("input", "forloop_max", *ACCUMULATOR_OPS)
+
+
+def _ints(what: str, value: Any, error: type[Exception] = MapError) -> tuple[int, ...]:
+    """``value`` as a tuple of ints (booleans are not sizes); otherwise ``error`` naming
+    ``what``. Lengths and ranges are checked where the numbers are used."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise error(f"{what} must be a sequence of integers, got {reprlib.repr(value)}")
+    return tuple(value)
+
+
+def _int(what: str, value: Any, error: type[Exception] = MapError) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise error(f"{what} must be an integer, got {reprlib.repr(value)}")
+    return value
 
 
 def _join_sides(op: str, operands: Sequence[BlockTensor]) -> str:
@@ -71,12 +87,14 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
     def __init__(self, grid_dim: Sequence[int] = (1, 1, 1), block_dim: Sequence[int] = (128, 1, 1),
                  forloop_range: int = 1, reduction_dimx: int = 64,
                  smem_bytes: int = DEFAULT_SMEM_BYTES) -> None:
-        self.grid_dim, self.forloop_range = pt.check_grid(grid_dim, forloop_range)
-        self.block_dim = tuple(block_dim)
-        if len(self.block_dim) != 3 or not all(isinstance(b, int) and b >= 1
-                                               for b in self.block_dim):
+        self.grid_dim, self.forloop_range = pt.check_grid(
+            _ints("threadblock graph: grid_dim", grid_dim),
+            _int("threadblock graph: forloop_range", forloop_range))
+        self.block_dim = _ints("threadblock graph: block_dim", block_dim, BlockGraphError)
+        if len(self.block_dim) != 3 or not all(b >= 1 for b in self.block_dim):
             raise BlockGraphError(f"block_dim must be three positive integers, got {block_dim!r}")
-        if not isinstance(reduction_dimx, int) or reduction_dimx < 1:
+        if not isinstance(reduction_dimx, int) or isinstance(reduction_dimx, bool) or \
+                reduction_dimx < 1:
             raise BlockGraphError(
                 f"reduction_dimx must be a positive integer, got {reduction_dimx!r}")
         self.reduction_dimx = reduction_dimx
@@ -100,7 +118,8 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
             raise GraphError(
                 f"new_input: expected a kernel-graph Tensor, got {type(dtensor).__name__}")
         what = f"new_input #{len(self.inputs)} (dims {dtensor.dims})"
-        imap = tuple(input_map)
+        imap = _ints(f"{what}: input_map", input_map)
+        _int(f"{what}: forloop_dim", forloop_dim)
         tile = pt.tile_dims(what, dtensor.dims, self.grid_dim, self.forloop_range, imap,
                             forloop_dim)
         t = self._add(tile, dtensor.dtype, "input", (),
@@ -146,6 +165,9 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
         before adding (linear kinds only: plain, sum, mean, sum_todimx)."""
         what = "forloop_accum"
         self._check_tile(what, A)
+        if acc is not None and not isinstance(acc, str):
+            raise BlockGraphError(f"{what}: the accumulator must be a name (str) or None, got "
+                                  f"{reprlib.repr(acc)}")
         if A.side == EPILOGUE:
             raise BlockGraphError(f"{what}: b{A.index} is already after an accumulator")
         kind = lookup_accumulator(acc)
@@ -189,7 +211,7 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
             raise BlockGraphError(f"new_output: b{A.index} ({A.op}) has not passed through a "
                                   "forloop_accum; every output needs one")
         self._check_open("new_output")
-        omap = tuple(output_map)
+        omap = _ints(f"new_output #{len(self.outputs)}: output_map", output_map)
         pt.output_dims(f"new_output #{len(self.outputs)}", A.dims, self.grid_dim, omap)
         self.outputs.append((A, omap))
 

@@ -14,10 +14,10 @@ import dataclasses
 import enum
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import expr as ex
 from ..errors import OracleError
@@ -26,6 +26,9 @@ from . import egglog_compat as eg
 from .prelude import load_prelude, prelude_text
 from .rules import DEFAULT_RULES_DIR, load_rules
 from .snapshot import Snapshot, from_serialized
+from .soundness import check_rule_forms
+
+_T = TypeVar("_T")
 
 
 class Reachability(enum.Enum):
@@ -69,12 +72,30 @@ def sizes(terms: Iterable[ex.Term]) -> list[int]:
             elif s.op == "Concat":
                 found.update((s.args[0], s.args[1], s.args[0] + s.args[1]))
     found |= {a + b for a in found for b in found}
-    return sorted({d for n in found for d in range(2, n + 1) if n % d == 0})
+    return sorted({d for n in found for d in divisors(n) if d > 1})
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1, in increasing order (by its prime factors: fast for the
+    sizes of any program, where trying every number up to n would not end)."""
+    primes: dict[int, int] = {}
+    rest, d = n, 2
+    while d * d <= rest:
+        while rest % d == 0:
+            primes[d] = primes.get(d, 0) + 1
+            rest //= d
+        d += 1 if d == 2 else 2
+    if rest > 1:
+        primes[rest] = primes.get(rest, 0) + 1
+    out = [1]
+    for p, k in primes.items():
+        out = [x * p**e for x in out for e in range(k + 1)]
+    return sorted(out)
 
 
 def split_pairs(sizes: Iterable[int]) -> list[tuple[int, int]]:
     """The ``(n, d)`` facts for sum splitting: d divides n, 1 < d < n."""
-    return [(n, d) for n in sorted(sizes) for d in range(2, n) if n % d == 0]
+    return [(n, d) for n in sorted(sizes) for d in divisors(n) if 1 < d < n]
 
 
 def target_facts(targets: Sequence[ex.Term], split_sizes: Iterable[int]) -> list[str]:
@@ -101,7 +122,13 @@ def _as_term(x: Tensor | ex.Term | str) -> ex.Term:
 
 
 class Oracle:
-    """Decides subexpression reachability for the outputs of a target kernel graph."""
+    """Decides subexpression reachability for the outputs of a target kernel graph.
+
+    ``rules`` replaces the shipped rule files (``DEFAULT_RULES_DIR``), ``extra_rules`` are loaded
+    after them; both take files and folders of ``*.egg`` files. Every rule is checked sound on
+    random values before saturation (``oracle/soundness.py``): a malformed, unsound or
+    uncheckable line is a ``RuleError`` naming its file and line (and the counterexample).
+    """
 
     def __init__(self, target: KernelGraph, rules: Sequence[str | Path] | None = None,
                  extra_rules: Sequence[str | Path] = (), budget: Budget | None = None,
@@ -120,15 +147,18 @@ class Oracle:
         self._egraph = eg.new_egraph()
         self.prelude = prelude_text()
         load_prelude(self._egraph, self.prelude)
-        load_rules(self._egraph, self.rule_paths)
+        forms = load_rules(self._egraph, self.rule_paths)
+        #: how many rules were checked sound on this build (the shipped rules, and rules found
+        #: sound before in this process, are not checked again: ``oracle/soundness.py``)
+        self.rules_checked = check_rule_forms(forms, self.prelude)
         self._constructors = self._term_constructors()
         #: the sizes the rules may split sums by (see ``sizes``)
         self.sizes = sizes(self.targets)
-        try:
-            eg.run_text(self._egraph, "\n".join(target_facts(self.targets, self.sizes)))
-        except eg.egglog_error_types() as exc:
-            raise OracleError(f"Oracle: the rules do not declare the target's operators: {exc}")
-        self.iterations, self.complete = self._saturate(t0)
+        self._run("the rules do not declare the target's operators",
+                  lambda: eg.run_text(self._egraph, "\n".join(target_facts(self.targets,
+                                                                            self.sizes))))
+        self.iterations, self.complete = self._run("saturation failed",
+                                                   lambda: self._saturate(t0))
         self.snapshot = self._freeze()
         self.seconds = time.perf_counter() - t0
         self._nodes = self.snapshot.nodes
@@ -140,6 +170,18 @@ class Oracle:
                           IncompleteSaturationWarning, stacklevel=2)
 
     # --- building ---------------------------------------------------------------------------
+    def _run(self, what: str, call: Callable[[], _T]) -> _T:
+        """``call()``, with egglog's failures (errors, panics of user rules such as an i64
+        overflow) an ``OracleError`` of one line, and its native output captured."""
+        err = eg.NativeStderr()
+        try:
+            with err:
+                return call()
+        except BaseException as exc:
+            if eg.is_interrupt(exc) or isinstance(exc, OracleError):
+                raise
+            raise OracleError(f"Oracle: {what}: {eg.failure_message(exc, err.text)}") from None
+
     def _term_constructors(self) -> frozenset[str]:
         frozen = self._egraph.freeze()
         return frozenset(n for n, f in frozen.functions.items()

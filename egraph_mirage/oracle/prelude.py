@@ -54,7 +54,11 @@ def load_prelude(egraph: Any, text: str) -> None:
     """Run the generated text on ``egraph``; a failure (a constructor name egglog refuses) is a
     ``RuleError`` naming the line of the generated text."""
     for form in split_forms(text, PRELUDE_PATH):
+        err = eg.NativeStderr()
         try:
-            eg.run_text(egraph, form.text)
-        except eg.egglog_error_types() as exc:
-            raise RuleError(PRELUDE_PATH, form.line, str(exc).strip().splitlines()[0]) from None
+            with err:
+                eg.run_text(egraph, form.text)
+        except BaseException as exc:  # egglog's errors, and its panics (PanicException)
+            if eg.is_interrupt(exc):
+                raise
+            raise RuleError(PRELUDE_PATH, form.line, eg.failure_message(exc, err.text)) from None

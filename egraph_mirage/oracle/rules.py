@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,29 +117,27 @@ def rules_digest(paths: Iterable[str | Path], prelude: str = "") -> str:
     return h.hexdigest()
 
 
-def _first_line(exc: BaseException) -> str:
-    msg = str(exc).strip() or type(exc).__name__
-    msg = re.sub(r"\bIn \d+:\d+-\d+(:\d+)?:\s*", "", msg)  # egglog's offsets within the form
-    return re.sub(r"\s+", " ", msg)[:400]
-
-
 def load_rules(egraph: Any, paths: Sequence[str | Path]) -> list[Form]:
-    """Run every form of every rule file on ``egraph``; returns the forms that were run."""
+    """Run every form of every rule file on ``egraph``; returns the forms that were run.
+
+    A form egglog refuses, or on which it panics (a rule given twice), is a ``RuleError`` naming
+    the file and line, with egglog's one-line reason; egglog's native output (a panic message,
+    a Rust backtrace) is captured, not printed.
+    """
     loaded: list[Form] = []
-    errors = eg.egglog_error_types()
     for f in rule_files(paths):
         try:
             text = f.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise RuleError(str(f), 0, f"cannot read: {exc}") from None
         for form in split_forms(text, str(f)):
+            err = eg.NativeStderr()
             try:
-                eg.run_text(egraph, form.text)
-            except errors as exc:  # egglog's own parse/type errors
-                raise RuleError(form.path, form.line, _first_line(exc)) from None
-            except BaseException as exc:  # egglog may panic (PanicException) on bad input
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                with err:
+                    eg.run_text(egraph, form.text)
+            except BaseException as exc:  # egglog's errors, and its panics (PanicException)
+                if eg.is_interrupt(exc):
                     raise
-                raise RuleError(form.path, form.line, _first_line(exc)) from None
+                raise RuleError(form.path, form.line, eg.failure_message(exc, err.text)) from None
             loaded.append(form)
     return loaded

@@ -4,6 +4,12 @@ The file is JSON, rewritten atomically after every finished task. It records a f
 the program, the configuration, the seed and the rules (a digest of the rule files' contents, in
 loading order); a rerun with a different program, configuration, seed or rules, or a file that is
 not a checkpoint, is a ``SearchError`` naming the file.
+
+The fingerprint says which search a file belongs to, not that its results are right: a file can
+be edited, or written by another version of the package. So a resumed search verifies every
+stored result again (``verify_stored``: the finite-field test against the program, then the
+float check) before it returns or writes it; a result that fails is dropped with a
+``CheckpointWarning`` naming its task, and that task is searched again.
 """
 
 from __future__ import annotations
@@ -11,18 +17,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import EMError
 from ..files import write_atomic
+from ..graph import KernelGraph
+from ..mugraph.serialize import loads
 from .config import SearchError
-from .tasks import Payload, TaskResult
+from .tasks import Context, Payload, TaskResult
 
 FORMAT = "egraph-mirage-checkpoint"
 #: 4: the fingerprint covers the rules; 3: split two-kernel tasks between the one-kernel sizes;
 #: 2: one size per task
 VERSION = 4
+
+
+class CheckpointWarning(UserWarning):
+    """A result stored in a checkpoint failed verification again and was dropped."""
 
 
 def fingerprint(payload: Payload, seed: int) -> str:
@@ -75,8 +89,70 @@ class Checkpoint:
 
     def record(self, res: TaskResult) -> None:
         self.done[res.task] = res
+        self.save()
+
+    def save(self) -> None:
+        """Write the finished tasks and their results (atomically)."""
         data = {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
                 "tasks": [{"task": r.task, "found": [list(f) for f in r.found],
                            "counts": r.counts, "seconds": r.seconds}
                           for r in self.done.values()]}
         write_atomic(self.path, json.dumps(data))
+
+
+def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
+    """Verify every result ``ck`` holds again, as the search verifies a new candidate: the
+    finite-field test against the program (``ctx.verifier``) and the float check
+    (``verify.check_numerics`` within the configuration's ``numeric_tolerance``). The figures
+    of a result that passes are computed afresh (kernels, estimated time, the verifier's bound).
+    A task with a result that fails leaves ``ck.done`` (it is searched again) and the file is
+    rewritten without it; each dropped result is described in the returned messages, which
+    are also issued as ``CheckpointWarning``s."""
+    from ..rank.cost_model import ProgramCost
+    from ..verify import check_numerics
+
+    tolerance = ctx.payload.config.numeric_tolerance
+    messages: list[str] = []
+    for name, res in list(ck.done.items()):
+        fresh = []
+        for text, *_, secs in res.found:
+            try:
+                g = loads(text)
+            except EMError as exc:
+                messages.append(f"{ck.path}: task {name}: a stored result is not a readable "
+                                f"μGraph ({' '.join(str(exc).split())[:120]}); dropped")
+                continue
+            verdict = ctx.verifier.check(g)
+            err = check_numerics(g, ctx.target) if verdict.equivalent else float("nan")
+            if not verdict.equivalent or not err <= tolerance:
+                why = ("fails the finite-field test" if not verdict.equivalent else
+                       f"differs in float (max rel. error {err:.1e} > {tolerance:.1e})")
+                messages.append(f"{ck.path}: task {name}: the stored result {describe(g)} {why};"
+                                " dropped")
+                continue
+            cost = ProgramCost()
+            fresh.append((text, cost.launches(g), cost.seconds(g), verdict.bound, verdict.tests,
+                          err, secs))
+        if len(fresh) < len(res.found):
+            del ck.done[name]  # searched again: its other results come back with it
+        else:
+            res.found = fresh
+    for m in messages:
+        warnings.warn(m + "; the task is searched again", CheckpointWarning, stacklevel=3)
+    if messages:
+        ck.save()
+    return messages
+
+
+def describe(g: KernelGraph) -> str:
+    """A μGraph in a few words: its operators in order, a graph-defined kernel as the list of
+    its block operators, e.g. ``[matmul, forloop_accum, forloop_accum, div]``."""
+    parts = []
+    for t in g.operators:
+        if t.op != "customized":
+            parts.append(t.op)
+        elif t.params["output"] == 0:
+            ops = [b.op for b in t.params["kernel"].tb.tensors if b.op != "input"]
+            parts.append("[" + ", ".join(ops) + "]")
+    text = " -> ".join(parts)
+    return text if len(text) <= 160 else text[:157] + "..."

@@ -9,6 +9,14 @@ reads such folders (``DIR/<name>_b<batch>/`` or ``DIR/<name>/``). ``--profile`` 
 measured on the CUDA GPU where there is one (``superoptimize(..., profile=True)``). ``--rules``
 replaces the shipped rule files and ``--extra-rules`` adds to them (``superoptimize(...,
 rules=, extra_rules=)``); ``--max-tasks`` bounds the search by work, the same on any machine.
+``--emit-triton PATH`` also writes the best μGraph as a Triton program
+(``em.generate_triton_program``).
+
+Progress goes to stderr: a status line on a terminal, else a log line every
+``--progress-interval`` seconds (``--no-progress``: none). The summary says what ended the search
+early (time budget, task budget, ``--max-results``, Ctrl-C) and, when nothing was found, why.
+Exit status: 0 with a result, 1 without, 2 for a usage error, 130 after Ctrl-C (with what was
+found so far written).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import runpy
+import sys
 from pathlib import Path
 
 from .. import benchmarks
@@ -24,7 +33,17 @@ from ..graph import KernelGraph
 from ..rank.measured import keep_jax_off_the_gpu
 from .config import SearchConfig, SearchError
 from .driver import superoptimize
+from .explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET
 from .outdir import write_results
+from .pool import sigint_deferred
+from .progress import LOG_INTERVAL_S
+from .results import SearchResults
+
+#: the exit status after Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130
+#: how the summary names what ended a search early
+STOPPED = {TIME_BUDGET: "time budget reached", TASK_BUDGET: "task budget reached",
+           MAX_RESULTS: "--max-results reached", INTERRUPTED: "interrupted"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="rank the results by time measured on the CUDA GPU (tuned, checked and "
                    "timed through the Triton lowering); without a GPU, by the cost model")
+    p.add_argument("--emit-triton", metavar="PATH", default=None,
+                   help="also write the best μGraph as a standalone Triton program to PATH")
+    p.add_argument("--progress-interval", type=float, default=LOG_INTERVAL_S, metavar="S",
+                   help="seconds between progress lines when stderr is not a terminal "
+                   f"(default {LOG_INTERVAL_S:g}; 0: after every task)")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
 
 
 def load_program(spec: str, batch: int, small: bool) -> KernelGraph:
@@ -83,6 +108,9 @@ def check_arguments(args: argparse.Namespace) -> None:
                           ("--workers", args.workers), ("--batch", args.batch)):
         if value is not None and value < 1:
             raise SearchError(f"{option} must be a positive integer, got {value}")
+    if math.isnan(args.progress_interval) or args.progress_interval < 0:
+        raise SearchError(f"--progress-interval must be a number of seconds >= 0, got "
+                          f"{args.progress_interval}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,29 +121,52 @@ def run(args: argparse.Namespace) -> int:
     config = SearchConfig(max_results=args.max_results)
     if args.profile:
         keep_jax_off_the_gpu()
-    results = superoptimize(g, config, time_budget=args.budget, workers=args.workers,
-                            checkpoint=out / "search.ckpt", profile=args.profile,
-                            max_tasks=args.max_tasks, rules=args.rules,
-                            extra_rules=args.extra_rules)
+    try:
+        results = superoptimize(g, config, time_budget=args.budget, workers=args.workers,
+                                checkpoint=out / "search.ckpt", profile=args.profile,
+                                max_tasks=args.max_tasks, rules=args.rules,
+                                extra_rules=args.extra_rules,
+                                progress=False if args.no_progress else None,
+                                progress_interval=args.progress_interval)
+        with sigint_deferred():  # the folder is written whole, even on a second Ctrl-C
+            write_results(out, results, {"name": args.program, "batch": args.batch,
+                                         "small": args.small})
+        return report(results, out, args)
+    except KeyboardInterrupt:  # before the search had results, or a second Ctrl-C
+        print("(interrupted)", flush=True)
+        return EXIT_INTERRUPTED
+
+
+def report(results: SearchResults, out: Path, args: argparse.Namespace) -> int:
+    """Print the summary and the best μGraph (and write its Triton program with
+    ``--emit-triton``); returns the exit status."""
     st = results.stats
-    write_results(out, results, {"name": args.program, "batch": args.batch,
-                                 "small": args.small})
+    stopped = f" ({STOPPED[st.stopped_by]})" if st.stopped_by else ""
     print(f"{len(results)} verified μGraph(s); {st.states:,} states, "
           f"{st.pruned_by_oracle:,} pruned by the e-graph, {st.pruned_otherwise:,} otherwise; "
           f"{st.candidates_verified} candidates verified, {st.candidates_rejected} rejected; "
-          f"{st.tasks_done}/{st.tasks_total} tasks"
-          + (" (budget reached)" if st.budget_exhausted else "")
-          + (" (interrupted)" if st.interrupted else ""))
+          f"{st.tasks_done}/{st.tasks_total} tasks{stopped}")
+    if st.resumed_tasks or st.dropped_results:
+        dropped = (f", {st.dropped_results} dropped: they failed verification again"
+                   if st.dropped_results else "")
+        print(f"resumed {st.resumed_tasks} task(s) from {out / 'search.ckpt'} "
+              f"({st.resumed_results} result(s), verified again{dropped})")
     secs = ", ".join(f"{k} {v:.1f} s" for k, v in st.seconds.items())
     print(f"seconds: {secs}")
     if args.profile:
         print(f"ranked by: {st.ranked_by} ({st.profile_note})")
         for msg in st.profile_messages:
             print(f"  dropped: {msg}")
+    code = EXIT_INTERRUPTED if st.interrupted else 0
     best = results.best
     if best is None:
-        print("no μGraph found")
-        return 1
+        print("no μGraph found:" if st.no_result_reasons else "no μGraph found")
+        for reason in st.no_result_reasons:
+            print(f"  - {reason}")
+        if args.emit_triton:
+            print(f"no Triton program written to {args.emit_triton}: there is no result",
+                  file=sys.stderr)
+        return code or 1
     print(f"best: {best.summary()}, found after {best.found_after:.1f} s")
     print(best.graph)
     for t in best.graph.operators:
@@ -123,4 +174,9 @@ def run(args: argparse.Namespace) -> int:
             print(t.params["kernel"].tb)
     print(f"written: {out / 'best.json'}, {len(results)} result file(s), {out / 'results.json'}, "
           f"checkpoint {out / 'search.ckpt'}")
-    return 0
+    if args.emit_triton:
+        from ..api import generate_triton_program
+
+        generate_triton_program(best.graph, args.emit_triton)
+        print(f"written: Triton program {args.emit_triton}")
+    return code

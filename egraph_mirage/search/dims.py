@@ -12,6 +12,7 @@ linked when their sizes agree (the contraction of a matmul).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +23,19 @@ from ..errors import EMError
 from ..graph import KernelGraph
 from ..ops import lookup
 from ..unionfind import UnionFind
+from .config import SearchError
 
 Dims = tuple[int, ...]
 #: per operand, per dimension: the output dimension it becomes (None: summed away or size 1)
 Links = tuple[tuple[int | None, ...], ...]
 #: pairs ((operand, dim), (operand, dim)) summed together
 Contractions = tuple[tuple[tuple[int, int], tuple[int, int]], ...]
+
+
+#: the most elements (operands and result together) of one operator the search probes (2**27:
+#: 1 GiB of float64 per copy, and seconds of numpy time); a larger program is refused with a
+#: ``SearchError`` naming the operator and its shapes
+PROBE_LIMIT = 2**27
 
 
 def _freeze(params: dict[str, Any]) -> tuple:
@@ -44,7 +52,19 @@ class LinkProbe:
               ) -> tuple[Links, Contractions]:
         key = (op, tuple(dims), _freeze(params))
         if key not in self.cache:
-            self.cache[key] = _probe(op, [tuple(d) for d in dims], params)
+            shapes = [tuple(d) for d in dims]
+            out = lookup(op).shape(op, shapes, params)
+            n = sum(math.prod(d) for d in shapes) + math.prod(out)
+            if n > PROBE_LIMIT:
+                raise SearchError(f"{op} of shapes {shapes} (result {tuple(out)}): {n:.3g} "
+                                  f"elements, more than the {PROBE_LIMIT:.3g} the search can "
+                                  "probe; search a program of smaller shapes")
+            try:
+                self.cache[key] = _probe(op, shapes, params)
+            except MemoryError:
+                raise SearchError(f"{op} of shapes {shapes}: out of memory while probing which "
+                                  "dimensions it links; search a program of smaller shapes"
+                                  ) from None
         return self.cache[key]
 
 

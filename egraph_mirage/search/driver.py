@@ -12,8 +12,10 @@
                (``stats.ranked_by`` says which ranking the results are in)
 
 A checkpoint file, when given, records every finished task and its results as they arrive; a
-rerun with the same file skips those tasks. Ctrl-C, the time budget and the task budget end the
-search early with what was found.
+rerun with the same file skips those tasks and verifies their results again. Ctrl-C, the time
+budget, the task budget and ``max_results`` end the search early with what was found
+(``stats.stopped_by`` says which); worker processes are stopped at once (``pool.stop``). When
+nothing is found, ``stats.no_result_reasons`` says why (``explain``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,9 +33,12 @@ from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
 from ..rank import by_cost
 from ..rank.measured import Profiler, profile_stage
-from .checkpoint import Checkpoint
+from . import pool
+from .checkpoint import Checkpoint, verify_stored
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe, dim_classes
+from .explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET, no_result_reasons
+from .progress import LOG_INTERVAL_S, Progress, mode
 from .reach import ReachIndex
 from .results import SearchResult, SearchResults, SearchStats
 from .tasks import Context, Payload, TaskResult, list_tasks, run_task
@@ -61,9 +65,15 @@ def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0, rules: RulePath
 
     ``rules`` replaces the shipped rule files, ``extra_rules`` are loaded after them (both as
     in ``Oracle``); the payload records a digest of the files' contents."""
+    return _prepare(g, config, seed, rules, extra_rules)[0]
+
+
+def _prepare(g: KernelGraph, config: SearchConfig, seed: int, rules: RulePaths | None,
+             extra_rules: RulePaths) -> tuple[Payload, list[Path]]:
+    """``prepare``, and the rule files the oracle loaded (in order)."""
     from ..graph import abstract_term
     from ..oracle import Oracle
-    from ..oracle.rules import rules_digest
+    from ..oracle.rules import rule_files, rules_digest
 
     if not isinstance(g, KernelGraph):
         raise SearchError(f"superoptimize: expected a KernelGraph, got {type(g).__name__}")
@@ -85,8 +95,9 @@ def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0, rules: RulePath
                      | set(config.scalars))
     # the generated prelude (from the op table) is part of the rules the e-graph was built with
     digest = rules_digest(oracle.rule_paths, oracle.prelude)
-    return Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0], seed,
-                   digest)
+    payload = Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0],
+                      seed, digest)
+    return payload, rule_files(oracle.rule_paths)
 
 
 def check_budgets(time_budget: Any, max_tasks: Any) -> None:
@@ -103,19 +114,15 @@ def check_budgets(time_budget: Any, max_tasks: Any) -> None:
                           f"{max_tasks!r}")
 
 
-def _executor(workers: Any) -> tuple[cf.Executor | None, bool]:
-    """(executor, whether we own it). ``workers``: None (all cores), an int, or an Executor."""
+def _workers(workers: Any) -> int | cf.Executor:
+    """``workers`` checked: a process count (None: every core) or the caller's Executor."""
     if isinstance(workers, cf.Executor):
-        return workers, False
+        return workers
     n = (os.cpu_count() or 1) if workers is None else workers
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise SearchError(f"superoptimize: workers must be a positive integer or an Executor, "
                           f"got {workers!r}")
-    if n == 1:
-        return None, False
-    import multiprocessing
-
-    return cf.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")), True
+    return n
 
 
 @dataclass
@@ -131,6 +138,8 @@ class Run:
     ctx: Context | None = None
     tasks: list[Any] = field(default_factory=list)
     checkpoint: Checkpoint | None = None
+    #: the rule files the oracle loaded, in order
+    rule_files: list[Path] = field(default_factory=list)
     #: verified results by μGraph text, as found
     results: dict[str, SearchResult] = field(default_factory=dict)
     ranked: list[SearchResult] = field(default_factory=list)
@@ -146,7 +155,8 @@ class Run:
 def _stage_prepare(run: Run) -> None:
     """Saturate the target's e-graph (``prepare``) and build this process's context."""
     o = run.options
-    run.payload = prepare(run.g, run.config, o["seed"], o["rules"], o["extra_rules"])
+    run.payload, run.rule_files = _prepare(run.g, run.config, o["seed"], o["rules"],
+                                           o["extra_rules"])
     run.stats.seconds["prepare"] = time.perf_counter() - run.t_start
     run.ctx = Context(run.payload)  # this process's tasks share it; other processes build theirs
 
@@ -162,17 +172,36 @@ def _stage_tasks(run: Run) -> None:
 
 
 def _stage_search(run: Run) -> None:
-    """Run the tasks (in this process, worker processes or the caller's executor)."""
-    o, stats, config, payload, ck = run.options, run.stats, run.config, run.payload, run.checkpoint
+    """Run the tasks (in this process, worker processes or the caller's executor). A
+    checkpoint's finished tasks are taken as done, their results verified again first."""
+    o, stats, payload, ck = run.options, run.stats, run.payload, run.checkpoint
+    assert payload is not None and run.ctx is not None
+    report = Progress(mode(o["progress"]), o["progress_interval"], run.t_start)
+    if ck is not None and ck.done:
+        stats.dropped_results = len(verify_stored(ck, run.ctx))
     done: dict[str, TaskResult] = dict(ck.done) if ck else {}
     stats.resumed_tasks = len(done)
+    stats.resumed_results = sum(len(r.found) for r in done.values())
+    if ck is not None and (done or stats.dropped_results):
+        report.resumed(ck.path, len(done), len(run.tasks), stats.resumed_results,
+                       stats.dropped_results)
     todo = [t for t in run.tasks[:o["max_tasks"]] if t.name not in done]
     deadline = None if o["time_budget"] is None else time.time() + o["time_budget"]
-    show = sys.stderr.isatty() if o["progress"] is None else o["progress"]
     results = run.results
     enough = [False]  # set once max_results are found
 
     def absorb(res: TaskResult, fresh: bool) -> None:
+        with pool.sigint_deferred():  # a task is recorded whole, or not at all
+            new = record(res, fresh)
+        for r in new:
+            if o["on_result"] is not None:
+                o["on_result"](r)
+        report.update(stats, results)
+
+    def record(res: TaskResult, fresh: bool) -> list[SearchResult]:
+        new = []
+        if fresh and ck is not None and not res.stopped:
+            ck.record(res)
         stats.add(res.counts)
         if not res.stopped:  # a task cut short by the time budget is not done
             stats.tasks_done += 1
@@ -185,54 +214,88 @@ def _stage_search(run: Run) -> None:
                 results[text] = r
                 if stats.seconds_to_first is None:
                     stats.seconds_to_first = r.found_after
-                if o["on_result"] is not None:
-                    o["on_result"](r)
-        if config.max_results is not None and len(results) >= config.max_results:
+                new.append(r)
+                if fresh:
+                    report.found(r, len(results))
+        if run.config.max_results is not None and len(results) >= run.config.max_results:
             enough[0] = True
-        if fresh and ck is not None and not res.stopped:
-            ck.record(res)
-        if show:
-            _status(stats, results)
+        return new
 
     for res in done.values():
         absorb(res, fresh=False)
-    executor, owned = _executor(o["workers"])
+    workers = _workers(o["workers"])
     t_search = time.perf_counter()
+    executor: cf.Executor | None = None
+    owned = isinstance(workers, int)
+    futures: list[cf.Future[TaskResult]] = []
+    complete = False  # every submitted task came back
     try:
-        if executor is None:
+        if not todo or enough[0]:
+            complete = True
+        elif workers == 1:
+            report.started(len(todo), stats.tasks_total, "in this process")
             for task in todo:
-                if enough[0]:
-                    break
-                if deadline is not None and time.time() > deadline:
-                    stats.budget_exhausted = True
+                if enough[0] or (deadline is not None and time.time() > deadline):
                     break
                 absorb(run_task(payload, task, deadline, run.ctx), fresh=True)
+            complete = True
         else:
+            executor = pool.worker_pool(workers) if isinstance(workers, int) else workers
+            report.started(len(todo), stats.tasks_total,
+                           f"{workers} worker processes" if owned else type(executor).__name__)
             # threads of this process share its context; other processes build their own
             shared = run.ctx if isinstance(executor, cf.ThreadPoolExecutor) else None
             futures = [executor.submit(run_task, payload, task, deadline, shared)
                        for task in todo]
-            try:
-                for fut in cf.as_completed(futures):
-                    absorb(fut.result(), fresh=True)
-                    if enough[0]:
-                        break
-            finally:
-                for fut in futures:
-                    fut.cancel()
+            complete = _collect(futures, deadline, absorb, enough, report,
+                                lambda: report.update(stats, results, idle=True))
     except KeyboardInterrupt:
         stats.interrupted = True
     finally:
-        if owned and executor is not None:
-            executor.shutdown(wait=not stats.interrupted, cancel_futures=True)
-        if show:
-            sys.stderr.write("\n")
+        with pool.sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
+            if executor is not None and owned:
+                if complete:
+                    executor.shutdown(wait=True)
+                else:
+                    pool.stop(executor)  # type: ignore[arg-type]
+            for fut in futures:
+                fut.cancel()
+            report.close(stats, results)
     stats.seconds["wall"] = time.perf_counter() - t_search
-    max_tasks = o["max_tasks"]
-    if stats.tasks_done < stats.tasks_total and (
-            deadline is not None
-            or (max_tasks is not None and max_tasks < stats.tasks_total and not enough[0])):
-        stats.budget_exhausted = True
+    limit = len(run.tasks) if o["max_tasks"] is None else min(o["max_tasks"], len(run.tasks))
+    if stats.interrupted:
+        stats.stopped_by = INTERRUPTED
+    elif enough[0]:
+        stats.stopped_by = MAX_RESULTS
+    elif stats.tasks_done < limit and deadline is not None and time.time() > deadline:
+        stats.stopped_by = TIME_BUDGET
+    elif stats.tasks_done < stats.tasks_total and limit < stats.tasks_total:
+        stats.stopped_by = TASK_BUDGET
+    stats.budget_exhausted = stats.stopped_by in (TIME_BUDGET, TASK_BUDGET)
+
+
+def _collect(futures: list[cf.Future[TaskResult]], deadline: float | None,
+             absorb: Callable[[TaskResult, bool], None], enough: list[bool],
+             report: Progress, tick: Callable[[], None]) -> bool:
+    """Absorb the tasks' results as they come (in the order submitted among those that come
+    together); queued tasks are cancelled once the time budget is spent (running ones stop at
+    it by themselves). Wakes at least every ``report.interval`` seconds (1 s at the least) for
+    the progress log. Returns False when it stopped with tasks still out (``max_results``)."""
+    order = {fut: i for i, fut in enumerate(futures)}
+    pending = set(futures)
+    while pending:
+        finished, pending = cf.wait(pending, timeout=max(report.interval, 1.0),
+                                    return_when=cf.FIRST_COMPLETED)
+        for fut in sorted(finished, key=order.__getitem__):
+            if not fut.cancelled():
+                absorb(fut.result(), True)
+            if enough[0]:
+                return not pending
+        if deadline is not None and time.time() > deadline:
+            for fut in pending:
+                fut.cancel()
+        tick()
+    return True
 
 
 def _stage_rank(run: Run) -> None:
@@ -263,7 +326,8 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
                   profile: bool = False, profiler: Profiler | None = None,
                   max_tasks: int | None = None, rules: RulePaths | None = None,
                   extra_rules: RulePaths = (),
-                  on_stage: Callable[[str, Any], None] | None = None) -> SearchResults:
+                  on_stage: Callable[[str, Any], None] | None = None,
+                  progress_interval: float = LOG_INTERVAL_S) -> SearchResults:
     """Search for μGraphs equal to program ``g``; returns them verified, best first.
 
     ``time_budget`` (seconds) ends the search early; ``max_tasks`` bounds it by work instead:
@@ -273,10 +337,20 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     ``concurrent.futures.Executor`` (a Dask ``Client.get_executor()`` runs the search on a
     cluster); ``checkpoint`` names a file that records progress and lets a rerun resume (a
     checkpoint of another program, configuration, seed or rule set is refused); ``seed`` seeds
-    the finite-field tests; ``progress`` prints a live status line (default: when stderr is a
-    terminal). ``rules`` (rule files or folders) replaces the shipped rules and
-    ``extra_rules`` adds to them, as in ``Oracle(rules=, extra_rules=)``; the workers search
-    the e-graph saturated under them.
+    the finite-field tests. ``progress`` (default on; False: silent) reports on stderr: a live
+    status line on a terminal, else a log line every ``progress_interval`` seconds and one per
+    new result, and, first, what a checkpoint resumed (``search.progress``). ``rules`` (rule
+    files or folders) replaces the shipped rules and ``extra_rules`` adds to them, as in
+    ``Oracle(rules=, extra_rules=)``; the workers search the e-graph saturated under them.
+
+    Results read back from a checkpoint are verified again (finite-field test and float check)
+    before they are returned or written; one that fails is dropped with a
+    ``checkpoint.CheckpointWarning`` naming its task, and the task is searched again. Worker
+    processes need nothing from the caller's main module (``python -``, ``python -c`` and
+    notebooks work; ``search.pool``) and ignore Ctrl-C: a Ctrl-C (``KeyboardInterrupt``) ends
+    the search at once with what was found, its workers terminated (``stats.interrupted``).
+    ``stats.stopped_by`` says what ended a search early, and when nothing is found
+    ``stats.no_result_reasons`` says why (``search.explain``).
 
     ``profile=True`` ranks the verified results by time measured on the CUDA GPU where torch
     sees one: each is lowered, tuned over the lowering's knobs, checked against PyTorch and
@@ -299,27 +373,25 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     if profiler is not None and not profile:
         raise SearchError("superoptimize: profiler= is used only with profile=True")
     check_budgets(time_budget, max_tasks)
+    _workers(workers)
+    ok = (isinstance(progress_interval, (int, float)) and not isinstance(progress_interval, bool)
+          and progress_interval >= 0)
+    if not ok:
+        raise SearchError(f"superoptimize: progress_interval must be a number of seconds >= 0, "
+                          f"got {progress_interval!r}")
     run = Run(g, config, dict(time_budget=time_budget, workers=workers, checkpoint=checkpoint,
                               seed=seed, progress=progress, on_result=on_result, profile=profile,
                               profiler=profiler, max_tasks=max_tasks, rules=rules,
-                              extra_rules=extra_rules))
+                              extra_rules=extra_rules, progress_interval=progress_interval))
     for name, stage in STAGES:
         stage(run)
         if on_stage is not None:
             on_stage(name, run.artefact(name))
+    st = run.stats
     if run.ranked:
-        run.stats.seconds_to_best = run.ranked[0].found_after
-    return SearchResults(run.ranked, run.stats)
-
-
-def _status(stats: SearchStats, results: dict[str, SearchResult]) -> None:
-    best = min(results.values(), key=lambda r: r.estimated_seconds, default=None)
-    line = (f"\rtasks {stats.tasks_done}/{stats.tasks_total} | states {stats.states:,} | "
-            f"pruned {stats.pruned_by_oracle:,} by e-graph, {stats.pruned_otherwise:,} other | "
-            f"verified {stats.candidates_verified} ({stats.candidates_rejected} rejected) | "
-            f"found {len(results)}")
-    if best is not None:
-        line += f" | best {best.num_kernels} kernel(s) ~{best.estimated_seconds * 1e6:.1f} µs"
-    sys.stderr.write(line[:200])
-    sys.stderr.flush()
-
+        st.seconds_to_best = run.ranked[0].found_after
+    else:
+        assert run.payload is not None
+        st.no_result_reasons = no_result_reasons(st, g, config, run.payload.reach.complete,
+                                                 run.rule_files, max_tasks, len(run.results))
+    return SearchResults(run.ranked, st)

@@ -27,8 +27,18 @@ class SearchStats:
     seconds_to_first: float | None = None
     seconds_to_best: float | None = None
     interrupted: bool = False
+    #: a time or task budget ended the search before its tasks were done
     budget_exhausted: bool = False
+    #: what ended the search early: "time budget", "task budget", "max_results",
+    #: "interrupted" (Ctrl-C); "" when every task ran
+    stopped_by: str = ""
+    #: tasks (and their results) taken from a checkpoint instead of searched
     resumed_tasks: int = 0
+    resumed_results: int = 0
+    #: results of the checkpoint that failed verification again, dropped (their tasks re-run)
+    dropped_results: int = 0
+    #: when nothing was found: why, as far as the search can tell (``search.explain``)
+    no_result_reasons: list[str] = field(default_factory=list)
     #: what ordered the results: "cost model" (``rank.cost_model``) or "gpu" (measured)
     ranked_by: str = "cost model"
     #: ``profile=True`` only: what happened (or why nothing was measured), on which device, and

@@ -116,30 +116,38 @@ def splitter(f: Field, tb: ThreadBlockGraph) -> Callable[[Body, dict[int, FF]], 
                                   tb.tensors[i].params["forloop_dim"])
                   for i, x in raw.items() if dims[i] == -1}
 
-        def one(k: Any) -> tuple[list[tuple[Any, Any]], Any]:
+        def part_of(k: Any, i: int, x: FF) -> FF:  # input ``x`` of part k
+            q = f.later(lambda: cut(x.q, dims[i], k)) if x.has_q else None
+            return FF(cut(x.p, dims[i], k), q, x.why)
+
+        def one_part(k: Any) -> tuple[list[FF], Any]:
             flag, tables = f.zero_division, dict(f._tables)
             f.zero_division = xp.asarray(False)
-            part = {i: FF(cut(x.p, dims[i], k), None if x.q is None else cut(x.q, dims[i], k),
-                          x.why) for i, x in sliced.items()}
-            outs = body(part, grid, loaded)
+            outs = body({i: part_of(k, i, x) for i, x in sliced.items()}, grid, loaded)
             part_flag = f.zero_division
             f.zero_division, f._tables = flag, tables  # nothing traced here may leak out
             whys[:] = [o.why for o in outs]
-            return [(o.p, o.q) for o in outs], part_flag
+            return outs, part_flag
 
         if is_jax:
             import jax
 
-            outs, flags = jax.lax.map(one, xp.arange(parts))
-        else:
-            results = [one(k) for k in range(parts)]
-            flags = xp.stack([r[1] for r in results])
-            outs = [(xp.stack([r[0][j][0] for r in results]),
-                     None if results[0][0][j][1] is None
-                     else xp.stack([r[0][j][1] for r in results]))
-                    for j in range(len(results[0][0]))]
-        f.zero_division = f.zero_division | xp.any(flags)
-        return [FF(join(p), None if q is None else join(q), why)
-                for (p, q), why in zip(outs, whys)]
+            def one(k: Any) -> tuple[list[tuple[Any, Any]], Any]:
+                outs, part_flag = one_part(k)
+                return [(o.p, o.q) for o in outs], part_flag
+
+            arrays_out, flags = jax.lax.map(one, xp.arange(parts))
+            f.zero_division = f.zero_division | xp.any(flags)
+            return [FF(join(p), None if q is None else join(q), why)
+                    for (p, q), why in zip(arrays_out, whys)]
+        results = [one_part(k) for k in range(parts)]
+        f.zero_division = f.zero_division | xp.any(xp.stack([r[1] for r in results]))
+        joined = []
+        for j, why in enumerate(whys):
+            outs = [r[0][j] for r in results]
+            q = (f.later(lambda outs=outs: join(xp.stack([o.q for o in outs])))
+                 if outs[0].has_q else None)
+            joined.append(FF(join(xp.stack([o.p for o in outs])), q, why))
+        return joined
 
     return split

@@ -15,15 +15,14 @@ of K of them below K * 2**40, exact while under 2**53 (contractions are chunked 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from ..errors import EMError
-from .fold import folded_matmul
+from .fold import folded_matmul, is_jax, join_loop, product_shape
 
 #: p is a safe prime below 2**20 (p = 2q + 1), omega = 9 has order q modulo p.
 P, Q, OMEGA = 1048343, 524171, 9
@@ -43,18 +42,56 @@ def _jnp() -> Any:
     return jnp
 
 
-@dataclass
-class FF:
-    """A tensor over Z_p x Z_q; ``q`` is None where the exponent-domain value is unknown."""
+class Lazy:
+    """A part of an ``FF`` that is computed when first read (numpy backend; see ``FF``)."""
 
-    p: Any
-    q: Any | None
-    #: the op that poisoned ``q`` (for error messages)
-    why: str = ""
+    __slots__ = ("shape", "compute")
+
+    def __init__(self, compute: Callable[[], Any], shape: tuple[int, ...] | None = None) -> None:
+        self.compute, self.shape = compute, shape
+
+
+class FF:
+    """A tensor over Z_p x Z_q; ``q`` is None where the exponent-domain value is unknown.
+
+    With the numpy backend a part may be ``Lazy``: computed when read, and never if nothing
+    reads it. A program's outputs are compared mod p only, and exp reads only the q-part of its
+    operand, so whole products go unused: the q-part of RMSNorm + Linear's ``X @ W`` (read only
+    by the division's q-part, which the output does not need) and the p-part of attention's
+    scores (read only by the exp). Under JAX both parts are plain arrays; XLA drops what the
+    outputs do not need. The values are the same either way."""
+
+    __slots__ = ("_p", "_q", "why")
+
+    def __init__(self, p: Any, q: Any | None, why: str = "") -> None:
+        self._p, self._q = p, q
+        #: the op that poisoned ``q`` (for error messages)
+        self.why = why
+
+    @property
+    def p(self) -> Any:
+        if isinstance(self._p, Lazy):
+            self._p = self._p.compute()
+        return self._p
+
+    @property
+    def q(self) -> Any | None:
+        if isinstance(self._q, Lazy):
+            self._q = self._q.compute()
+        return self._q
+
+    @property
+    def has_q(self) -> bool:
+        """Whether the q-part is known (without computing it)."""
+        return self._q is not None
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.p.shape)
+        p = self._p
+        return p.shape if isinstance(p, Lazy) and p.shape is not None else tuple(self.p.shape)
+
+    def __repr__(self) -> str:
+        return f"FF(shape={self.shape}, q={'known' if self.has_q else 'unknown'}, why={self.why!r})"
 
 
 class Field:
@@ -87,6 +124,8 @@ class Field:
     def mod(self, x: Any, m: int) -> Any:
         """x mod m for float64 integers below 2**53. x / m may round across an integer when x is
         large, leaving the remainder off by one m: correct it."""
+        if self.xp is np and np.ndim(x):
+            return _mod_numpy(x, m)
         r = x - self.xp.floor(x / m) * m
         r = self.xp.where(r < 0, r + m, r)
         return self.xp.where(r >= m, r - m, r)
@@ -109,13 +148,19 @@ class Field:
         vq = fr.numerator % self.q * pow(fr.denominator % self.q, -1, self.q) % self.q
         return FF(self.xp.asarray(float(vp)), self.xp.asarray(float(vq)))
 
+    def later(self, compute: Callable[[], Any], shape: tuple[int, ...] | None = None) -> Any:
+        """``compute()`` now (JAX) or as a ``Lazy`` part, computed when read (numpy)."""
+        return Lazy(compute, shape) if self.xp is np else compute()
+
     # --- arithmetic -----------------------------------------------------------------------
     def add(self, a: FF, b: FF) -> FF:
-        q = None if a.q is None or b.q is None else self.mod(a.q + b.q, self.q)
+        q = (self.later(lambda: self.mod(a.q + b.q, self.q)) if a.has_q and b.has_q
+             else None)
         return FF(self.mod(a.p + b.p, self.p), q, a.why or b.why)
 
     def mul(self, a: FF, b: FF) -> FF:
-        q = None if a.q is None or b.q is None else self.mod(a.q * b.q, self.q)
+        q = (self.later(lambda: self.mod(a.q * b.q, self.q)) if a.has_q and b.has_q
+             else None)
         return FF(self.mod(a.p * b.p, self.p), q, a.why or b.why)
 
     def inverse(self, x: Any, m: int) -> Any:
@@ -132,51 +177,104 @@ class Field:
     def div(self, a: FF, b: FF) -> FF:
         self.zero_division = self.zero_division | self.xp.any(b.p == 0)
         q = None
-        if a.q is not None and b.q is not None:
-            self.zero_division = self.zero_division | self.xp.any(b.q == 0)
-            q = self.mod(a.q * self.inverse(b.q, self.q), self.q)
+        if a.has_q and b.has_q:
+            bq = b.q
+            self.zero_division = self.zero_division | self.xp.any(bq == 0)
+            q = self.later(lambda: self.mod(a.q * self.inverse(bq, self.q), self.q))
         return FF(self.mod(a.p * self.inverse(b.p, self.p), self.p), q, a.why or b.why)
 
     def exp(self, a: FF) -> FF:
-        if a.q is None:
+        if not a.has_q:
             where = f"already went through {a.why}" if a.why else "has no exponent-domain value"
             raise VerifyError(f"exp of a value that {where}: more than one exp on a path is "
                               "outside the finite-field fragment")
-        idx = a.q.astype(self.xp.int32)
-        return FF(self.exp_table[idx].astype(self.xp.float64), None, "exp")
+        return FF(self._lookup(self.exp_table, a.q), None, "exp")
 
     def apply_table(self, name: str, a: FF) -> FF:
         """A random function, drawn independently over Z_p and over Z_q."""
-        f64, i32 = self.xp.float64, self.xp.int32
-        q = None if a.q is None else self.table(name, "q")[a.q.astype(i32)].astype(f64)
-        return FF(self.table(name, "p")[a.p.astype(i32)].astype(f64), q, a.why)
+        table_q = self.table(name, "q")
+        q = self.later(lambda: self._lookup(table_q, a.q)) if a.has_q else None
+        return FF(self._lookup(self.table(name, "p"), a.p), q, a.why)
+
+    def _lookup(self, table: Any, x: Any) -> Any:
+        """``table[x]`` as float64 (``x`` holds residues below the table's size). numpy's
+        ``take`` is twice as fast as indexing, and raises on an index out of range."""
+        idx = x.astype(self.xp.int32)
+        got = np.take(table, idx) if self.xp is np else table[idx]
+        return got.astype(self.xp.float64)
 
     def sum(self, a: FF, axis: int | Sequence[int], keepdims: bool = True) -> FF:
         # a sum of n residues stays below n * p < 2**53 for any realistic n
-        q = None if a.q is None else self.mod(self.xp.sum(a.q, axis=axis, keepdims=keepdims),
-                                              self.q)
+        q = (self.later(lambda: self.mod(self.xp.sum(a.q, axis=axis, keepdims=keepdims),
+                                         self.q)) if a.has_q else None)
         return FF(self.mod(self.xp.sum(a.p, axis=axis, keepdims=keepdims), self.p), q, a.why)
 
     def cumsum(self, a: FF, axis: int) -> FF:
         """Running sums along ``axis`` (a running sum of n residues stays below n * p)."""
-        q = None if a.q is None else self.mod(self.xp.cumsum(a.q, axis=axis), self.q)
+        q = (self.later(lambda: self.mod(self.xp.cumsum(a.q, axis=axis), self.q)) if a.has_q
+             else None)
         return FF(self.mod(self.xp.cumsum(a.p, axis=axis), self.p), q, a.why)
 
     def matmul(self, a: FF, b: FF) -> FF:
-        return FF(self._matmul(a.p, b.p, self.p),
-                  None if a.q is None or b.q is None else self._matmul(a.q, b.q, self.q),
-                  a.why or b.why)
+        return self._product(a, b, None)
 
-    def _matmul(self, x: Any, y: Any, m: int) -> Any:
-        k = x.shape[-1]
+    def matmul_sum(self, a: FF, b: FF, axis: int) -> FF | None:
+        """``matmul(a, b)`` summed over batch axis ``axis`` (kept with size 1) as one product:
+        the plain accumulator of a matmul over the for-loop, without storing the products of
+        the iterations. None when an operand does not vary along ``axis``."""
+        if not (a.shape[axis] == b.shape[axis] > 1) or len(a.shape) != len(b.shape):
+            return None
+        return self._product(a, b, axis)
+
+    def _product(self, a: FF, b: FF, summed: int | None) -> FF:
+        shape = product_shape(a.shape, b.shape, summed)
+        p = self.later(lambda: self._matmul(a.p, b.p, self.p, summed), shape)
+        q = (self.later(lambda: self._matmul(a.q, b.q, self.q, summed)) if a.has_q and b.has_q
+             else None)
+        return FF(p, q, a.why or b.why)
+
+    def _matmul(self, x: Any, y: Any, m: int, summed: int | None = None) -> Any:
+        """The product mod ``m``, in parts whose contraction (over the tile's k and, with
+        ``summed``, that axis too) is short enough for exact float64 sums."""
+        k, iters = x.shape[-1], 1 if summed is None else x.shape[summed]
         chunk = max(1, int(EXACT // ((m - 1) ** 2)) - 1)
-        if k <= chunk:
-            return self.mod(folded_matmul(self.xp, x, y), m)
+        if k * iters <= chunk:
+            return self.mod(folded_matmul(self.xp, x, y, summed), m)
+        if summed is not None and not is_jax(self.xp):  # numpy: join the axis, cut the whole
+            x, y = join_loop(self.xp, x, y, summed)
+            k, iters, summed = x.shape[-1], 1, None
+        group = max(1, chunk // k)  # iterations of ``summed`` per part
         acc = None
-        for s in range(0, k, chunk):
-            part = self.mod(folded_matmul(self.xp, x[..., s:s + chunk], y[..., s:s + chunk, :]), m)
-            acc = part if acc is None else self.mod(acc + part, m)
+        for i in range(0, iters, group):
+            xs, ys = (x, y) if summed is None else (_cut(x, summed, i, group),
+                                                    _cut(y, summed, i, group))
+            for s in range(0, k, chunk):
+                xk, yk = xs[..., s:s + chunk], ys[..., s:s + chunk, :]
+                if summed is not None and xk.shape[summed] == 1:
+                    part = folded_matmul(self.xp, xk, yk)  # a last group of one iteration
+                else:
+                    part = folded_matmul(self.xp, xk, yk, summed)
+                part = self.mod(part, m)
+                acc = part if acc is None else self.mod(acc + part, m)
         return acc
+
+
+def _mod_numpy(x: np.ndarray, m: int) -> np.ndarray:
+    """``Field.mod`` in numpy with one new array, computed in place: each step of the formula
+    as a separate array costs a fresh buffer (page faults on every run at the paper's shapes),
+    and the remainder is half the time of a numpy evaluation."""
+    r = np.divide(x, m)
+    np.floor(r, out=r)
+    np.multiply(r, m, out=r)
+    np.subtract(x, r, out=r)
+    np.add(r, m, out=r, where=r < 0)
+    np.subtract(r, m, out=r, where=r >= m)
+    return r
+
+
+def _cut(x: Any, axis: int, start: int, size: int) -> Any:
+    """Entries ``start .. start + size`` of ``axis``."""
+    return x[(slice(None),) * axis + (slice(start, start + size),)]
 
 
 def numpy_input(rng: np.random.Generator, shape: tuple[int, ...], p: int = P, q: int = Q) -> FF:
@@ -240,12 +338,15 @@ class FFArrays:
         return self._map(x, lambda a: a[where])
 
     def concatenate(self, xs: Sequence[FF], axis: int) -> FF:
-        q = None if any(x.q is None for x in xs) else self.xp.concatenate([x.q for x in xs], axis)
+        q = (self._later(lambda: self.xp.concatenate([x.q for x in xs], axis))
+             if all(x.has_q for x in xs) else None)
         return FF(self.xp.concatenate([x.p for x in xs], axis), q, xs[0].why or xs[1].why)
 
-    @staticmethod
-    def _map(x: FF, f: Any) -> FF:
-        return FF(f(x.p), None if x.q is None else f(x.q), x.why)
+    def _map(self, x: FF, f: Any) -> FF:
+        return FF(f(x.p), self._later(lambda: f(x.q)) if x.has_q else None, x.why)
+
+    def _later(self, compute: Callable[[], Any]) -> Any:
+        return Lazy(compute) if self.xp is np else compute()
 
 
 def per_test_bound(degree: int, exps: int, p: int = P, q: int = Q) -> float:

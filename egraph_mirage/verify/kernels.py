@@ -2,8 +2,8 @@
 Z_p x Z_q with the op table's ``ff`` entries and the accumulators' ``ff`` semantics.
 
 The op table's ``customized`` entry is evaluated as a whole (``OpSpec.graph_defined``): the
-kernel's vectorised evaluator runs every block at once, with the matmul-loop and grid-slicing
-fast paths of ``chunks.py``.
+kernel's vectorised evaluator runs every block at once, with a matmul accumulated over the loop as
+one product (``Field.matmul_sum``) and the grid-slicing of ``chunks.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def kernel_output(f: Any, xs: Sequence[Any], p: Params) -> Any:
             accumulate=lambda acc, x, n, dimx: accs.lookup_accumulator(acc).ff(f, x, n, dimx),
             running_max=lambda x: accs.running_max_ff(f, x),
             rescale=lambda x, m: accs.rescale_ff(f, x, m),
-            matmul_loop_sum=lambda a, b: accs.matmul_loop_sum_ff(f, a, b),
+            matmul_loop_sum=lambda a, b: f.matmul_sum(a, b, accs.LOOP),
             split=splitter(f, kernel.tb),
         ))
     return f.memo[key][1][p["output"]]

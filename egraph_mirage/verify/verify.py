@@ -26,6 +26,7 @@ from ..ops import OPS, term_constructors
 from ..ops.field_ops import random_tables
 from ..ops.terms import opaque
 from . import field as ff
+from .blas import one_blas_thread
 from .kernels import field_op
 
 
@@ -146,7 +147,11 @@ class Verifier:
             outs = evaluate_ff(graph, f, [ff.FF(p, q) for p, q in zip(in_p, in_q)])
             return [o.p for o in outs], f.zero_division
 
-        self._compiled[graph] = self._jax.jit(run) if self.backend == "jit" else run
+        def run_numpy(*args: Any) -> Any:
+            with one_blas_thread():
+                return run(*args)
+
+        self._compiled[graph] = self._jax.jit(run) if self.backend == "jit" else run_numpy
         return self._compiled[graph]
 
     def bound_for(self, candidate: KernelGraph) -> float:
@@ -184,8 +189,23 @@ class Verifier:
                             redrawn, time.perf_counter() - t0)
 
 
+def _check_arguments(what: str, graphs: Sequence[tuple[str, Any]],
+                     ints: Sequence[tuple[str, Any]]) -> None:
+    """A ``GraphError`` naming the argument when a program is not a ``KernelGraph`` or a count
+    or seed is not an int."""
+    for name, g in graphs:
+        if not isinstance(g, KernelGraph):
+            raise GraphError(f"{what}: {name} must be a KernelGraph, got {type(g).__name__}")
+    for name, v in ints:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise GraphError(f"{what}: {name} must be an int, got {type(v).__name__}")
+        if name == "seed" and not 0 <= v < 2**63:
+            raise GraphError(f"{what}: seed must be in [0, 2**63), got {v}")
+
+
 def verify(a: KernelGraph, b: KernelGraph, tests: int = 2, seed: int = 0) -> VerifyResult:
     """Whether programs ``a`` and ``b`` (same inputs by position) compute the same outputs."""
+    _check_arguments("verify", [("a", a), ("b", b)], [("tests", tests), ("seed", seed)])
     return Verifier(a, tests=tests, seed=seed).check(b)
 
 
@@ -199,6 +219,11 @@ def check_numerics(candidate: KernelGraph, reference: KernelGraph, dtype: DType 
     intermediate values in ``dtype`` (the GPU check of lowered kernels does)."""
     import ml_dtypes  # installed with JAX; no torch needed here
 
+    _check_arguments("check_numerics", [("candidate", candidate), ("reference", reference)],
+                     [("seed", seed)])
+    if not isinstance(dtype, DType):
+        raise GraphError(f"check_numerics: dtype must be an em dtype (em.float16, em.bfloat16, "
+                         f"em.float32), got {type(dtype).__name__} {dtype!r}")
     _check = _check_interfaces(reference, candidate)
     if _check:
         raise GraphError(f"check_numerics: {_check}")

@@ -1,0 +1,148 @@
+"""The worker processes of a search (``superoptimize(workers=N)``, N > 1).
+
+Workers are started with the ``spawn`` method: fresh interpreters, so neither egglog's nor
+JAX's threads of the calling process are forked. Three things differ from a plain
+``ProcessPoolExecutor(mp_context=get_context("spawn"))``:
+
+- **A main module that cannot be imported is left out.** A spawned interpreter first imports
+  the main module of the process that started it (so that what is defined there, an operator
+  registered at the top of a script for instance, exists in the worker too). A main module
+  read from stdin (``python - <<EOF``) has no file to import from: the pool would break on its
+  first task. Such a main module is hidden while each worker is launched (a search's tasks need
+  nothing from it), so ``python -`` works like ``python -c``, a script or a notebook. A script
+  is imported as usual, so it must start its search under ``if __name__ == "__main__":``.
+- **Workers ignore Ctrl-C.** A Ctrl-C at a terminal reaches every process of the foreground
+  group; the searching process alone decides what happens (it keeps what was found and stops
+  the workers), instead of every worker printing a traceback.
+- **Stopping early is prompt** (``stop``): queued tasks are cancelled and running workers are
+  terminated, rather than waited for until their tasks end.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import multiprocessing.context
+import multiprocessing.process
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+#: seconds a terminated worker is given to end before it is killed
+TERMINATE_GRACE_S = 1.0
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ctrl-C is ignored inside (in the main thread; elsewhere signals cannot be changed, and
+    this does nothing). Processes started inside inherit the ignoring."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):  # a handler Python cannot restore
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C inside is held back and raised as ``KeyboardInterrupt`` at the end, so that
+    what is inside (recording a finished task, writing a file) is done whole. Main thread
+    only; elsewhere this does nothing."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):
+        yield
+        return
+    caught: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _main_importable(main: Any) -> bool:
+    """Whether a spawned worker can import ``main`` as ``multiprocessing`` will try to: by its
+    module name (``python -m``), else from its file; a main module with neither (``python -c``,
+    a notebook) is not imported at all."""
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return True
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return True
+    if not os.path.isabs(path) and multiprocessing.process.ORIGINAL_DIR is not None:
+        path = os.path.join(multiprocessing.process.ORIGINAL_DIR, path)
+    return os.path.isfile(path)
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """When a worker could not import the caller's main module (``_main_importable``), its
+    ``__file__`` and ``__spec__`` are taken away while the worker is launched, then put back:
+    ``multiprocessing`` then does not try."""
+    main = sys.modules.get("__main__")
+    if main is None or _main_importable(main):
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__file__", None)
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+class _WorkerProcess(multiprocessing.context.SpawnProcess):
+    """A spawned process that starts without the caller's main module, ignoring Ctrl-C."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        with sigint_ignored(), _main_module_hidden():
+            return multiprocessing.context.SpawnProcess._Popen(process_obj)
+
+
+class _WorkerContext(multiprocessing.context.SpawnContext):
+    Process = _WorkerProcess
+
+
+def _ignore_sigint() -> None:
+    """Each worker's initializer: Ctrl-C is for the searching process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def worker_pool(n: int) -> cf.ProcessPoolExecutor:
+    """A pool of ``n`` spawned workers that need no main module and ignore Ctrl-C."""
+    return cf.ProcessPoolExecutor(n, mp_context=_WorkerContext(), initializer=_ignore_sigint)
+
+
+def stop(executor: cf.ProcessPoolExecutor) -> None:
+    """Cancel the queued tasks and end the workers now; the tasks they were running are lost.
+    Takes at most about ``2 * TERMINATE_GRACE_S`` seconds; Ctrl-C is ignored meanwhile, so a
+    second one cannot leave workers behind."""
+    with sigint_ignored():
+        procs = list((getattr(executor, "_processes", None) or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        end = time.monotonic() + TERMINATE_GRACE_S
+        for p in procs:
+            p.join(max(0.0, end - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(TERMINATE_GRACE_S)
+        # the pool's manager thread sees its workers gone and ends
+        executor.shutdown(wait=True)
