@@ -136,6 +136,8 @@ def test_optimize_names_a_missing_program(capsys):
     (["--max-results", "0"], "--max-results"),
     (["--max-tasks", "0"], "--max-tasks"),
     (["--workers", "0"], "--workers"),
+    (["--progress-interval", "-1"], "--progress-interval"),
+    (["--progress-interval", "nan"], "--progress-interval"),
 ])
 def test_optimize_refuses_budgets_that_cannot_be_meant(capsys: pytest.CaptureFixture[str],
                                                        tmp_path, argv: list[str],

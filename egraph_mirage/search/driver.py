@@ -178,6 +178,9 @@ def _stage_search(run: Run) -> None:
     assert payload is not None and run.ctx is not None
     report = Progress(mode(o["progress"]), o["progress_interval"], run.t_start)
     if ck is not None and ck.done:
+        stored = sum(len(r.found) for r in ck.done.values())
+        if stored:
+            report.verifying(ck.path, stored)
         stats.dropped_results = len(verify_stored(ck, run.ctx))
     done: dict[str, TaskResult] = dict(ck.done) if ck else {}
     stats.resumed_tasks = len(done)

@@ -28,8 +28,8 @@ def no_result_reasons(stats: SearchStats, g: KernelGraph, config: SearchConfig,
     out = []
     at = f"{stats.tasks_done}/{stats.tasks_total} tasks"
     for t in unused_inputs(g):
-        out.append(f"input t{t.index} (dims {t.dims}) is not used by the output: no kernel "
-                   "built over the inputs can match the program; remove it from the program")
+        out.append(f"input t{t.index} (dims {t.dims}) is not used by the output: the search "
+                   "expects every input to be used; remove it from the program")
     if verified_results and stats.profile_failed + stats.profile_wrong:
         out.append(f"all {verified_results} verified result(s) were dropped by GPU profiling "
                    f"({stats.profile_failed} failed to lower or run, {stats.profile_wrong} "

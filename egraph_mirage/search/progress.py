@@ -70,6 +70,9 @@ class Progress:
             sys.stderr.write("\n")
             self._line_open = False
 
+    def verifying(self, path: Any, results: int) -> None:
+        self._say(f"verifying the {results} result(s) stored in {path} again")
+
     def resumed(self, path: Any, tasks: int, total: int, results: int, dropped: int) -> None:
         note = f", {dropped} dropped (failed verification again)" if dropped else ""
         self._say(f"resumed from {path}: {tasks} of {total} tasks done before, {results} "
