@@ -281,9 +281,6 @@ def test_mugraph_json_loader() -> None:
 
 
 # --- checkpoint files ----------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="Checkpoint.open (search/checkpoint.py) lets "
-                   "RecursionError and ValueError (a >4300-digit integer) out of json.loads, and "
-                   "OverflowError out of int(inf) / float(10**400) in the task entries")
 def test_checkpoint_reader(tmp_path: Path) -> None:
     payload = types.SimpleNamespace(target_json="{}", config="config", rules="rules")
     g = em.benchmarks.get("rmsnorm_linear", small=True)

@@ -79,3 +79,21 @@ def test_a_resumed_run_says_so(rmsnorm, tmp_path, capsys) -> None:
     total = again.stats.tasks_total
     assert re.search(rf"resumed from .*search\.ckpt: 5 of {total} tasks done before", err), err
     assert again.stats.resumed_tasks == 5 and again.stats.tasks_done == 8
+
+
+def test_a_stored_result_of_another_program_is_dropped_not_fatal(rmsnorm, tmp_path) -> None:
+    """A stored μGraph whose inputs are not the program's cannot be checked: it is dropped
+    with a warning, and the resume goes on."""
+    path = tmp_path / "search.ckpt"
+    first = superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False,
+                          max_tasks=40)
+    assert first
+    other = em.to_json(em.handwritten.fused("lora", em.benchmarks.get("lora", small=True)))
+    data = json.loads(path.read_text())
+    task = next(t for t in data["tasks"] if t["found"])
+    task["found"][0][0] = other
+    path.write_text(json.dumps(data))
+    with pytest.warns(CheckpointWarning, match="cannot be checked"):
+        again = superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False,
+                              max_tasks=40)
+    assert other not in _texts(again) and _texts(again) == _texts(first)

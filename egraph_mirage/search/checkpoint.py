@@ -63,7 +63,7 @@ class Checkpoint:
             return ck
         try:
             data = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # unreadable, not JSON, too deep
             raise SearchError(f"{p}: not a readable checkpoint ({exc})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise SearchError(f"{p}: not an egraph-mirage checkpoint")
@@ -83,7 +83,7 @@ class Checkpoint:
                     if len(f) != 7 or not isinstance(f[0], str):
                         raise ValueError("bad result entry")
                 ck.done[res.task] = res
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise SearchError(f"{p}: corrupt checkpoint ({exc})") from None
         return ck
 
@@ -122,8 +122,13 @@ def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
                 messages.append(f"{ck.path}: task {name}: a stored result is not a readable "
                                 f"μGraph ({' '.join(str(exc).split())[:120]}); dropped")
                 continue
-            verdict = ctx.verifier.check(g)
-            err = check_numerics(g, ctx.target) if verdict.equivalent else float("nan")
+            try:
+                verdict = ctx.verifier.check(g)
+                err = check_numerics(g, ctx.target) if verdict.equivalent else float("nan")
+            except EMError as exc:  # e.g. a μGraph of other inputs than the program's
+                messages.append(f"{ck.path}: task {name}: the stored result {describe(g)} cannot "
+                                f"be checked ({' '.join(str(exc).split())[:120]}); dropped")
+                continue
             if not verdict.equivalent or not err <= tolerance:
                 why = ("fails the finite-field test" if not verdict.equivalent else
                        f"differs in float (max rel. error {err:.1e} > {tolerance:.1e})")
