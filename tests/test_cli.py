@@ -197,3 +197,24 @@ def test_rules_lists_the_files_and_prints_the_generated_prelude(
     assert "(datatype Expr" in out and "(rule ((Reach (Exp a0))) ((Reach a0)))" in out
     code, _, err = _run(capsys, "rules", "--rules", "no/such/folder")
     assert code == 2 and err.startswith("error: no/such/folder")
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_an_unwritable_out_folder_is_a_one_line_error(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path, where: str) -> None:
+    f = tmp_path / "afile"
+    f.write_text("")
+    out = f if where == "file" else f / "sub"
+    code, _, err = _run(capsys, "optimize", "rmsnorm_linear", "--small", "--max-tasks", "1",
+                        "--workers", "1", "--out", str(out))
+    assert code == 2 and err.startswith(f"error: --out {out}: cannot write there")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_failing_build_function_is_a_one_line_error(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text("def build():\n    raise RuntimeError('boom')\n")
+    code, _, err = _run(capsys, "optimize", str(prog), "--max-tasks", "1", "--out",
+                        str(tmp_path / "out"))
+    assert code == 2 and err.strip() == f"error: {prog}: build() failed: RuntimeError: boom"

@@ -94,7 +94,12 @@ def load_program(spec: str, batch: int, small: bool) -> KernelGraph:
                           f"{type(exc).__name__}: {exc}") from None
     g = ns.get("graph")
     if g is None and callable(ns.get("build")):
-        g = ns["build"]()
+        try:
+            g = ns["build"]()
+        except EMError:
+            raise
+        except Exception as exc:  # the user's build() failed: say where, not a deep trace
+            raise SearchError(f"{path}: build() failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(g, KernelGraph):
         raise SearchError(f"{path}: define `graph` (a KernelGraph) or `build()` returning one")
     return g
@@ -113,11 +118,24 @@ def check_arguments(args: argparse.Namespace) -> None:
                           f"{args.progress_interval}")
 
 
+def output_folder(path: str) -> Path:
+    """``--out``: created if missing; a ``SearchError`` naming it when it cannot be (a file, a
+    folder under a file, no permission, a read-only filesystem) or cannot be written to."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".egraph-mirage-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise SearchError(f"--out {path}: cannot write there ({exc.strerror or exc})") from None
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     g = load_program(args.program, args.batch, args.small)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out)
     config = SearchConfig(max_results=args.max_results)
     if args.profile:
         keep_jax_off_the_gpu()
