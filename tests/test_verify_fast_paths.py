@@ -1,5 +1,6 @@
-"""The verifier's shortcuts change no residue: folded matmuls, the matmul accumulated over the
-loop as one product, evaluation in slices of the grid, and one evaluation per kernel."""
+"""The verifier's shortcuts change no residue: folded matmuls (numpy and JAX), the matmul
+accumulated over the loop as one product, evaluation in slices of the grid, one evaluation per
+kernel, parts computed only when read, and one BLAS thread."""
 
 from __future__ import annotations
 
@@ -7,29 +8,98 @@ import numpy as np
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.mugraph import accumulators as accs
 from egraph_mirage.ops import OPS
 from egraph_mirage.ops.field_ops import random_tables
 from egraph_mirage.verify import chunks
 from egraph_mirage.verify import field as ff
-from egraph_mirage.verify.fold import folded_matmul
+from egraph_mirage.verify.blas import _openblas, one_blas_thread
+from egraph_mirage.verify.fold import folded_matmul, product_shape
 from egraph_mirage.verify.verify import evaluate_ff
 
 
+def _batch_pair(rng: np.random.Generator, nb: int) -> tuple[list[int], list[int]]:
+    bx = [int(rng.choice([1, 1, 2, 3])) for _ in range(nb)]
+    by = [b if rng.random() < 0.3 else (int(rng.choice([1, 2, 3])) if b == 1 else 1) for b in bx]
+    return bx, by
+
+
 def test_folded_matmul_is_matmul() -> None:
+    jnp = ff._jnp()
     rng = np.random.default_rng(0)
-    for _ in range(200):
+    for trial in range(200):
         nb = int(rng.integers(0, 5))
-        bx = [int(rng.choice([1, 1, 2, 3])) for _ in range(nb)]
-        by = [b if rng.random() < 0.3 else (int(rng.choice([1, 2, 3])) if b == 1 else 1)
-              for b in bx]
+        bx, by = _batch_pair(rng, nb)
         if nb and rng.random() < 0.3:
             by = by[int(rng.integers(0, nb)):]
         m, k, n = (int(v) for v in rng.integers(1, 4, 3))
         x, y = rng.standard_normal((*bx, m, k)), rng.standard_normal((*by, k, n))
         want = np.matmul(x, y)
-        got = folded_matmul(np, x, y)
-        assert got.shape == want.shape and np.allclose(got, want)
+        for xp in (np, jnp) if trial % 4 == 0 else (np,):  # JAX: a quarter (each compiles)
+            got = np.asarray(folded_matmul(xp, xp.asarray(x), xp.asarray(y)))
+            assert got.shape == want.shape == product_shape(x.shape, y.shape)
+            assert np.allclose(got, want)
+
+
+def test_folded_matmul_summed_over_an_axis() -> None:
+    """With ``summed``, the products are summed over that batch axis, kept with size 1."""
+    jnp = ff._jnp()
+    rng = np.random.default_rng(1)
+    for trial in range(40):
+        nb = int(rng.integers(1, 4))
+        bx, by = _batch_pair(rng, nb)
+        axis = int(rng.integers(0, nb))
+        bx[axis] = by[axis] = int(rng.integers(2, 4))
+        m, k, n = (int(v) for v in rng.integers(1, 4, 3))
+        x, y = rng.standard_normal((*bx, m, k)), rng.standard_normal((*by, k, n))
+        want = np.matmul(x, y).sum(axis=axis, keepdims=True)
+        for xp in (np, jnp) if trial % 4 == 0 else (np,):
+            got = np.asarray(folded_matmul(xp, xp.asarray(x), xp.asarray(y), summed=axis))
+            assert got.shape == want.shape == product_shape(x.shape, y.shape, axis)
+            assert np.allclose(got, want)
+    with pytest.raises(ValueError, match="not summable"):
+        folded_matmul(np, np.ones((2, 1, 3, 3)), np.ones((2, 2, 3, 3)), summed=1)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+@pytest.mark.parametrize("m, k", [(2**25 + 35, 2), (2**26 - 5, 5)])
+def test_products_split_for_exact_sums(backend: str, m: int, k: int) -> None:
+    """A contraction too long for exact float64 sums is cut into parts, over the summed axis
+    (groups of 3 iterations, then 1, for the first modulus) and the tile's k (parts of one term
+    for the second): the residues equal exact integer arithmetic."""
+    xp = np if backend == "numpy" else ff._jnp()
+    f = ff.Field(None, None, xp=xp)
+    rng = np.random.default_rng(2)
+    x = rng.integers(m - 1000, m, (2, 4, 1, 3, k)).astype(np.float64)  # summed axis 1
+    y = rng.integers(m - 1000, m, (2, 4, 1, k, 2)).astype(np.float64)
+    exact = np.matmul(x.astype(object), y.astype(object))
+    for summed, want in ((1, exact.sum(axis=1, keepdims=True) % m), (None, exact % m)):
+        got = f._matmul(xp.asarray(x), xp.asarray(y), m, summed=summed)
+        assert np.array_equal(np.asarray(got).astype(np.int64), want.astype(np.int64))
+
+
+def test_numpy_parts_are_computed_when_read() -> None:
+    """numpy: a product's parts wait until read, so one nobody reads is never computed."""
+    f = ff.Field(None, ff.exp_table(), xp=np)
+    rng = np.random.default_rng(3)
+    a = ff.numpy_input(rng, (2, 3, 4))
+    b = ff.numpy_input(rng, (2, 4, 5))
+    c = f.matmul(a, b)
+    assert isinstance(c._p, ff.Lazy) and isinstance(c._q, ff.Lazy) and c.has_q
+    assert c.shape == (2, 3, 5) and isinstance(c._p, ff.Lazy)  # the shape computes nothing
+    e = f.exp(c)  # exp reads only the q-part
+    assert isinstance(c._p, ff.Lazy) and not isinstance(c._q, ff.Lazy)
+    assert np.array_equal(c.p, np.matmul(a.p, b.p) % ff.P)
+    assert np.array_equal(e.p, ff.exp_table()[(np.matmul(a.q, b.q) % ff.Q).astype(int)])
+    d = f.div(a, ff.FF(a.p + 1, a.q + 1))  # the divisor's zero checks run at once
+    assert isinstance(d._q, ff.Lazy) and not isinstance(d._p, ff.Lazy)
+
+
+def test_one_blas_thread_restores_the_count() -> None:
+    libs = _openblas()
+    before = [get() for get, _ in libs]
+    with one_blas_thread():
+        assert all(get() == 1 for get, _ in libs)
+    assert [get() for get, _ in libs] == before
 
 
 def _field_run(g: em.KernelGraph, xp: object, seed: int = 0) -> tuple[list[np.ndarray], bool]:
@@ -57,7 +127,7 @@ def test_shortcuts_give_the_same_residues(name: str, flash: bool,
 
     plain = _field_run(h, np)
     kernel = next(t.params["kernel"] for t in h.operators if t.op == "customized")
-    monkeypatch.setattr(accs, "matmul_loop_sum_ff", lambda f, a, b: None)
+    monkeypatch.setattr(ff.Field, "matmul_sum", lambda self, a, b, axis: None)
     monkeypatch.setattr(chunks, "plan", lambda tb, limit=None: None)
     reference = _field_run(h, np)
     monkeypatch.undo()

@@ -45,7 +45,7 @@ def _jnp() -> Any:
 class Lazy:
     """A part of an ``FF`` that is computed when first read (numpy backend; see ``FF``)."""
 
-    __slots__ = ("shape", "compute")
+    __slots__ = ("compute", "shape")
 
     def __init__(self, compute: Callable[[], Any], shape: tuple[int, ...] | None = None) -> None:
         self.compute, self.shape = compute, shape

@@ -121,7 +121,8 @@ def _dot_general(xp: Any, x: Any, y: Any, bx: tuple[int, ...], by: tuple[int, ..
     y = xp.reshape(y, [by[a] for a in ya] + [k, n])
     sums = [] if summed is None else [summed]
     both = [a for a in xa if a in ya and a != summed]
-    contract = ([xa.index(a) for a in sums] + [len(xa) + 1], [ya.index(a) for a in sums] + [len(ya)])
+    contract = ([xa.index(a) for a in sums] + [len(xa) + 1],
+                [ya.index(a) for a in sums] + [len(ya)])
     batch = ([xa.index(a) for a in both], [ya.index(a) for a in both])
     out = lax.dot_general(x, y, (contract, batch))
     # dot_general's result: batch axes, x's free axes (then m), y's free axes (then n); the
