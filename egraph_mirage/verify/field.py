@@ -1,4 +1,4 @@
-"""Arithmetic over Z_p x Z_q in JAX, for the finite-field verifier.
+"""Arithmetic over Z_p x Z_q in JAX or numpy, for the finite-field verifier.
 
 Every tensor is a pair of arrays (``FF``): its value mod p, and its value mod q, the exponent
 domain, where q is a prime dividing p - 1. ``exp(x) = omega ** (x mod q) mod p`` with omega of
@@ -197,8 +197,9 @@ class Field:
         return FF(self._lookup(self.table(name, "p"), a.p), q, a.why)
 
     def _lookup(self, table: Any, x: Any) -> Any:
-        """``table[x]`` as float64 (``x`` holds residues below the table's size). numpy's
-        ``take`` is twice as fast as indexing, and raises on an index out of range."""
+        """``table[x]`` as float64 (``x`` holds residues below the table's size). In numpy,
+        ``take`` is faster than indexing (6 against 11 ms for 1 M values of the 2 MB exp table)
+        and raises on an index out of range."""
         idx = x.astype(self.xp.int32)
         got = np.take(table, idx) if self.xp is np else table[idx]
         return got.astype(self.xp.float64)
@@ -260,9 +261,9 @@ class Field:
 
 
 def _mod_numpy(x: np.ndarray, m: int) -> np.ndarray:
-    """``Field.mod`` in numpy with one new array, computed in place: each step of the formula
-    as a separate array costs a fresh buffer (page faults on every run at the paper's shapes),
-    and the remainder is half the time of a numpy evaluation."""
+    """``Field.mod`` in numpy: one new array, updated in place. Reductions are a large share
+    of a numpy evaluation, and each step of the formula in an array of its own costs a fresh
+    buffer (page faults on every run at the paper's shapes); in place they take half the time."""
     r = np.divide(x, m)
     np.floor(r, out=r)
     np.multiply(r, m, out=r)

@@ -85,8 +85,9 @@ def _check_interfaces(a: KernelGraph, b: KernelGraph) -> str:
 
 
 #: how candidates are evaluated: "jit" compiles each program with JAX (slow first call, fast
-#: after: for big shapes or repeated checks), "numpy" runs the same code eagerly in numpy (no
-#: compile step: for many small candidates). The arithmetic, and so the verdict, is the same.
+#: after: for repeated checks of one program), "numpy" runs the same code eagerly in numpy (no
+#: compile step: for many distinct candidates; OpenBLAS on one thread, ``blas.py``; parts of
+#: values computed only when read, ``field.FF``). The arithmetic, and so the verdict, is the same.
 BACKENDS = ("jit", "numpy")
 
 
