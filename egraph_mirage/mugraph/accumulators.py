@@ -424,23 +424,3 @@ def rescale_step(total: np.ndarray | None, step: np.ndarray, m_prev: np.ndarray 
     """One iteration of a rescaled accumulator in the per-block interpreter: the running total
     is multiplied by ``exp(m_prev - m)`` before this iteration's term is added."""
     return step if total is None else total * np.exp(m_prev - m) + step
-
-
-# --- a fast path for the verifier ---------------------------------------------------------------
-
-def matmul_loop_sum_ff(f: Any, a: Any, b: Any) -> Any | None:
-    """The plain accumulator of ``matmul(a, b)`` over Z_p x Z_q as one product: the loop axis
-    joins the contraction (``sum_i a_i @ b_i = [a_0 .. a_F-1] @ [b_0; ..; b_F-1]``), so the
-    per-iteration products are never stored. The same residues as the plain accumulator of the
-    products; None (use the plain path) when an operand does not change with the loop."""
-    if a.shape[LOOP] == 1 or b.shape[LOOP] == 1 or a.shape[LOOP] != b.shape[LOOP]:
-        return None
-    arrays, r, iters = f.arrays, len(a.shape), a.shape[LOOP]
-    rest = list(range(LOOP + 1, r - 2))
-    a = arrays.transpose(a, [0, 1, 2, *rest, r - 2, LOOP, r - 1])
-    a = arrays.reshape(a, (*a.shape[:LOOP], 1, *a.shape[LOOP:r - 3], a.shape[r - 3],
-                           iters * a.shape[r - 1]))
-    b = arrays.transpose(b, [0, 1, 2, *rest, LOOP, r - 2, r - 1])
-    b = arrays.reshape(b, (*b.shape[:LOOP], 1, *b.shape[LOOP:r - 3], iters * b.shape[r - 2],
-                           b.shape[r - 1]))
-    return f.matmul(a, b)
