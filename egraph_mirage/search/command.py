@@ -52,11 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1, help="batch size of a benchmark")
     p.add_argument("--small", action="store_true", help="the benchmark's reduced shapes")
     p.add_argument("--budget", type=float, default=None, metavar="S",
-                   help="stop after S seconds with what was found")
+                   help="stop after S seconds with what was found (default: no time limit; "
+                        "without --max-tasks either, the whole space is searched)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="worker processes (default: every core)")
     p.add_argument("--out", default="egraph-mirage-out", metavar="DIR",
-                   help="folder for the results and the checkpoint")
+                   help="folder for the results and the checkpoint (default: "
+                        "egraph-mirage-out in the current folder; a rerun with the same folder "
+                        "resumes)")
     p.add_argument("--max-tasks", type=int, default=None, metavar="N",
                    help="search only the first N tasks of the task list (a budget counted in "
                    "work: the same search on any machine)")
