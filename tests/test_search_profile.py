@@ -5,6 +5,7 @@ a CUDA machine (marker ``gpu``), the real thing end to end."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -195,6 +196,102 @@ def test_an_interrupted_search_is_not_profiled() -> None:
     stats = SearchStats(interrupted=True)
     assert profile_stage(list(ranked), g, stats, Broken(count=1)) == ranked
     assert stats.ranked_by == BY_COST_MODEL and "interrupted" in stats.profile_note
+
+
+class Counting:
+    """A profiler that counts its calls and the μGraphs it measured. Result ``i`` of ``graphs``
+    runs in ``100 - i`` µs (the reverse of the cost model's order); those in ``wrong`` fail the
+    numeric check."""
+
+    device_name = "Counting GPU"
+
+    def __init__(self, graphs: list[em.KernelGraph], wrong: tuple[int, ...] = ()) -> None:
+        self.index = {id(h): i for i, h in enumerate(graphs)}
+        self.wrong, self.calls, self.measured = wrong, 0, 0
+
+    def measure(self, program: em.KernelGraph, mugraphs: Any) -> list[Measurement]:
+        self.calls += 1
+        self.measured += len(mugraphs)
+        return [Measurement("wrong", message="off") if self.index[id(h)] in self.wrong
+                else Measurement("ok", 100.0 - self.index[id(h)], {"num_warps": 4})
+                for h in mugraphs]
+
+
+def _ranked(by_cost: SearchResults, n: int = 6) -> list[SearchResult]:
+    return _results([r.graph for r in by_cost[:n]])
+
+
+def test_a_deadline_already_passed_measures_nothing(rmsnorm: em.KernelGraph,
+                                                    by_cost: SearchResults) -> None:
+    ranked = _ranked(by_cost)
+    profiler, stats = Counting([r.graph for r in ranked]), SearchStats()
+    out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=0.0,
+                        clock=lambda: 1.0)
+    assert profiler.calls == 0 and out == ranked
+    assert stats.ranked_by == BY_COST_MODEL
+    assert stats.profile_note == ("time budget reached before profiling: none of 6 results "
+                                  "measured, ranked by the cost model")
+
+
+def test_the_deadline_stops_profiling_between_results(rmsnorm: em.KernelGraph,
+                                                       by_cost: SearchResults) -> None:
+    ranked = _ranked(by_cost)
+    profiler, stats = Counting([r.graph for r in ranked]), SearchStats()
+    # the clock passes the deadline once the second result has been measured
+    out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=10.0,
+                        clock=lambda: 20.0 if profiler.measured >= 2 else 0.0)
+    assert profiler.measured == 2 and profiler.calls == 2
+    assert stats.ranked_by == BY_GPU
+    # the measured two by measured time, then the rest unmeasured in the cost model's order
+    assert [r.graph for r in out] == [ranked[1].graph, ranked[0].graph] + [r.graph for r in
+                                                                           ranked[2:]]
+    assert [r.measured_us for r in out] == [99.0, 100.0, None, None, None, None]
+    assert stats.profile_note.startswith("time budget reached after profiling 2 of 6 results: "
+                                         "the rest keep the cost model's order")
+
+
+def test_a_wrong_result_is_dropped_under_a_deadline(rmsnorm: em.KernelGraph,
+                                                    by_cost: SearchResults) -> None:
+    ranked = _ranked(by_cost)
+    profiler, stats = Counting([r.graph for r in ranked], wrong=(1,)), SearchStats()
+    out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=10.0,
+                        clock=lambda: 20.0 if profiler.measured >= 3 else 0.0)
+    assert profiler.measured == 3 and stats.profile_wrong == 1
+    assert [r.graph for r in out] == [ranked[i].graph for i in (2, 0, 3, 4, 5)]
+    assert "after profiling 3 of 6 results" in stats.profile_note
+
+
+def test_without_a_deadline_everything_is_measured(rmsnorm: em.KernelGraph,
+                                                   by_cost: SearchResults) -> None:
+    ranked = _ranked(by_cost)
+    profiler, stats = Counting([r.graph for r in ranked]), SearchStats()
+    out = profile_stage(list(ranked), rmsnorm, stats, profiler, clock=lambda: math.inf)
+    assert profiler.measured == 6 and profiler.calls == 1  # one call, as without a budget
+    assert [r.graph for r in out] == [r.graph for r in reversed(ranked)]
+    assert stats.ranked_by == BY_GPU and "budget" not in stats.profile_note
+    assert stats.profile_note.startswith("6 of 6 results timed on Counting GPU")
+
+
+def test_the_time_budget_is_counted_from_the_start(rmsnorm: em.KernelGraph,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``superoptimize`` hands the profile stage the deadline it set when it was called."""
+    from egraph_mirage.search import driver
+
+    seen: dict[str, Any] = {}
+
+    def stage(ranked: list[SearchResult], program: em.KernelGraph, stats: SearchStats,
+              profiler: Any, deadline: float | None = None) -> list[SearchResult]:
+        seen["deadline"] = deadline
+        return ranked
+
+    monkeypatch.setattr(driver, "profile_stage", stage)
+    before = time.time()
+    superoptimize(rmsnorm, TINY, time_budget=1000.0, workers=1, progress=False, profile=True,
+                  profiler=Broken())
+    after = time.time()
+    assert before + 1000.0 <= seen["deadline"] <= after + 1000.0
+    superoptimize(rmsnorm, TINY, workers=1, progress=False, profile=True, profiler=Broken())
+    assert seen["deadline"] is None
 
 
 def test_profiler_needs_profile(rmsnorm: em.KernelGraph) -> None:

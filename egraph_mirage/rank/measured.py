@@ -6,8 +6,10 @@ float32 and timed by ``gpu.tune.tune`` (trials cached on disk, like ``bench gpu`
 are then ranked by measured time. A result that does not lower, compile or run at any setting,
 or that fails the numeric check at every setting that ran, is dropped and counted in the search's
 statistics (``profile_failed``, ``profile_wrong``): a measured ranking never returns a μGraph the
-GPU got wrong. Without a CUDA GPU (or without torch) nothing is measured: the ranking stays the
-cost model's and ``stats.profile_note`` says why.
+GPU got wrong. Under a time budget the results are measured best estimated first until the
+budget's deadline, and those not reached follow the measured ones in the cost model's order.
+Without a CUDA GPU (or without torch) nothing is measured: the ranking stays the cost model's
+and ``stats.profile_note`` says why.
 
 The GPU side is imported here only when a measurement is made, so the search runs where neither
 torch nor triton is installed. ``GpuProfiler`` takes its compiler, timer and device as
@@ -163,7 +165,8 @@ class GpuProfiler:
 
 
 def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: SearchStats,
-                  profiler: Profiler | None = None) -> list[SearchResult]:
+                  profiler: Profiler | None = None, deadline: float | None = None,
+                  clock: Callable[[], float] = time.time) -> list[SearchResult]:
     """Stage ``profile``: ``ranked`` (the cost model's order) re-ranked by measured time.
 
     ``profiler`` None measures on the CUDA GPU (``GpuProfiler()``) where torch sees one, and
@@ -171,6 +174,12 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     that fail are dropped and counted (see the module docstring). If the profiler itself breaks
     (or Ctrl-C), the cost model's ranking is kept and the note says so: the search's results are
     never lost to the GPU.
+
+    ``deadline`` (a ``clock()`` time, the end of the search's time budget) bounds the profiling:
+    results are then measured one at a time, best estimated first, until ``clock()`` reaches it.
+    The measured ones come first, by measured time, and the rest follow unmeasured in the cost
+    model's order; the note says how many were measured. Without a deadline every result is
+    measured, in one call to the profiler.
     """
     stats.ranked_by = BY_COST_MODEL
     if stats.interrupted:  # Ctrl-C asked for what was found, now
@@ -185,10 +194,22 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     if not ranked:
         stats.profile_note = "nothing to profile"
         return ranked
+    # one result per call under a deadline, so that the deadline is checked between results
+    step = len(ranked) if deadline is None else 1
+    found: list[Measurement] = []
     t0 = time.perf_counter()
     try:
         stats.profile_device = profiler.device_name
-        found = profiler.measure(program, [r.graph for r in ranked])
+        while len(found) < len(ranked):
+            if deadline is not None and clock() >= deadline:
+                break
+            batch = [r.graph for r in ranked[len(found):len(found) + step]]
+            got = profiler.measure(program, batch)
+            if len(got) != len(batch):
+                stats.profile_note = (f"the profiler returned {len(got)} measurements for "
+                                      f"{len(batch)} results: ranked by the cost model")
+                return ranked
+            found.extend(got)
     except KeyboardInterrupt:
         stats.interrupted = True
         stats.profile_note = "profiling interrupted: ranked by the cost model"
@@ -199,9 +220,9 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
         return ranked
     finally:
         stats.seconds["profile"] = time.perf_counter() - t0
-    if len(found) != len(ranked):
-        stats.profile_note = (f"the profiler returned {len(found)} measurements for "
-                              f"{len(ranked)} results: ranked by the cost model")
+    if not found:
+        stats.profile_note = (f"time budget reached before profiling: none of {len(ranked)} "
+                              "results measured, ranked by the cost model")
         return ranked
     kept: list[SearchResult] = []
     for r, m in zip(ranked, found):
@@ -215,12 +236,17 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
         if len(stats.profile_messages) < MAX_MESSAGES:
             stats.profile_messages.append(f"{m.status}: {m.message}")
     stats.ranked_by = BY_GPU
-    stats.profile_note = (f"{len(kept)} of {len(ranked)} results timed on "
+    stats.profile_note = (f"{len(kept)} of {len(found)} results timed on "
                           f"{stats.profile_device}; {stats.profile_failed} failed to lower or "
                           f"run, {stats.profile_wrong} failed the numeric check (dropped)")
+    rest = ranked[len(found):]
+    if rest:
+        stats.profile_note = (f"time budget reached after profiling {len(found)} of "
+                              f"{len(ranked)} results: the rest keep the cost model's order; "
+                              + stats.profile_note)
     # the order before profiling breaks ties (it is deterministic: estimate, kernels, text)
     position = {id(r.graph): i for i, r in enumerate(ranked)}
-    return sorted(kept, key=lambda r: (r.measured_us, position[id(r.graph)]))
+    return sorted(kept, key=lambda r: (r.measured_us, position[id(r.graph)])) + rest
 
 
 @dataclass

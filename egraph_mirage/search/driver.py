@@ -9,7 +9,8 @@
                (``rank.measured``, through ``gpu.tune``) and the results are re-ranked by
                measured time; results that fail to lower or fail the GPU's numeric check are
                dropped and counted. Without a GPU the cost model's ranking stands
-               (``stats.ranked_by`` says which ranking the results are in)
+               (``stats.ranked_by`` says which ranking the results are in). The time budget
+               covers this stage too: results not measured by then keep the cost model's order
 
 A checkpoint file, when given, records every finished task and its results as they arrive; a
 rerun with the same file skips those tasks and verifies their results again. Ctrl-C, the time
@@ -134,6 +135,9 @@ class Run:
     options: dict[str, Any]
     stats: SearchStats = field(default_factory=SearchStats)
     t_start: float = field(default_factory=time.perf_counter)
+    #: when the time budget runs out (a ``time.time()`` time; None: no budget); it bounds the
+    #: search and the profiling after it
+    deadline: float | None = None
     payload: Payload | None = None
     ctx: Context | None = None
     tasks: list[Any] = field(default_factory=list)
@@ -189,7 +193,7 @@ def _stage_search(run: Run) -> None:
         report.resumed(ck.path, len(done), len(run.tasks), stats.resumed_results,
                        stats.dropped_results)
     todo = [t for t in run.tasks[:o["max_tasks"]] if t.name not in done]
-    deadline = None if o["time_budget"] is None else time.time() + o["time_budget"]
+    deadline = run.deadline
     results = run.results
     enough = [False]  # set once max_results are found
 
@@ -309,7 +313,8 @@ def _stage_rank(run: Run) -> None:
 def _stage_profile(run: Run) -> None:
     """With ``profile=True``: re-rank by time measured on the GPU (``rank.measured``)."""
     if run.options["profile"]:
-        run.ranked = profile_stage(run.ranked, run.g, run.stats, run.options["profiler"])
+        run.ranked = profile_stage(run.ranked, run.g, run.stats, run.options["profiler"],
+                                   deadline=run.deadline)
 
 
 #: The search as named stages, in order: each reads and extends the ``Run``.
@@ -333,10 +338,11 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
                   progress_interval: float = LOG_INTERVAL_S) -> SearchResults:
     """Search for μGraphs equal to program ``g``; returns them verified, best first.
 
-    ``time_budget`` (seconds) ends the search early; ``max_tasks`` bounds it by work instead:
-    only the first ``max_tasks`` tasks of the task list are searched (in the list's order, so
-    the same tasks on any machine and with any number of workers; those the checkpoint holds
-    are not run again). ``workers`` is a process count (default: every core) or a
+    ``time_budget`` (seconds, counted from this call; it bounds the profiling too) ends the
+    search early; ``max_tasks`` bounds it by work instead: only the first ``max_tasks`` tasks
+    of the task list are searched (in the list's order, so the same tasks on any machine and
+    with any number of workers; those the checkpoint holds are not run again). ``workers`` is
+    a process count (default: every core) or a
     ``concurrent.futures.Executor`` (a Dask ``Client.get_executor()`` runs the search on a
     cluster); ``checkpoint`` names a file that records progress and lets a rerun resume (a
     checkpoint of another program, configuration, seed or rule set is refused); ``seed`` seeds
@@ -361,7 +367,10 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     ``measured_us`` and ``knobs``, and results that fail to lower or fail the numeric check are
     dropped (``stats.profile_failed``, ``stats.profile_wrong``). Without a GPU the results keep
     the cost model's order and ``stats.ranked_by`` is "cost model", with the reason in
-    ``stats.profile_note``; ``time_budget`` bounds the search, not the profiling after it.
+    ``stats.profile_note``. ``time_budget`` covers the whole job, from the start of this call:
+    once the search is done, results are measured best estimated first until the budget runs
+    out, and those not reached follow the measured ones in the cost model's order (the note
+    says how many were measured).
     ``profiler`` replaces the GPU measurement (a ``rank.measured.GpuProfiler`` with another
     compiler, timer or cache, or a fake in tests). On a GPU machine call
     ``rank.measured.keep_jax_off_the_gpu()`` first (``optimize --profile`` does): the
@@ -382,10 +391,13 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     if not ok:
         raise SearchError(f"superoptimize: progress_interval must be a number of seconds >= 0, "
                           f"got {progress_interval!r}")
+    deadline = (None if time_budget is None or math.isinf(time_budget)
+                else time.time() + time_budget)
     run = Run(g, config, dict(time_budget=time_budget, workers=workers, checkpoint=checkpoint,
                               seed=seed, progress=progress, on_result=on_result, profile=profile,
                               profiler=profiler, max_tasks=max_tasks, rules=rules,
-                              extra_rules=extra_rules, progress_interval=progress_interval))
+                              extra_rules=extra_rules, progress_interval=progress_interval),
+              deadline=deadline)
     for name, stage in STAGES:
         stage(run)
         if on_stage is not None:

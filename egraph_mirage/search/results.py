@@ -39,7 +39,9 @@ class SearchStats:
     dropped_results: int = 0
     #: when nothing was found: why, as far as the search can tell (``search.explain``)
     no_result_reasons: list[str] = field(default_factory=list)
-    #: what ordered the results: "cost model" (``rank.cost_model``) or "gpu" (measured)
+    #: what ordered the results: "cost model" (``rank.cost_model``) or "gpu" (measured; where
+    #: the time budget ended the profiling, the unmeasured results follow in the cost model's
+    #: order)
     ranked_by: str = "cost model"
     #: ``profile=True`` only: what happened (or why nothing was measured), on which device, and
     #: the results dropped because they failed to lower or run / failed the numeric check
@@ -93,7 +95,8 @@ def _knobs(knobs: dict[str, Any] | None) -> str:
 
 class SearchResults(list[SearchResult]):
     """Verified μGraphs, best first; ``stats`` alongside. The order is by measured time where
-    ``stats.ranked_by == "gpu"``, else by the cost model's estimate (then fewer kernels)."""
+    ``stats.ranked_by == "gpu"`` (the measured ones; any left unmeasured when the time budget
+    ran out follow them), else by the cost model's estimate (then fewer kernels)."""
 
     def __init__(self, items: list[SearchResult], stats: SearchStats) -> None:
         super().__init__(items)
