@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import RuleError
 from ..ops import OPS, OpSpec, term_constructors
-from . import egglog_compat as eg
-from .rules import split_forms
+from .rules import run_forms, split_forms
 
 #: the facts the oracle asserts for each target (``oracle.target_facts``)
 RELATIONS: tuple[tuple[str, str], ...] = (
@@ -53,12 +51,4 @@ def prelude_text(ops: Mapping[str, OpSpec] = OPS) -> str:
 def load_prelude(egraph: Any, text: str) -> None:
     """Run the generated text on ``egraph``; a failure (a constructor name egglog refuses) is a
     ``RuleError`` naming the line of the generated text."""
-    for form in split_forms(text, PRELUDE_PATH):
-        err = eg.NativeStderr()
-        try:
-            with err:
-                eg.run_text(egraph, form.text)
-        except BaseException as exc:  # egglog's errors, and its panics (PanicException)
-            if eg.is_interrupt(exc):
-                raise
-            raise RuleError(PRELUDE_PATH, form.line, eg.failure_message(exc, err.text)) from None
+    run_forms(egraph, split_forms(text, PRELUDE_PATH))

@@ -130,14 +130,20 @@ def load_rules(egraph: Any, paths: Sequence[str | Path]) -> list[Form]:
             text = f.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise RuleError(str(f), 0, f"cannot read: {exc}") from None
-        for form in split_forms(text, str(f)):
-            err = eg.NativeStderr()
-            try:
-                with err:
-                    eg.run_text(egraph, form.text)
-            except BaseException as exc:  # egglog's errors, and its panics (PanicException)
-                if eg.is_interrupt(exc):
-                    raise
-                raise RuleError(form.path, form.line, eg.failure_message(exc, err.text)) from None
-            loaded.append(form)
+        loaded += run_forms(egraph, split_forms(text, str(f)))
     return loaded
+
+
+def run_forms(egraph: Any, forms: Sequence[Form]) -> list[Form]:
+    """Run ``forms`` on ``egraph`` one at a time; a form egglog refuses or panics on is a
+    ``RuleError`` naming its file and line, with egglog's native output captured."""
+    for form in forms:
+        err = eg.NativeStderr()
+        try:
+            with err:
+                eg.run_text(egraph, form.text)
+        except BaseException as exc:  # egglog's errors, and its panics (PanicException)
+            if eg.is_interrupt(exc):
+                raise
+            raise RuleError(form.path, form.line, eg.failure_message(exc, err.text)) from None
+    return list(forms)
