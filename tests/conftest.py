@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +35,11 @@ def no_dot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     out = tmp_path / "out"
     out.mkdir()
     return out
+
+
+@pytest.fixture(scope="module")
+def rmsnorm() -> Any:
+    """RMSNorm + Linear at small shapes, the search tests' program."""
+    import egraph_mirage as em
+
+    return em.benchmarks.get("rmsnorm_linear", small=True)

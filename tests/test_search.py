@@ -6,21 +6,11 @@ import concurrent.futures as cf
 import json
 
 import pytest
+from search_space import TINY
+from search_space import texts as _texts
 
 import egraph_mirage as em
 from egraph_mirage.search import SearchConfig, SearchError, superoptimize
-
-#: a search space small enough to enumerate completely in a few seconds
-TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
-
-
-@pytest.fixture(scope="module")
-def rmsnorm():
-    return em.benchmarks.get("rmsnorm_linear", small=True)
-
-
-def _texts(results) -> list[str]:
-    return [r.to_json() for r in results]
 
 
 def test_rmsnorm_linear_is_discovered_as_one_kernel(rmsnorm):

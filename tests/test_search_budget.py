@@ -7,23 +7,13 @@ import concurrent.futures as cf
 import math
 
 import pytest
+from search_space import TINY
+from search_space import texts as _texts
 
 import egraph_mirage as em
 from egraph_mirage.search import SearchConfig, SearchError, superoptimize
 from egraph_mirage.search.driver import prepare
 from egraph_mirage.search.tasks import list_tasks, run_task
-
-#: a search space small enough to enumerate completely in a few seconds
-TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
-
-
-@pytest.fixture(scope="module")
-def rmsnorm() -> em.KernelGraph:
-    return em.benchmarks.get("rmsnorm_linear", small=True)
-
-
-def _texts(results) -> list[str]:
-    return [r.to_json() for r in results]
 
 
 @pytest.mark.parametrize("budget", [math.nan, -math.inf, 0, 0.0, -1.5, "60", True])

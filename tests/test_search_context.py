@@ -13,29 +13,22 @@ import shutil
 from pathlib import Path
 
 import pytest
+from search_space import TINY
+from search_space import texts as _texts
 
 import egraph_mirage as em
 from egraph_mirage.oracle.prelude import prelude_text
 from egraph_mirage.oracle.rules import DEFAULT_RULES_DIR, rules_digest
 from egraph_mirage.search import (
-    SearchConfig,
     SearchError,
     SearchResult,
-    SearchResults,
     superoptimize,
 )
 from egraph_mirage.search.driver import prepare
 from egraph_mirage.search.tasks import context
 
-#: a search space small enough to enumerate completely in a few seconds
-TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
 #: the identity the one-kernel RMSNorm + Linear with the division after the matmul needs
 NUMERATOR = "(birewrite (Mul a (Div b c)) (Div (Mul a b) c))"
-
-
-@pytest.fixture(scope="module")
-def rmsnorm() -> em.KernelGraph:
-    return em.benchmarks.get("rmsnorm_linear", small=True)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +40,6 @@ def fewer_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
                             if not line.startswith(NUMERATOR)))
     return folder
-
-
-def _texts(results: SearchResults) -> list[str]:
-    return [r.to_json() for r in results]
 
 
 def _moved_division(r: SearchResult) -> bool:

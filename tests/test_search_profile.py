@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from search_space import TINY
 
 import egraph_mirage as em
 from egraph_mirage.lower import graph_knobs
@@ -31,15 +32,6 @@ from egraph_mirage.search.outdir import result_files, write_results
 from egraph_mirage.search.results import SearchResult, SearchStats
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the search space of tests/test_search.py: about 24 one-kernel μGraphs in a few seconds
-TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
-
-
-@pytest.fixture(scope="module")
-def rmsnorm() -> em.KernelGraph:
-    return em.benchmarks.get("rmsnorm_linear", small=True)
-
-
 @pytest.fixture(scope="module")
 def by_cost(rmsnorm: em.KernelGraph) -> SearchResults:
     """The search's results in the cost model's order (``profile=False``)."""

@@ -7,19 +7,13 @@ import io
 import re
 
 import pytest
+from search_space import TINY
 
 import egraph_mirage as em
 from egraph_mirage.cli import main
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.search import superoptimize
 
-#: a search space small enough to enumerate completely in a few seconds
-TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
 LOG_LINE = re.compile(r"^\[\s*\d+\.\d s\] tasks (\d+)/(\d+) \| states ")
-
-
-@pytest.fixture(scope="module")
-def rmsnorm() -> em.KernelGraph:
-    return em.benchmarks.get("rmsnorm_linear", small=True)
 
 
 def test_off_a_terminal_progress_is_a_log(rmsnorm, capsys) -> None:

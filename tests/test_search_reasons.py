@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import re
 
-import pytest
+from search_space import TINY
 
 import egraph_mirage as em
 from egraph_mirage.cli import main
 from egraph_mirage.search import SearchConfig, superoptimize
 from egraph_mirage.search.driver import prepare
 from egraph_mirage.search.tasks import list_tasks
-
-#: a search space small enough to enumerate completely in a few seconds
-TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
-
-
-@pytest.fixture(scope="module")
-def rmsnorm() -> em.KernelGraph:
-    return em.benchmarks.get("rmsnorm_linear", small=True)
 
 
 def test_an_unsound_rule_file_is_named(tmp_path, monkeypatch) -> None:

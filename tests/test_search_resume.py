@@ -7,22 +7,12 @@ import json
 import re
 
 import pytest
+from search_space import TINY
+from search_space import texts as _texts
 
 import egraph_mirage as em
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.search import superoptimize
 from egraph_mirage.search.checkpoint import CheckpointWarning
-
-#: a search space small enough to enumerate completely in a few seconds
-TINY = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)
-
-
-@pytest.fixture(scope="module")
-def rmsnorm() -> em.KernelGraph:
-    return em.benchmarks.get("rmsnorm_linear", small=True)
-
-
-def _texts(results) -> list[str]:
-    return [r.to_json() for r in results]
 
 
 def test_an_edited_stored_result_is_verified_again_and_dropped(rmsnorm, tmp_path) -> None:
