@@ -1,0 +1,226 @@
+"""Sizes of a μGraph, apart from its structure.
+
+A μGraph's *structure* is what it computes and how the work is cut: which dimension each
+kernel's grid axes split and its for-loop walks, the block operators, accumulators and outputs,
+how many kernels. Its *sizes* are the numbers: blocks per grid axis and loop iterations, which
+fix the tile sizes and the number of pieces a split form cuts a reduction into. The search finds
+structures; this module instantiates one at other sizes, for a tuner to choose among
+(``rank.sizes.size_variants`` verifies and orders them).
+
+``resize(g, sizes)`` rebuilds ``g`` with each graph-defined kernel's grid and loop range
+replaced; the block graph is replayed operator by operator on the new tiles. ``size_choices(g,
+caps)`` derives the sizes of one ``Caps`` (largest tiles under caps, as powers of two dividing
+the dimension) from the structure alone:
+
+- a grid axis that cuts a dimension into tiles keeps tile 1 where it had tile 1 (one index per
+  block is structural) and otherwise takes the largest tile under ``caps.grid``;
+- a grid axis that cuts the dimension its own loop walks is a *split* (split-K, split-KV: each
+  block reduces one piece): it takes ``caps.splits`` pieces, each walked in loop tiles;
+- a loop takes the largest tile under ``caps.loop`` that leaves it at least two iterations; a loop
+  over an earlier kernel's results (the partial results of a split) keeps its tile, so it walks
+  however many pieces that kernel now writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import EMError, MapError
+from ..graph import KernelGraph, Tensor, new_kernel_graph
+from . import partition as pt
+from .threadblock import ThreadBlockGraph
+
+
+@dataclass(frozen=True)
+class KernelSizes:
+    """The sizes of one graph-defined kernel: blocks per grid axis and loop iterations."""
+
+    grid: tuple[int, int, int]
+    frange: int
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Caps on a μGraph's tiles: each tile is the largest power of two dividing its dimension
+    under its cap."""
+
+    #: along a dimension a grid axis cuts into tiles
+    grid: int = 64
+    #: along the dimension a for-loop walks
+    loop: int = 64
+    #: most pieces a split grid axis cuts its reduction into
+    splits: int = 8
+
+
+#: caps a tuner tries by default: the middle first, then more and fewer blocks, longer and
+#: shorter loop steps, more and fewer pieces
+DEFAULT_CAPS: tuple[Caps, ...] = tuple(
+    Caps(g, lp, s) for s in (8, 4, 16, 2) for lp in (64, 128, 32, 256) for g in (64, 32, 128, 16))
+
+
+def kernels(g: KernelGraph) -> list[Any]:
+    """The graph-defined kernels of ``g`` in program order (one entry per kernel)."""
+    out: list[Any] = []
+    for t in g.operators:
+        k = t.params.get("kernel") if t.op == "customized" else None
+        if k is not None and all(k is not o for o in out):
+            out.append(k)
+    return out
+
+
+def sizes_of(g: KernelGraph) -> tuple[KernelSizes, ...]:
+    """The sizes of each graph-defined kernel of ``g``."""
+    return tuple(KernelSizes(tuple(k.tb.grid_dim), k.tb.forloop_range)  # type: ignore[arg-type]
+                 for k in kernels(g))
+
+
+def resize(g: KernelGraph, sizes: Sequence[KernelSizes]) -> KernelGraph:
+    """``g``'s structure at ``sizes`` (one entry per graph-defined kernel). Raises an ``EMError``
+    (``MapError``, ``ResourceError``, ...) when the sizes do not fit the structure."""
+    ks = kernels(g)
+    if len(sizes) != len(ks):
+        raise MapError(f"resize: {len(sizes)} kernel sizes for {len(ks)} graph-defined kernels")
+    return _rebuild(g, lambda i, tb, sources: sizes[i])
+
+
+def with_caps(g: KernelGraph, caps: Caps) -> KernelGraph:
+    """``g``'s structure with every tile chosen under ``caps`` (see the module's rules)."""
+    return _rebuild(g, lambda i, tb, sources: _choose(tb, sources, caps))
+
+
+def _rebuild(g: KernelGraph, pick: Any) -> KernelGraph:
+    h = new_kernel_graph()
+    new: dict[int, Tensor] = {}
+    for t in g.inputs:
+        new[t.index] = h.new_input(t.dims, t.dtype)
+    built: dict[int, list[Tensor]] = {}
+    order = {id(k): i for i, k in enumerate(kernels(g))}
+    for t in g.operators:
+        if t.op == "customized":
+            kernel = t.params["kernel"]
+            if id(kernel) not in built:
+                tb = kernel.tb
+                sources = [new[s.index] for s in t.operands]
+                size = pick(order[id(kernel)], tb, sources)
+                built[id(kernel)] = h.customized(sources, _replay(tb, sources, size))
+            new[t.index] = built[id(kernel)][t.params["output"]]
+        else:
+            new[t.index] = h.apply(t.op, [new[o.index] for o in t.operands], **t.params)
+    for t in g.outputs:
+        h.mark_output(new[t.index])
+    return h
+
+
+def _replay(tb: ThreadBlockGraph, sources: Sequence[Tensor], size: KernelSizes
+            ) -> ThreadBlockGraph:
+    """``tb``'s block graph on new sources with ``size``'s grid and loop."""
+    old_tiles = [t.dims for t in tb.inputs]
+    new_tiles = [pt.tile_dims(f"new_input #{i}", s.dims, size.grid, size.frange,
+                              ld.params["input_map"], ld.params["forloop_dim"])
+                 for i, (s, ld) in enumerate(zip(sources, tb.inputs))]
+    dimx = tb.reduction_dimx
+    if old_tiles and dimx == min(d[-1] for d in old_tiles):  # the search's choice: follow it
+        dimx = min(d[-1] for d in new_tiles)
+    out = ThreadBlockGraph(size.grid, tb.block_dim, size.frange, dimx, tb.smem_bytes)
+    made: dict[int, Any] = {}
+    for t in tb.tensors:
+        args = [made[o.index] for o in t.operands]
+        p = t.params
+        if t.op == "input":
+            made[t.index] = out.new_input(sources[p["position"]], p["input_map"],
+                                          p["forloop_dim"])
+        elif t.op == "forloop_accum":
+            made[t.index] = out.forloop_accum(args[0], p["acc"])
+        elif t.op == "forloop_accum_rescale":
+            made[t.index] = out.forloop_accum(args[0], p["acc"], rescale=args[1])
+        elif t.op == "forloop_max":
+            made[t.index] = out.forloop_max(args[0])
+        else:
+            params = dict(p)
+            if "normalized_shape" in params:  # the same trailing dimensions of the new tile
+                n = len(tuple(params["normalized_shape"]))
+                params["normalized_shape"] = tuple(args[0].dims[-n:])
+            made[t.index] = out.apply(t.op, args, **params)
+    for t, omap in tb.outputs:
+        out.new_output(made[t.index], omap)
+    return out
+
+
+def _largest(n: int, cap: int, at_most: int | None = None) -> int:
+    """The largest power of two dividing ``n``, at most ``cap`` (and ``at_most``)."""
+    limit = min(cap, at_most) if at_most is not None else cap
+    t = 1
+    while t * 2 <= limit and n % (t * 2) == 0:
+        t *= 2
+    return t
+
+
+def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps) -> KernelSizes:
+    """The sizes ``caps`` gives one kernel (the module's rules), on its new sources."""
+    grid = list(tb.grid_dim)
+    loads = [(ld.params["input_map"], ld.params["forloop_dim"], s.dims, old.dims)
+             for ld, s, old in zip(tb.inputs, sources, tb.sources)]
+    looped = [(fd, dims, old, src.op == "customized")
+              for (_, fd, dims, old), src in zip(loads, sources) if fd != -1]
+    split_axes = set()
+    for axis, g in enumerate(tb.grid_dim):
+        if g == 1:
+            continue
+        cut = [(imap[axis], dims, old) for imap, fd, dims, old in loads if imap[axis] != -1]
+        d, dims, old = cut[0]
+        if tb.forloop_range > 1 and any(imap[axis] == fd for imap, fd, _, _ in loads if fd != -1):
+            split_axes.add(axis)
+            pieces = _largest(dims[d], caps.splits)
+            grid[axis] = pieces if pieces > 1 else g
+        elif old[d] // g == 1:
+            grid[axis] = dims[d]  # one index per block
+        else:
+            tile = _largest(dims[d], caps.grid, dims[d] // 2)
+            grid[axis] = dims[d] // tile
+    frange = tb.forloop_range
+    if frange > 1 and looped:
+        fd, dims, old, made = looped[0]
+        parts = 1
+        for axis, g in enumerate(grid):  # what the grid leaves of the looped dimension
+            if any(imap[axis] == fd for imap, f, _, _ in loads if f == fd):
+                parts *= g
+        if dims[fd] % parts:
+            raise MapError(f"resize: dimension {dims[fd]} does not split into {parts} pieces")
+        extent = dims[fd] // parts
+        if made:  # an earlier kernel's results (pieces of a split): keep the tile, walk them all
+            tile = old[fd] // (tb.forloop_range * _old_parts(tb, fd, loads))
+        else:
+            tile = _largest(extent, caps.loop, extent // 2)
+        if tile < 1 or extent % tile:
+            raise MapError(f"resize: loop tile {tile} does not divide {extent}")
+        frange = extent // tile
+    return KernelSizes((grid[0], grid[1], grid[2]), frange)
+
+
+def _old_parts(tb: ThreadBlockGraph, fd: int, loads: Sequence[Any]) -> int:
+    parts = 1
+    for axis, g in enumerate(tb.grid_dim):
+        if any(imap[axis] == fd for imap, f, _, _ in loads if f == fd):
+            parts *= g
+    return parts
+
+
+def size_choices(g: KernelGraph, caps: Sequence[Caps] = DEFAULT_CAPS) -> list[KernelGraph]:
+    """``g`` first, then its structure under each of ``caps`` that fits, distinct ones only
+    (unverified: ``rank.sizes.size_variants`` checks them)."""
+    from .serialize import dumps
+
+    seen = {dumps(g)}
+    out = [g]
+    for c in caps:
+        try:
+            h = with_caps(g, c)
+            text = dumps(h)
+        except EMError:
+            continue
+        if text not in seen:
+            seen.add(text)
+            out.append(h)
+    return out

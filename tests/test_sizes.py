@@ -1,0 +1,64 @@
+"""Structure apart from sizes: a μGraph re-sized keeps computing the program (``mugraph.sizes``,
+``rank.sizes``). The reference forms of ``bench/reference.py`` serve as inputs: their tile caps
+are exactly what re-sizing changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from egraph_mirage import benchmarks
+from egraph_mirage.bench import reference
+from egraph_mirage.errors import EMError, GraphError, MapError
+from egraph_mirage.mugraph import sizes
+from egraph_mirage.rank.sizes import size_variants
+from egraph_mirage.verify import Verifier
+
+FORMS = [(name, build) for name, builds in reference.BUILDERS.items() for build in builds]
+
+
+@pytest.mark.parametrize("name,build", FORMS, ids=[f"{n}-{b.__name__}" for n, b in FORMS])
+def test_every_size_choice_computes_the_program(name: str, build) -> None:
+    g = benchmarks.get(name, small=True)
+    try:
+        h = build(g)
+    except EMError:
+        pytest.skip(f"{build.__name__} does not fit {name}'s small shapes")
+    variants = sizes.size_choices(h)
+    assert variants[0] is h
+    check = Verifier(g, backend="numpy").check
+    for v in variants:
+        assert check(v).equivalent, sizes.sizes_of(v)
+
+
+def test_a_split_form_gets_more_pieces_and_its_combine_walks_them() -> None:
+    g = benchmarks.get("gqa", batch=1)
+    h = reference.attention(g)
+    (k1, k2) = sizes.sizes_of(h)
+    more = sizes.with_caps(h, sizes.Caps(grid=64, loop=64, splits=16))
+    (m1, m2) = sizes.sizes_of(more)
+    assert m1.grid[1] == 16 != k1.grid[1]  # the split axis cuts the keys into 16 pieces
+    assert m2.frange == 16  # the combine's loop walks every piece
+
+
+def test_resize_keeps_the_structure_and_refuses_sizes_that_do_not_fit() -> None:
+    g = benchmarks.get("rmsnorm_linear", small=True)
+    h = reference.rmsnorm_linear(g)
+    (k,) = sizes.sizes_of(h)
+    again = sizes.resize(h, [k])
+    assert sizes.sizes_of(again) == (k,)
+    assert Verifier(g, backend="numpy").check(again).equivalent
+    with pytest.raises(MapError, match="kernel sizes"):
+        sizes.resize(h, [k, k])
+    with pytest.raises(EMError):
+        sizes.resize(h, [sizes.KernelSizes((7, 1, 1), k.frange)])  # 7 does not divide
+
+
+def test_size_variants_verifies_and_orders_by_cost() -> None:
+    g = benchmarks.get("gqa", small=True)
+    h = reference.attention(g)
+    out = size_variants(h, g, limit=3)
+    assert out[0] is h and 1 <= len(out) <= 3
+    check = Verifier(g, backend="numpy").check
+    assert all(check(v).equivalent for v in out)
+    with pytest.raises(GraphError, match="limit"):
+        size_variants(h, g, limit=0)
