@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import benchmarks, handwritten
+from . import benchmarks
 from .api import compile, generate_triton_program, save, to_json, to_svg
 from .dtypes import DType, bfloat16, float16, float32
 from .errors import (
@@ -69,7 +69,6 @@ __all__ = [
                      "float16",
                      "float32",
                      "generate_triton_program",
-                     "handwritten",
                      "load",
                      "loads",
                      "new_kernel_graph",

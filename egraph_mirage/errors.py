@@ -56,3 +56,15 @@ class SerializationError(EMError, ValueError):
 
 class LowerError(EMError, ValueError):
     """A μGraph cannot be lowered to Triton; names the kernel and the operator."""
+
+
+class UnsupportedOpError(EMError, ValueError):
+    """A PyTorch program uses an operator (or a use of one) that egraph-mirage cannot trace into a
+    kernel graph; names the aten operator and the user's source line where known."""
+
+    def __init__(self, message: str, *, op: str | None = None, node: str | None = None,
+                 where: str | None = None) -> None:
+        self.op = op  # the aten operator, e.g. "aten.sort.default"
+        self.node = node  # the fx node's name, e.g. "sort"
+        self.where = where  # "file:line: code" of the user's source, when fx recorded it
+        super().__init__(message)

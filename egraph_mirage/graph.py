@@ -131,8 +131,10 @@ class KernelGraph(OpShorthands[Tensor]):
                 raise GraphError(f"{op}: operand {i} is {type(t).__name__}, not a Tensor")
             if t.graph is not self:
                 raise GraphError(f"{op}: operand {i} ({t!r}) belongs to another graph")
-        if set(params) != set(spec.params):
-            raise GraphError(f"{op}: expects parameters {spec.params}, got {tuple(params)}")
+        bound = spec.bind(params)
+        if bound is None:
+            raise GraphError(f"{op}: expects parameters {spec.params_text}, got {tuple(params)}")
+        params = bound
         shapes = [t.dims for t in operands]
         try:
             dims = tuple(spec.shape(op, shapes, params))
@@ -148,7 +150,7 @@ class KernelGraph(OpShorthands[Tensor]):
         return out
 
     def rms_norm(self, A: Tensor, normalized_shape: int | Sequence[int],
-                 gain: Tensor | None = None) -> Tensor:
+                 gain: Tensor | None = None, eps: float = 0.0) -> Tensor:
         if not isinstance(normalized_shape, int):
             if isinstance(normalized_shape, (str, bytes)) or \
                     not isinstance(normalized_shape, Sequence):
@@ -156,7 +158,7 @@ class KernelGraph(OpShorthands[Tensor]):
                                  f"ints, got {type(normalized_shape).__name__}")
             normalized_shape = tuple(normalized_shape)
         operands = (A,) if gain is None else (A, gain)
-        return self.apply("rms_norm", operands, normalized_shape=normalized_shape)
+        return self.apply("rms_norm", operands, normalized_shape=normalized_shape, eps=eps)
 
     def customized(self, inputs: Sequence[Tensor], tb: Any) -> list[Tensor]:
         """Add a graph-defined kernel whose body is thread-block graph ``tb``; returns its outputs.

@@ -131,9 +131,10 @@ def test_moved_and_renamed_names_keep_a_deprecated_alias(tmp_path: Path) -> None
 
     import egraph_mirage as em
     from egraph_mirage import mugraph
+    from egraph_mirage.bench import reference
 
     g = em.benchmarks.get("rmsnorm_linear", small=True)
-    h = em.handwritten.fused("rmsnorm_linear", g)
+    h = reference.fused("rmsnorm_linear", g)
     with pytest.warns(DeprecationWarning, match="em.to_json"):
         assert h.to_json() == em.to_json(h)
     with pytest.warns(DeprecationWarning, match="em.save"):
@@ -141,3 +142,24 @@ def test_moved_and_renamed_names_keep_a_deprecated_alias(tmp_path: Path) -> None
     assert em.load(tmp_path / "h.json").operators[0].op == h.operators[0].op
     with pytest.warns(DeprecationWarning, match="GraphDefinedKernel"):
         assert mugraph.GraphKernel is mugraph.GraphDefinedKernel
+
+
+def test_the_hand_written_mugraphs_are_no_api_and_the_search_names_no_program() -> None:
+    """The hand-written μGraphs are a benchmark's reference (``bench.reference``), not API;
+    the search finds its μGraphs from the program alone: no module under ``search/`` mentions
+    a benchmark program by name, comments included (whole words, any case)."""
+    import re
+
+    from egraph_mirage import benchmarks
+
+    assert not hasattr(egraph_mirage, "handwritten")
+    assert "handwritten" not in egraph_mirage.__all__
+    word = re.compile(r"\b(" + "|".join(map(re.escape, benchmarks.names())) + r")\b",
+                      re.IGNORECASE)
+    files = sorted((PACKAGE / "search").rglob("*.py"))
+    assert len(files) > 5
+    found = [f"{p.relative_to(PACKAGE)}:{n}: {m.group(0)}" for p in files
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             for m in word.finditer(line)]
+    assert not found, found
+    assert word.search("# tuned for RMSNorm_Linear here") and not word.search("lorax, mqa2")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import egraph_mirage as em
-from egraph_mirage import handwritten as hw
+from egraph_mirage.bench import reference as hw
 from egraph_mirage.lower import fuse, generate_source
 from egraph_mirage.lower.program import LowerOptions
 
@@ -48,7 +48,7 @@ def _split_k_program(rows: int = 3, hidden: int = 256, cols: int = 48) -> em.Ker
 @pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
 def test_split_k_combine_is_fused_at_paper_shapes(name: str) -> None:
     g = em.benchmarks.get(name)
-    h = em.handwritten.BUILDERS[name][1](g)
+    h = hw.BUILDERS[name][1](g)
     (c,) = _combines(h)
     assert c.producer.tb.grid_dim == (96 if name == "rmsnorm_linear" else 64, 8, 1)
     assert c.kept == (0,) and c.group == 8 and c.groups == c.producer.tb.grid_dim[0]
@@ -61,7 +61,7 @@ def test_split_k_combine_is_fused_at_paper_shapes(name: str) -> None:
 @pytest.mark.parametrize("name", ["gqa", "mha", "mqa", "qknorm"])
 def test_split_kv_combine_is_fused_at_paper_shapes(name: str) -> None:
     g = em.benchmarks.get(name)
-    (c,) = _combines(em.handwritten.fused(name, g))
+    (c,) = _combines(hw.fused(name, g))
     heads, splits, qtiles = c.producer.tb.grid_dim
     # the heads and query tiles the grid has more than one of (mqa has one head at b = 1; mha's
     # 16 query rows are one tile)
@@ -72,7 +72,7 @@ def test_split_kv_combine_is_fused_at_paper_shapes(name: str) -> None:
 def test_one_kernel_forms_have_nothing_to_fuse() -> None:
     for name in ["rmsnorm_linear", "gated_mlp", "lora", "ntrans"]:
         g = em.benchmarks.get(name)
-        assert fuse.plan(em.handwritten.fused(name, g)) == {}
+        assert fuse.plan(hw.fused(name, g)) == {}
 
 
 def test_a_consumer_with_other_tiles_along_a_kept_axis_is_not_fused() -> None:

@@ -1,5 +1,6 @@
 """``egraph-mirage bench gpu`` without a GPU: argument parsing, the row schema with a fake timer,
-μGraph files from the search, the reports, and imports with egglog and JAX hidden."""
+μGraph files from the search (ours) beside the hand-written reference (never ours), the
+reports, and imports with egglog and JAX hidden."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage.bench import gpu_bench as gb
+from egraph_mirage.bench import reference
 from egraph_mirage.cli import _parser, main
 from egraph_mirage.errors import GraphError
 from egraph_mirage.gpu.floor import Floor
@@ -21,7 +24,37 @@ from egraph_mirage.gpu.torch_eval import torch_function
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {"benchmark", "batch", "device", "ours_us", "ours_graph_us", "baselines_us",
-            "baselines_graph_us", "speedup_vs_best", "speedup_vs_best_graph", "floor_us"}
+            "baselines_graph_us", "speedup_vs_best", "speedup_vs_best_graph", "floor_us",
+            "reference_us", "reference_graph_us", "reference_candidate", "ours_vs_reference",
+            "ours_vs_reference_graph"}
+SIZES = "egraph_mirage.rank.sizes"
+
+
+def _sizes(monkeypatch: pytest.MonkeyPatch, fn: Any) -> None:
+    """Stand ``fn`` in for ``rank.sizes.size_variants`` (imported by the bench when called)."""
+    monkeypatch.setitem(sys.modules, SIZES, types.SimpleNamespace(size_variants=fn))
+
+
+@pytest.fixture
+def one_size(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, Any, Any]]:
+    """Each search result at its own sizes only; the calls are recorded."""
+    calls: list[tuple[Any, Any, Any]] = []
+
+    def size_variants(g: em.KernelGraph, target: Any = None, limit: Any = None) -> list[Any]:
+        calls.append((g, target, limit))
+        return [g]
+
+    _sizes(monkeypatch, size_variants)
+    return calls
+
+
+def _search_file(folder: Path, name: str, batch: int = 1, h: Any = None) -> Path:
+    """A μGraph file in the layout the search's results are read from (``DIR/<name>_b<b>.json``);
+    unless ``h`` is given, the reference's first form stands in for what the search found."""
+    g = em.benchmarks.get(name, batch=batch, small=True)
+    path = folder / f"{name}_b{batch}.json"
+    em.save(reference.fused(name, g) if h is None else h, path)
+    return path
 
 
 class FakeTimer:
@@ -65,6 +98,10 @@ def test_parse_bench_gpu_arguments() -> None:
     a = _parser().parse_args(["bench", "gpu", "--from-search", "--search-budget", "60",
                               "--search-workers", "2", "--max-candidates", "4"])
     assert a.from_search and (a.search_budget, a.search_workers, a.max_candidates) == (60, 2, 4)
+    assert a.size_variants is None and not a.no_reference
+    a = _parser().parse_args(["bench", "gpu", "--size-variants", "3", "--no-reference",
+                              "--and-handwritten"])  # the last: accepted, a no-op now
+    assert a.size_variants == 3 and a.no_reference and a.and_handwritten
 
 
 def test_bench_gpu_without_cuda_says_so(capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,55 +113,124 @@ def test_bench_gpu_without_cuda_says_so(capsys: pytest.CaptureFixture[str]) -> N
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_rows_with_a_fake_timer() -> None:
+def test_rows_with_a_fake_timer(tmp_path: Path, one_size: list[Any]) -> None:
+    for b in (1, 2):
+        _search_file(tmp_path, "rmsnorm_linear", b)
+        _search_file(tmp_path, "mqa", b)
     logs: list[str] = []
-    rows = gb.bench_gpu(_cfg(), timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
-                        device_name="fake", log=logs.append)
+    rows = gb.bench_gpu(_cfg(mugraph_dir=str(tmp_path)), timer=FakeTimer(), floor=Floor(4e12),
+                        compiler=_compiler, device_name="fake", log=logs.append)
     assert [(r["benchmark"], r["batch"]) for r in rows] == [
         ("rmsnorm_linear", 1), ("mqa", 1), ("rmsnorm_linear", 2), ("mqa", 2)]
     json.dumps(rows)  # plain data
     for r in rows:
         assert REQUIRED <= set(r) and set(gb.KEYS) <= set(r)
-        assert r["device"] == "fake" and r["source"] == "handwritten"
+        assert r["device"] == "fake" and r["source"] == "search"
+        assert r["mugraph_file"] == str(tmp_path / f"{r['benchmark']}_b{r['batch']}.json")
+        assert r["size_variant"] == 0 and r["search_results"] == r["candidates"] == 1
         assert r["ours_us"] == 20.0 and r["ours_graph_us"] == 10.0
+        assert r["reference_us"] == 20.0 and r["reference_graph_us"] == 10.0
+        assert r["reference_candidate"].startswith("reference[")
+        assert r["reference_candidates"] == len(r["reference_candidates_us"]) > 1
         assert r["speedup_vs_best"] == 2.0 and r["speedup_vs_best_graph"] == 1.5
+        assert r["ours_vs_reference"] == r["ours_vs_reference_graph"] == 1.0
         assert r["floor_us"] > 0 and r["floor_fraction_graph"] == r["floor_us"] / 10.0
-        assert r["knobs"] == {} and r["notes"] == []
+        assert r["knobs"] == r["reference_knobs"] == {} and r["notes"] == []
+    assert [len(c) for c in one_size] == [3] * 4 and all(c[2] is None for c in one_size)
+    assert [c[1].inputs[0].dims for c in one_size] == [  # each verified against its program
+        em.benchmarks.get(r["benchmark"], batch=r["batch"], small=True).inputs[0].dims
+        for r in rows]
     assert set(rows[0]["baselines_us"]) == {"eager"}
     assert set(rows[1]["baselines_us"]) == {"eager", "sdpa"}
-    assert len(logs) == 4 and logs[0].startswith("rmsnorm_linear b=1")
+    assert len(logs) == 4 and logs[0].startswith("rmsnorm_linear b=1: ours (search ")
+    assert "reference (hand-written, best of" in logs[0]
     table = gb.format_table(rows)
-    assert table.splitlines()[0].startswith("program") and "sdpa+graph" in table
+    head = table.splitlines()[0].split()
+    assert head[:7] == ["program", "b", "floor", "ours", "ours+graph", "ref", "ref+graph"]
+    assert "sdpa+graph" in head and head[-3:] == ["ref/ours", "ref/ours+graph",
+                                                  "floor/ours+graph"]
     assert len(table.splitlines()) == 5
 
 
-def test_a_timer_that_profiles_kernels_adds_our_per_kernel_times() -> None:
-    class ProfilingTimer(FakeTimer):
-        def kernels(self, fn: Any, sets: Any) -> dict[str, float]:
-            assert getattr(fn, "ours", False)  # only ours is profiled
-            return {"kernel_0": 7.5, "kernel_1": 2.5}
-
-    rows = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1]), timer=ProfilingTimer(),
-                        floor=Floor(4e12), compiler=_compiler, device_name="fake",
-                        log=lambda m: None)
-    assert rows[0]["kernel_us"] == {"kernel_0": 7.5, "kernel_1": 2.5}
-    assert "kernel_us" not in gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1]),
-                                           timer=FakeTimer(), floor=Floor(4e12),
-                                           compiler=_compiler, device_name="fake",
-                                           log=lambda m: None)[0]
-
-
-def test_rows_without_a_lowering() -> None:
-    rows = gb.bench_gpu(_cfg(batches=[1]), timer=FakeTimer(), floor=Floor(4e12), compiler=None,
-                        device_name="fake", log=lambda m: None)
+def test_a_row_without_search_results_still_times_baselines_and_reference() -> None:
+    """No ``--mugraph-dir``: ours is empty, never filled from the reference; the row says so."""
+    logs: list[str] = []
+    rows = gb.bench_gpu(_cfg(batches=[1]), timer=FakeTimer(), floor=Floor(4e12),
+                        compiler=_compiler, device_name="fake", log=logs.append)
     for r in rows:
-        assert r["ours_us"] is None and r["speedup_vs_best"] is None
-        assert r["baselines_us"]["eager"] == 40.0
-        assert any("no lowering" in n for n in r["notes"])
+        assert REQUIRED <= set(r) and set(gb.KEYS) <= set(r)
+        assert r["source"] == "search" and r["mugraph_file"] is None
+        assert r["search_results"] == r["candidates"] == 0 and r["candidates_us"] == {}
+        assert r["ours_us"] is r["ours_graph_us"] is r["knobs"] is None
+        assert r["speedup_vs_best"] is r["speedup_vs_best_graph"] is None
+        assert r["ours_vs_reference"] is r["floor_fraction_graph"] is None
+        assert r["reference_us"] == 20.0 and r["reference_graph_us"] == 10.0
+        assert r["baselines_us"]["eager"] == 40.0 and r["baselines_graph_us"]["eager"] == 15.0
+        assert r["notes"] == [f"{gb.NO_SEARCH_RESULT} (no --mugraph-dir or --from-search)"]
+    assert logs[0].startswith("rmsnorm_linear b=1: ours (search, best of 0) – / – µs")
     assert "–" in gb.format_table(rows)
 
 
-def test_rows_with_the_lowering_in_triton_s_interpreter() -> None:
+def test_an_empty_search_folder_says_where_it_looked(tmp_path: Path) -> None:
+    (r,) = gb.bench_gpu(_cfg(programs=["lora"], batches=[1], mugraph_dir=str(tmp_path)),
+                        timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
+                        device_name="fake", log=lambda m: None)
+    assert r["ours_us"] is None and r["reference_us"] == 20.0
+    assert r["notes"] == [f"{gb.NO_SEARCH_RESULT} (no μGraph for lora at batch 1 in {tmp_path})"]
+
+
+def test_the_reference_can_be_left_out(tmp_path: Path, one_size: list[Any]) -> None:
+    _search_file(tmp_path, "ntrans")
+    (r,) = gb.bench_gpu(_cfg(programs=["ntrans"], batches=[1], mugraph_dir=str(tmp_path),
+                             reference=False),
+                        timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
+                        device_name="fake", log=lambda m: None)
+    assert r["ours_us"] == 20.0 and r["reference_us"] is None and r["reference_candidates"] == 0
+    assert r["reference_candidate"] is None and r["ours_vs_reference"] is None
+
+
+def test_a_timer_that_profiles_kernels_adds_our_per_kernel_times(tmp_path: Path,
+                                                                 one_size: list[Any]) -> None:
+    class ProfilingTimer(FakeTimer):
+        profiled = 0
+
+        def kernels(self, fn: Any, sets: Any) -> dict[str, float]:
+            assert getattr(fn, "ours", False)  # only our lowering is profiled
+            self.profiled += 1
+            return {"kernel_0": 7.5, "kernel_1": 2.5}
+
+    _search_file(tmp_path, "rmsnorm_linear")
+    cfg = _cfg(programs=["rmsnorm_linear"], batches=[1], mugraph_dir=str(tmp_path))
+    timer = ProfilingTimer()
+    rows = gb.bench_gpu(cfg, timer=timer, floor=Floor(4e12), compiler=_compiler,
+                        device_name="fake", log=lambda m: None)
+    assert rows[0]["kernel_us"] == {"kernel_0": 7.5, "kernel_1": 2.5}
+    assert timer.profiled == 1  # ours, not the reference
+    assert "kernel_us" not in gb.bench_gpu(cfg, timer=FakeTimer(), floor=Floor(4e12),
+                                           compiler=_compiler, device_name="fake",
+                                           log=lambda m: None)[0]
+    assert "kernel_us" not in gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1]),
+                                           timer=ProfilingTimer(), floor=Floor(4e12),
+                                           compiler=_compiler, device_name="fake",
+                                           log=lambda m: None)[0]  # no ours, nothing profiled
+
+
+def test_rows_without_a_lowering(tmp_path: Path, one_size: list[Any]) -> None:
+    _search_file(tmp_path, "rmsnorm_linear")
+    rows = gb.bench_gpu(_cfg(batches=[1], mugraph_dir=str(tmp_path)), timer=FakeTimer(),
+                        floor=Floor(4e12), compiler=None, device_name="fake", log=lambda m: None)
+    for r in rows:
+        assert r["ours_us"] is None and r["speedup_vs_best"] is None
+        assert r["reference_us"] is None and r["ours_vs_reference"] is None
+        assert r["baselines_us"]["eager"] == 40.0
+        assert "no lowering yet: reference not measured" in r["notes"]
+    assert "no lowering yet: ours not measured" in rows[0]["notes"]
+    assert rows[0]["candidates"] == 1 and not one_size  # nothing to expand without a lowering
+    assert "–" in gb.format_table(rows)
+
+
+def test_rows_with_the_lowering_in_triton_s_interpreter(tmp_path: Path,
+                                                         one_size: list[Any]) -> None:
     """``compiler="auto"`` finds ``KernelGraph.compile``; without CUDA it runs interpreted."""
     import torch
 
@@ -134,39 +240,46 @@ def test_rows_with_the_lowering_in_triton_s_interpreter() -> None:
 
     if default_compiler() is None:
         pytest.skip("no lowering yet")
-    rows = gb.bench_gpu(_cfg(programs=["rmsnorm_linear", "ntrans"], batches=[1]),
+    _search_file(tmp_path, "ntrans")  # ours for ntrans; none for rmsnorm_linear
+    rows = gb.bench_gpu(_cfg(programs=["rmsnorm_linear", "ntrans"], batches=[1],
+                             mugraph_dir=str(tmp_path)),
                         timer=FakeTimer(), floor=Floor(4e12), device_name="fake",
                         log=lambda m: None)
-    for r in rows:
-        assert r["ours_us"] == 40.0 and r["notes"] == []  # the fake times every program alike
+    for r in rows:  # the fake times every program alike
+        assert r["reference_us"] == 40.0
+    assert rows[0]["ours_us"] is None and rows[0]["notes"][0].startswith(gb.NO_SEARCH_RESULT)
+    assert rows[1]["ours_us"] == 40.0 and rows[1]["notes"] == []
 
 
-def test_wrong_ours_is_not_timed() -> None:
+def test_wrong_ours_is_not_timed(tmp_path: Path, one_size: list[Any]) -> None:
     def wrong(h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
         fn = torch_function(h)
         return lambda *xs: [o * 2 for o in fn(*xs)]
 
-    (r,) = gb.bench_gpu(_cfg(programs=["ntrans"], batches=[1]), timer=FakeTimer(),
-                        floor=Floor(4e12), compiler=wrong, device_name="fake", log=lambda m: None)
-    assert r["ours_us"] is None and any("wrong" in n for n in r["notes"])
+    _search_file(tmp_path, "ntrans")
+    (r,) = gb.bench_gpu(_cfg(programs=["ntrans"], batches=[1], mugraph_dir=str(tmp_path)),
+                        timer=FakeTimer(), floor=Floor(4e12), compiler=wrong,
+                        device_name="fake", log=lambda m: None)
+    assert r["ours_us"] is None and r["reference_us"] is None and r["mugraph_file"] is None
+    for who in ("ours", "reference"):
+        assert any(n.startswith(f"{who}: no setting") and "wrong" in n for n in r["notes"])
 
 
-def test_single_mugraph_files(tmp_path: Path) -> None:
+def test_single_mugraph_files(tmp_path: Path, one_size: list[Any]) -> None:
     """``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: μGraphs saved by hand."""
     g = em.benchmarks.get("lora", batch=2, small=True)
-    em.save(em.handwritten.lora(g), tmp_path / "lora_b2.json")
-    em.save(em.handwritten.lora_concat(g), tmp_path / "lora_b2_1.json")
-    em.save(em.handwritten.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b1.json")
+    em.save(reference.lora(g), tmp_path / "lora_b2.json")
+    em.save(reference.lora_concat(g), tmp_path / "lora_b2_1.json")
+    em.save(reference.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b1.json")
     found = gb.candidates("lora", 2, g, str(tmp_path))
     assert len(found.graphs) == 2 and found.source == "search"
     assert found.files == [str(tmp_path / "lora_b2.json"), str(tmp_path / "lora_b2_1.json")]
     gm = em.benchmarks.get("gated_mlp", batch=2, small=True)
-    found = gb.candidates("gated_mlp", 2, gm, str(tmp_path))
-    assert found.source == "handwritten" and found.files == [None] * len(found.graphs)
-    assert [em.to_json(h) for h in found.graphs] == [em.to_json(h) for h in
-                                                   em.handwritten.variants("gated_mlp", gm)]
+    found = gb.candidates("gated_mlp", 2, gm, str(tmp_path))  # none: never the reference
+    assert found.graphs == [] and found.files == [] and found.source == "search"
+    assert gb.candidates("lora", 2, g, None).graphs == []
     (tmp_path / "lora_b2_1.json").unlink()
-    em.save(em.handwritten.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b2_2.json")
+    em.save(reference.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b2_2.json")
     with pytest.raises(GraphError, match="differ"):
         gb.candidates("lora", 2, g, str(tmp_path))
     (tmp_path / "lora_b2_2.json").unlink()
@@ -200,7 +313,8 @@ class TimesByMugraph:
 
 
 def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   one_size: list[Any]) -> None:
     """``optimize --out DIR/<name>_b<batch>`` (or ``DIR/<name>``) writes what ``bench gpu
     --mugraph-dir DIR`` reads: every result is timed, the fastest is reported with its file."""
     folder = tmp_path / "rmsnorm_linear_b1"
@@ -224,16 +338,20 @@ def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
     assert r["mugraph_file"] == files[2] and r["ours_graph_us"] == 5.0  # not the cost model's
     assert r["speedup_vs_best_graph"] == 8.0 and r["notes"] == []
 
-    # beside the hand-written variants: the fastest of all wins, and the row says whose it is
-    hand = em.handwritten.variants("rmsnorm_linear", g)
-    fake.us[em.to_json(hand[-1])] = 3.0
-    (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1], and_handwritten=True,
+    # a faster hand-written reference fills its own column; ours stays the search's
+    hand = reference.variants("rmsnorm_linear", g)
+    fake.us[em.to_json(hand[-1])] = 2.5
+    (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1],
                              mugraph_dir=str(tmp_path)),
                         timer=fake, floor=Floor(4e12), compiler=fake.compiler,
                         device_name="fake", log=lambda m: None)
-    assert r["candidates"] == 3 + len(hand) and r["ours_graph_us"] == 3.0
-    assert r["source"] == "handwritten" and r["mugraph_file"] is None
-    assert r["candidates_us"][f"handwritten[{len(hand) - 1}]"] == 3.0
+    assert r["source"] == "search" and r["mugraph_file"] == files[2]
+    assert r["candidates"] == 3 and set(r["candidates_us"]) == set(files)
+    assert r["ours_us"] == r["ours_graph_us"] == 5.0 and r["speedup_vs_best_graph"] == 8.0
+    assert r["reference_us"] == r["reference_graph_us"] == 2.5
+    assert r["reference_candidate"] == f"reference[{len(hand) - 1}]"
+    assert r["reference_candidates"] == len(hand) == len(r["reference_candidates_us"])
+    assert r["ours_vs_reference"] == r["ours_vs_reference_graph"] == 0.5
 
     few = gb.candidates("rmsnorm_linear", 1, g, str(tmp_path), max_candidates=2)
     assert few.files == files[:2] and few.notes == ["timed the first 2 of 3 μGraphs"]
@@ -243,16 +361,61 @@ def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
         str(folder / "best.json")]
 
     folder.rename(tmp_path / "rmsnorm_linear")  # DIR/<name>/: a search at one batch
-    assert gb.candidates("rmsnorm_linear", 1, g, str(tmp_path)).source == "search"
+    assert len(gb.candidates("rmsnorm_linear", 1, g, str(tmp_path)).graphs) == 1
     g2 = em.benchmarks.get("rmsnorm_linear", batch=2, small=True)
     other = gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))
-    assert other.source == "handwritten" and "no μGraph for batch 2" in other.notes[0]
+    assert other.graphs == [] and "no μGraph for batch 2" in other.notes[0]
     (tmp_path / "rmsnorm_linear").rename(tmp_path / "rmsnorm_linear_b2")  # named: must fit
     with pytest.raises(GraphError, match="differ"):
         gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))
 
 
-def test_from_search_runs_the_search_first(tmp_path: Path) -> None:
+def test_size_variants_of_each_search_result_are_ours(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each search result is expanded by ``size_variants`` (against the program, with the
+    configured limit); a variant met twice is timed once; the row names file and variant."""
+    g = em.benchmarks.get("qknorm", small=True)
+    forms = reference.variants("qknorm", g)[:3]  # stand-ins for sizes of one form
+    texts = [em.to_json(h) for h in forms]
+    assert len(set(texts)) == 3
+    em.save(forms[0], tmp_path / "qknorm_b1.json")
+    em.save(forms[1], tmp_path / "qknorm_b1_1.json")
+    calls: list[tuple[str, Any, Any]] = []
+
+    def size_variants(h: em.KernelGraph, target: Any = None, limit: Any = None) -> list[Any]:
+        calls.append((em.to_json(h), target, limit))
+        return [h, *(f for f in forms if em.to_json(f) != em.to_json(h))][:limit]
+
+    _sizes(monkeypatch, size_variants)
+    fake = TimesByMugraph({texts[0]: 9.0, texts[1]: 7.0, texts[2]: 4.0})
+    (r,) = gb.bench_gpu(_cfg(programs=["qknorm"], batches=[1], size_limit=3,
+                             mugraph_dir=str(tmp_path)),
+                        timer=fake, floor=Floor(4e12), compiler=fake.compiler,
+                        device_name="fake", log=lambda m: None)
+    assert [c[0] for c in calls] == texts[:2] and all(c[2] == 3 for c in calls)
+    assert all(em.to_json(c[1]) == em.to_json(g) for c in calls)  # verified against the program
+    first = str(tmp_path / "qknorm_b1.json")
+    assert r["search_results"] == 2 and r["candidates"] == 3  # the second's variants: met before
+    assert r["candidates_us"] == {first: 9.0, f"{first}#1": 7.0, f"{first}#2": 4.0}
+    assert r["mugraph_file"] == first and r["size_variant"] == 2 and r["ours_us"] == 4.0
+    assert r["source"] == "search"
+
+
+def test_a_result_without_size_variants_is_timed_at_its_own(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def size_variants(h: em.KernelGraph, target: Any = None, limit: Any = None) -> list[Any]:
+        raise em.MapError("no other sizes fit")
+
+    _sizes(monkeypatch, size_variants)
+    path = _search_file(tmp_path, "ntrans")
+    (r,) = gb.bench_gpu(_cfg(programs=["ntrans"], batches=[1], mugraph_dir=str(tmp_path)),
+                        timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
+                        device_name="fake", log=lambda m: None)
+    assert r["ours_us"] == 20.0 and r["mugraph_file"] == str(path) and r["size_variant"] == 0
+    assert r["notes"] == [f"ours: no size variants of {path}: no other sizes fit"]
+
+
+def test_from_search_runs_the_search_first(tmp_path: Path, one_size: list[Any]) -> None:
     from egraph_mirage.search import SearchConfig
 
     tiny = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0, max_results=2)
@@ -273,15 +436,43 @@ def test_from_search_runs_the_search_first(tmp_path: Path) -> None:
     assert any(m.startswith("rmsnorm_linear b=1: ours (search ") for m in logs)
 
 
-def test_markdown_and_plot(tmp_path: Path) -> None:
-    rows = gb.bench_gpu(_cfg(batches=[1]), timer=FakeTimer(), floor=Floor(4e12),
-                        compiler=_compiler, device_name="Fake GPU", log=lambda m: None)
+def test_markdown_and_plot(tmp_path: Path, one_size: list[Any]) -> None:
+    _search_file(tmp_path, "mqa")
+    rows = gb.bench_gpu(_cfg(batches=[1], mugraph_dir=str(tmp_path)), timer=FakeTimer(),
+                        floor=Floor(4e12), compiler=_compiler, device_name="Fake GPU",
+                        log=lambda m: None)
     text = gb.markdown(rows, "2026-11-21", "egraph-mirage bench gpu --batch 1", 4e12)
     assert "Fake GPU" in text and "2026-11-21" in text and "`egraph-mirage bench gpu" in text
-    assert "| rmsnorm_linear | 1 | handwritten |" in text and "4.00 TB/s" in text
+    assert "| program | b | floor | ours | ours+graph | ref | ref+graph | eager |" in text
+    assert "| rmsnorm_linear | 1 | " in text and "4.00 TB/s" in text
+    assert "never counted as ours" in text
+    assert f"- {gb.NO_SEARCH_RESULT} (no μGraph for rmsnorm_linear at batch 1" in text
     pytest.importorskip("matplotlib")
     gb.plot(rows, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rows_written_before_the_reference_column_still_render(tmp_path: Path) -> None:
+    """``docs/gpu_rows.json`` predates the split of ours and the reference."""
+    rows = json.loads((ROOT / "docs" / "gpu_rows.json").read_text())
+    table = gb.format_table(rows)
+    assert len(table.splitlines()) == len(rows) + 1
+    assert "| gqa | 1 |" in gb.markdown(rows, "2026-11-21", "egraph-mirage bench gpu")
+    pytest.importorskip("matplotlib")
+    gb.plot(rows, str(tmp_path / "p.png"))
+
+
+def test_with_the_real_size_variants(tmp_path: Path) -> None:
+    if not hasattr(pytest.importorskip(SIZES), "size_variants"):
+        pytest.skip(f"{SIZES}.size_variants is not written yet")
+    path = _search_file(tmp_path, "rmsnorm_linear")
+    (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1], size_limit=2,
+                             mugraph_dir=str(tmp_path), reference=False),
+                        timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
+                        device_name="fake", log=lambda m: None)
+    assert r["search_results"] == 1 and 1 <= r["candidates"] <= 2
+    assert r["mugraph_file"] == str(path) and r["size_variant"] in (0, 1)
+    assert r["ours_us"] == 20.0
 
 
 def test_gpu_side_imports_without_egglog_or_jax(tmp_path: Path) -> None:
@@ -289,7 +480,7 @@ def test_gpu_side_imports_without_egglog_or_jax(tmp_path: Path) -> None:
     and the command must all work with both hidden."""
     g = em.benchmarks.get("gqa", small=True)
     (tmp_path / "gqa_b1").mkdir()
-    em.save(em.handwritten.fused("gqa", g), tmp_path / "gqa_b1" / "result_0.json")
+    em.save(reference.fused("gqa", g), tmp_path / "gqa_b1" / "result_0.json")
     code = textwrap.dedent(f"""
         import sys
         sys.modules["egglog"] = None

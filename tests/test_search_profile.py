@@ -18,6 +18,7 @@ import pytest
 from search_space import TINY
 
 import egraph_mirage as em
+from egraph_mirage.bench import reference
 from egraph_mirage.lower import graph_knobs
 from egraph_mirage.rank.measured import (
     BY_COST_MODEL,
@@ -175,7 +176,7 @@ class Broken:
 ])
 def test_a_broken_profiler_never_loses_the_results(profiler: Broken, note: str) -> None:
     g = em.benchmarks.get("lora", small=True)
-    ranked = _results([em.handwritten.lora(g), em.handwritten.lora_concat(g)])
+    ranked = _results([reference.lora(g), reference.lora_concat(g)])
     stats = SearchStats()
     assert profile_stage(list(ranked), g, stats, profiler) == ranked
     assert stats.ranked_by == BY_COST_MODEL and note in stats.profile_note
@@ -184,7 +185,7 @@ def test_a_broken_profiler_never_loses_the_results(profiler: Broken, note: str) 
 
 def test_an_interrupted_search_is_not_profiled() -> None:
     g = em.benchmarks.get("lora", small=True)
-    ranked = _results([em.handwritten.lora(g)])
+    ranked = _results([reference.lora(g)])
     stats = SearchStats(interrupted=True)
     assert profile_stage(list(ranked), g, stats, Broken(count=1)) == ranked
     assert stats.ranked_by == BY_COST_MODEL and "interrupted" in stats.profile_note

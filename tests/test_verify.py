@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import egraph_mirage as em
+from egraph_mirage.bench import reference
 from egraph_mirage.bench.verify_bench import FloatTruth, bench_target
 from egraph_mirage.mugraph import mutate
 
@@ -20,7 +21,7 @@ MUTANTS = 500
 @cache
 def program(name: str) -> tuple[em.KernelGraph, em.KernelGraph]:
     g = em.benchmarks.get(name, small=True)
-    return g, em.handwritten.fused(name, g)
+    return g, reference.fused(name, g)
 
 
 @cache
@@ -48,8 +49,8 @@ def test_handwritten_mugraph_verifies(name: str) -> None:
 def test_every_handwritten_form_and_tiling_verifies(name: str) -> None:
     """The split-K forms and the other tile sizes that ``bench gpu`` tunes over are equal too."""
     g = em.benchmarks.get(name, small=True)
-    hs = em.handwritten.variants(name, g)
-    assert em.to_json(hs[0]) == em.to_json(em.handwritten.fused(name, g))
+    hs = reference.variants(name, g)
+    assert em.to_json(hs[0]) == em.to_json(reference.fused(name, g))
     for h in hs:
         res = verifier(name).check(h)
         assert res.equivalent, res.reason
@@ -59,14 +60,14 @@ def test_every_handwritten_form_and_tiling_verifies(name: str) -> None:
 @pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
 def test_split_k_forms_verify_at_paper_shapes(name: str) -> None:
     g = em.benchmarks.get(name)
-    forms = em.handwritten.BUILDERS[name]
+    forms = reference.BUILDERS[name]
     assert len(forms) == 2
     assert em.verify(g, forms[1](g)).equivalent
 
 
 def test_split_k_rmsnorm_linear_spreads_the_contraction_over_the_grid() -> None:
     g = em.benchmarks.get("rmsnorm_linear", gain=True)
-    h = em.handwritten.rmsnorm_linear_split_k(g)
+    h = reference.rmsnorm_linear_split_k(g)
     launches = {id(t.params["kernel"]): t for t in h.operators if t.op == "customized"}
     kernels = [t.params["kernel"].tb for t in launches.values()]
     assert [tb.grid_dim for tb in kernels] == [(96, 8, 1), (96, 1, 1)]

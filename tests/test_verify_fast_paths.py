@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import egraph_mirage as em
+from egraph_mirage.bench import reference as hw
 from egraph_mirage.ops import OPS
 from egraph_mirage.ops.field_ops import random_tables
 from egraph_mirage.verify import chunks
@@ -121,7 +122,7 @@ def test_shortcuts_give_the_same_residues(name: str, flash: bool,
     """Evaluated in slices of the grid (a tiny part size forces them) and with the matmul
     accumulated as one product, or neither: identical outputs, numpy and JAX alike."""
     g = em.benchmarks.get(name, small=True)
-    h = em.handwritten.flash_attention(g) if flash else em.handwritten.fused(name, g)
+    h = hw.flash_attention(g) if flash else hw.fused(name, g)
     ff._jnp()
     import jax.numpy as jnp
 
@@ -147,20 +148,20 @@ def test_shortcuts_give_the_same_residues(name: str, flash: bool,
 
 def test_plan_splits_only_kernels_with_large_intermediate_tiles() -> None:
     g = em.benchmarks.get("mqa")
-    h = em.handwritten.fused("mqa", g)
+    h = hw.fused("mqa", g)
     kernels = [t.params["kernel"] for t in h.operators
                if t.op == "customized" and t.params["output"] == 0]
     tb = kernels[0].tb  # 4 M attention scores from 0.6 M input elements
     axis, parts = chunks.plan(tb)
     assert tb.grid_dim[axis] % parts == 0 and 1 < parts <= tb.grid_dim[axis]
     assert chunks.plan(kernels[1].tb) is None  # the small second kernel runs at once
-    mha = em.handwritten.fused("mha", em.benchmarks.get("mha"))
+    mha = hw.fused("mha", em.benchmarks.get("mha"))
     assert chunks.plan(mha.operators[0].params["kernel"].tb) is None  # inputs dominate
 
 
 def test_a_kernel_with_two_outputs_runs_once_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
     g = em.benchmarks.get("gqa", small=True)
-    h = em.handwritten.fused("gqa", g)
+    h = hw.fused("gqa", g)
     kernel = h.operators[0].params["kernel"]
     assert kernel.num_outputs == 2
     calls = []
@@ -183,7 +184,7 @@ def test_jit_reads_the_weights_in_place(name: str) -> None:
     import re
 
     g = em.benchmarks.get(name, small=True)
-    h = em.handwritten.fused(name, g)
+    h = hw.fused(name, g)
     v = em.Verifier(g, tests=1)
     ins, _ = v._cases[0]
     hlo = v._compile(h).lower(*ins, v._exp_table).compile().as_text()

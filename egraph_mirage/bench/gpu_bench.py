@@ -1,46 +1,59 @@
-"""``egraph-mirage bench gpu``: our best μGraph against what users run today, on a CUDA GPU.
+"""``egraph-mirage bench gpu``: the search's best μGraph against what users run today, on a GPU.
 
 For each benchmark program and batch size, in fp16:
 
-* ours: the μGraphs the search wrote under ``--mugraph-dir DIR`` (``candidates``: an
+* ours: only what the search found. The μGraphs under ``--mugraph-dir DIR`` (``candidates``: an
   ``egraph-mirage optimize --out`` folder ``DIR/<name>_b<batch>/`` or ``DIR/<name>/``, or single
-  files ``DIR/<name>_b<batch>[_*].json``), else the hand-written fused μGraphs
-  (``handwritten.variants``: each form under a few tile sizes); the row's ``source`` says which
-  ("search" / "handwritten") and
-  ``mugraph_file`` which file won. Every candidate is lowered, tuned over the lowering's knobs
-  and numerically checked against PyTorch in float32 (``rank.measured.rank``); the fastest is
-  checked again on fresh inputs and timed; None while no lowering exists. ``--from-search`` first
-  runs the search for each program and batch (``superoptimize`` with ``--search-budget``) into
-  ``DIR/<name>_b<batch>/``;
+  files ``DIR/<name>_b<batch>[_*].json``); ``--from-search`` first runs the search for each
+  program and batch (``superoptimize`` with ``--search-budget``) into ``DIR/<name>_b<batch>/``.
+  Each result is expanded into its size variants (``rank.sizes.size_variants``: the same
+  structure at other grid, loop and split sizes, each verified against the program); every
+  candidate is lowered, tuned over the lowering's knobs and numerically checked against PyTorch
+  in float32 (``rank.measured.rank``); the fastest is checked again on fresh inputs and timed.
+  ``source`` is always ``"search"``, ``mugraph_file`` names the file and ``size_variant`` the
+  variant that won (0: the file's own sizes). Without a search result ours is empty (None) and
+  the row says so in its notes;
+* the reference: the hand-written fused μGraphs (``bench.reference.variants``), measured the
+  same way in the same run, in a column of their own (``reference_*``); never ours;
 * the baselines of ``gpu.baselines`` (eager, torch.compile, SDPA where the program is attention);
 * each timed with plain launches and under CUDA-graph replay (``gpu.timing``), with the bandwidth
   floor (``gpu.floor``); speedups compare like with like (plain with plain, graph with graph).
 
-Nothing here imports egglog or JAX: μGraphs arrive as JSON.
+Nothing here imports egglog, and JAX only where size variants are verified: μGraphs arrive as
+JSON.
 """
 
 from __future__ import annotations
 
-import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import benchmarks, handwritten
-from ..errors import GraphError
+from .. import benchmarks
+from ..errors import EMError, GraphError
 from ..graph import KernelGraph
-from ..mugraph.serialize import load
-from .table import aligned
+from ..mugraph.serialize import dumps, load
+from . import reference
+from .gpu_report import best, fmt, format_table, markdown, plot, ratio, table_cells
+
+__all__ = ["KEYS", "BenchContext", "Candidates", "GpuBenchConfig", "bench_gpu", "bench_one",
+           "candidates", "expand_sizes", "format_table", "markdown", "measure", "plot",
+           "run_command", "search_into", "table_cells"]
 
 #: the keys of every row ``bench_gpu`` returns
-KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "candidates",
-        "candidates_us", "ours_us", "ours_graph_us", "baselines_us", "baselines_graph_us",
-        "speedup_vs_best", "speedup_vs_best_graph", "floor_us", "floor_fraction",
-        "floor_fraction_graph", "knobs", "notes")
+KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "size_variant",
+        "search_results", "candidates", "candidates_us", "ours_us", "ours_graph_us",
+        "reference_candidate", "reference_candidates", "reference_candidates_us",
+        "reference_us", "reference_graph_us", "baselines_us", "baselines_graph_us",
+        "speedup_vs_best", "speedup_vs_best_graph", "ours_vs_reference",
+        "ours_vs_reference_graph", "floor_us", "floor_fraction", "floor_fraction_graph",
+        "knobs", "reference_knobs", "notes")
 #: where ``--from-search`` writes the search's folders when no ``--mugraph-dir`` is given
 DEFAULT_SEARCH_DIR = "egraph-mirage-out/search"
+#: the note of a row whose search gave nothing to time
+NO_SEARCH_RESULT = "no search result: ours not measured"
 
 Log = Callable[[str], None]
 #: the knob settings at which many candidates are pre-ranked before tuning (the faster counts)
@@ -74,18 +87,21 @@ class GpuBenchConfig:
     #: with more candidates than this, all are first timed at ``QUICK_KNOBS`` and only this many
     #: of the fastest are tuned over the whole knob space
     tune_top: int = 4
-    #: with search results, also time the hand-written variants; ``source`` says who won
-    and_handwritten: bool = False
+    #: at most this many sizes of each search result, its own first (``size_variants``'s
+    #: ``limit``; None: its default, ``rank.sizes.DEFAULT_LIMIT``; 1: the search's own only)
+    size_limit: int | None = None
+    #: also time the hand-written reference μGraphs (``reference_*``; never ours)
+    reference: bool = True
 
 
 @dataclass
 class Candidates:
-    """The μGraphs to try for one program and batch, and where they came from."""
+    """The search's μGraphs for one program and batch, and the file each came from."""
 
     graphs: list[KernelGraph]
-    files: list[str | None]  # the file of each; None for the hand-written one
-    source: str  # "search" or "handwritten"
+    files: list[str]
     notes: list[str] = field(default_factory=list)
+    source: str = "search"  # ours comes from the search alone
 
 
 def _signature(g: KernelGraph) -> list[tuple[Any, Any]]:
@@ -93,11 +109,11 @@ def _signature(g: KernelGraph) -> list[tuple[Any, Any]]:
 
 
 def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, strict: bool
-              ) -> tuple[list[KernelGraph], list[str | None]]:
+              ) -> tuple[list[KernelGraph], list[str]]:
     """The files' μGraphs that take ``g``'s inputs; any other is an error where ``strict`` (the
     file names the batch), else left out (a folder named after the program alone)."""
     graphs: list[KernelGraph] = []
-    kept: list[str | None] = []
+    kept: list[str] = []
     for f in files:
         h = load(f)
         if _signature(h) == _signature(g):
@@ -111,36 +127,73 @@ def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, stri
 
 def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
                max_candidates: int | None = None) -> Candidates:
-    """The μGraphs to try for program ``name`` at ``batch`` (``g``), first found of:
+    """The search's μGraphs for program ``name`` at ``batch`` (``g``), first found of:
 
     1. ``DIR/<name>_b<batch>/``: an ``egraph-mirage optimize --out`` folder (``result_<k>.json``
        best first, else ``best.json``; ``search.outdir``); every μGraph must take ``g``'s inputs;
     2. ``DIR/<name>/``: the same, for a search run at one batch: μGraphs for other shapes are
        left out (with a note when none is left);
-    3. ``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: single μGraph files;
-    4. the hand-written fused μGraph, under each of its tilings (``handwritten.variants``).
+    3. ``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: single μGraph files.
 
-    ``max_candidates`` keeps the first that many of a folder (the search's best by its cost
-    model)."""
+    None of them (or no ``mugraph_dir``): no candidate; the hand-written μGraphs are never
+    ours. ``max_candidates`` keeps the first that many of a folder (the search's best by its
+    cost model). Loads JSON only (no egglog, no JAX)."""
     from ..search.outdir import mugraph_files
 
     notes: list[str] = []
-    if mugraph_dir is not None:
-        root = Path(mugraph_dir)
-        flat = (sorted(root.glob(f"{name}_b{batch}.json"))
-                + sorted(root.glob(f"{name}_b{batch}_*.json")))
-        for files, strict in ((mugraph_files(root / f"{name}_b{batch}"), True),
-                              (mugraph_files(root / name), False), (flat, True)):
-            graphs, kept = _load_all(files, name, batch, g, strict)
-            if graphs:
-                n = len(graphs) if max_candidates is None else max(1, max_candidates)
-                if n < len(graphs):
-                    notes.append(f"timed the first {n} of {len(graphs)} μGraphs")
-                return Candidates(graphs[:n], kept[:n], "search", notes)
-            if files:
-                notes.append(f"{files[0].parent}: no μGraph for batch {batch} (other shapes)")
-    graphs = handwritten.variants(name, g)
-    return Candidates(graphs, [None] * len(graphs), "handwritten", notes)
+    if mugraph_dir is None:
+        return Candidates([], [], notes)
+    root = Path(mugraph_dir)
+    flat = (sorted(root.glob(f"{name}_b{batch}.json"))
+            + sorted(root.glob(f"{name}_b{batch}_*.json")))
+    for files, strict in ((mugraph_files(root / f"{name}_b{batch}"), True),
+                          (mugraph_files(root / name), False), (flat, True)):
+        graphs, kept = _load_all(files, name, batch, g, strict)
+        if graphs:
+            n = len(graphs) if max_candidates is None else max(1, max_candidates)
+            if n < len(graphs):
+                notes.append(f"timed the first {n} of {len(graphs)} μGraphs")
+            return Candidates(graphs[:n], kept[:n], notes)
+        if files:
+            notes.append(f"{files[0].parent}: no μGraph for batch {batch} (other shapes)")
+    return Candidates([], [], notes)
+
+
+@dataclass
+class Expanded:
+    """The search's μGraphs with their size variants: what is timed as ours."""
+
+    graphs: list[KernelGraph]
+    files: list[str]  # the search's file each came from
+    variants: list[int]  # its index among that file's size variants (0: the file's own)
+    notes: list[str] = field(default_factory=list)
+
+    def label(self, i: int) -> str:
+        return self.files[i] if self.variants[i] == 0 else f"{self.files[i]}#{self.variants[i]}"
+
+
+def expand_sizes(found: Candidates, g: KernelGraph, limit: int | None = None) -> Expanded:
+    """Each of the search's μGraphs followed by its size variants
+    (``rank.sizes.size_variants``, verified against ``g``); a μGraph met twice is kept once,
+    the first time. A result whose variants cannot be made is kept at its own sizes (a note)."""
+    from ..rank.sizes import size_variants
+
+    out = Expanded([], [], [])
+    seen: set[str] = set()
+    for h, f in zip(found.graphs, found.files):
+        try:
+            sized = size_variants(h, target=g, limit=limit)
+        except EMError as exc:  # one result's sizes must not end the benchmark
+            out.notes.append(f"ours: no size variants of {f}: {exc}"[:200])
+            sized = [h]
+        for k, v in enumerate(sized):
+            key = dumps(v)
+            if key not in seen:
+                seen.add(key)
+                out.graphs.append(v)
+                out.files.append(f)
+                out.variants.append(k)
+    return out
 
 
 def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
@@ -166,13 +219,134 @@ def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
     return folder
 
 
-def _best(times: Mapping[str, float | None]) -> float | None:
-    vals = [v for v in times.values() if v is not None]
-    return min(vals) if vals else None
+@dataclass
+class Measured:
+    """The fastest of a set of μGraphs, tuned, checked again on fresh inputs and timed."""
+
+    us: float | None = None  # plain launches; None: nothing compiled, passed and was timed
+    graph_us: float | None = None  # CUDA-graph replay
+    label: str | None = None  # the winner's label
+    knobs: dict[str, Any] | None = None
+    candidates_us: dict[str, float | None] = field(default_factory=dict)  # tuned time per label
+    kernel_us: dict[str, float] | None = None  # per kernel, where the timer profiles them
+    notes: list[str] = field(default_factory=list)
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b <= 0 else a / b
+@dataclass
+class BenchContext:
+    """What measuring μGraphs of one program at one batch needs (``bench_one`` builds it): the
+    program, the configuration, the timers, the compiler and the inputs."""
+
+    g: KernelGraph
+    cfg: GpuBenchConfig
+    timer: Any
+    tune_timer: Any
+    compiler: Any
+    device_name: str
+    sets: Any
+    check_inputs: Any
+
+
+def measure(graphs: Sequence[KernelGraph], labels: Sequence[str], who: str, b: BenchContext,
+            profile: bool = False) -> Measured:
+    """Tune every μGraph (many: pre-ranked at ``QUICK_KNOBS``, the fastest ``tune_top`` tuned),
+    check the fastest again on fresh inputs and time it; notes start with ``who``."""
+    from ..gpu.timing import random_inputs
+    from ..gpu.tune import Trial, TuneCache, TuneResult, check, tolerance, tune
+    from ..rank.measured import rank
+
+    cfg, g, out = b.cfg, b.g, Measured()
+    cache = TuneCache(cfg.cache_dir)
+    space = None if cfg.tune else {}
+
+    def _tune_safely(h: KernelGraph, space: Any) -> Any:
+        try:
+            return tune(h, g, compiler=b.compiler, timer=b.tune_timer, input_sets=b.sets,
+                        check_inputs=b.check_inputs, device=b.device_name, cache=cache,
+                        space=space)
+        except Exception as exc:  # one broken candidate must not end the benchmark
+            return TuneResult([Trial({}, "failed", message=f"{type(exc).__name__}: {exc}")])
+
+    label = {id(h): s for h, s in zip(graphs, labels)}
+    todo = list(graphs)
+    if cfg.tune and len(todo) > cfg.tune_top:  # pre-rank at a few knob settings
+        pre = rank(todo, lambda h: _tune_safely(h, QUICK_KNOBS))
+        todo = [r.mugraph for r in pre[:cfg.tune_top] if r.us is not None] or todo
+        out.notes.append(f"{who}: {len(graphs)} μGraphs pre-ranked at {QUICK_KNOBS}, the "
+                         f"fastest {len(todo)} tuned")
+    ranked = rank(todo, lambda h: _tune_safely(h, space))
+    out.candidates_us = {label[id(r.mugraph)]: r.us for r in ranked}
+    top = ranked[0]
+    if top.us is None or top.tuned is None or top.tuned.fn is None:
+        msgs = {f"{t.status}: {t.message or t.error}" for r in ranked if r.tuned
+                for t in r.tuned.trials}
+        out.notes.append(f"{who}: no setting compiled and passed the check ("
+                         + "; ".join(sorted(msgs))[:300] + ")")
+        return out
+    out.knobs = top.tuned.best.knobs if top.tuned.best else None
+    out.label = label[id(top.mugraph)]
+    failed = sum(r.us is None for r in ranked)
+    if failed:
+        out.notes.append(f"{who}: {failed} of {len(ranked)} μGraphs failed to lower or failed "
+                         "the check")
+    ok, err = check(top.tuned.fn, g, random_inputs(g, cfg.device, cfg.seed + 20_000, cfg.std))
+    if not ok:
+        out.notes.append(f"{who}: relative error {err:.2e} on fresh inputs (> {tolerance(g)})")
+        return out
+    out.us = b.timer.plain(top.tuned.fn, b.sets)
+    out.graph_us = b.timer.graph(top.tuned.fn, b.sets)
+    if profile and callable(getattr(b.timer, "kernels", None)):  # where the time goes
+        out.kernel_us = b.timer.kernels(top.tuned.fn, b.sets)
+    return out
+
+
+def _ours(name: str, batch: int, b: BenchContext, row: dict[str, Any],
+          notes: list[str]) -> Measured:
+    """Ours: the search's μGraphs and their size variants; fills the row's search fields."""
+    cfg = b.cfg
+    found = candidates(name, batch, b.g, cfg.mugraph_dir, cfg.max_candidates)
+    notes += found.notes
+    row.update(search_results=len(found.graphs), candidates=0, candidates_us={})
+    if not found.graphs:
+        why = ("the search found no μGraph" if cfg.from_search
+               else "no --mugraph-dir or --from-search" if cfg.mugraph_dir is None
+               else f"no μGraph for {name} at batch {batch} in {cfg.mugraph_dir}")
+        notes.append(f"{NO_SEARCH_RESULT} ({why})")
+        return Measured()
+    row["candidates"] = len(found.graphs)
+    if b.compiler is None:
+        notes.append("no lowering yet: ours not measured")
+        return Measured()
+    ex = expand_sizes(found, b.g, cfg.size_limit)
+    notes += ex.notes
+    row["candidates"] = len(ex.graphs)
+    labels = [ex.label(i) for i in range(len(ex.graphs))]
+    m = measure(ex.graphs, labels, "ours", b, profile=True)
+    notes += m.notes
+    if m.label is not None:
+        i = labels.index(m.label)
+        row.update(mugraph_file=ex.files[i], size_variant=ex.variants[i])
+    row["candidates_us"] = m.candidates_us
+    return m
+
+
+def _reference(name: str, b: BenchContext, row: dict[str, Any], notes: list[str]) -> Measured:
+    """The hand-written reference μGraphs, in their own column."""
+    if not b.cfg.reference:
+        return Measured()
+    try:
+        graphs = reference.variants(name, b.g)
+    except GraphError as exc:
+        notes.append(f"reference: {exc}")
+        return Measured()
+    row["reference_candidates"] = len(graphs)
+    if b.compiler is None:
+        notes.append("no lowering yet: reference not measured")
+        return Measured()
+    m = measure(graphs, [f"reference[{i}]" for i in range(len(graphs))], "reference", b)
+    notes += m.notes
+    row.update(reference_candidate=m.label, reference_candidates_us=m.candidates_us)
+    return m
 
 
 def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: Any,
@@ -183,112 +357,55 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
     ``timer``) ranks the knob settings; the reported figures are ``timer``'s."""
     from ..gpu import baselines as bl
     from ..gpu.timing import graph_bytes, input_sets, l2_bytes, random_inputs, rotation_count
-    from ..gpu.tune import Trial, TuneCache, TuneResult, check, tolerance, tune
-    from ..rank.measured import rank
+    from ..gpu.tune import check
 
     g = benchmarks.get(name, batch=batch, small=cfg.small)
     if cfg.from_search:
         search_into(name, batch, g, cfg, log)
     count = rotation_count(graph_bytes(g), l2_bytes() if cfg.device == "cuda" else 64 << 20)
-    sets = input_sets(g, count, cfg.device, cfg.seed, cfg.std)
-    check_inputs = random_inputs(g, cfg.device, cfg.seed + 10_000, cfg.std)
+    b = BenchContext(g, cfg, timer, tune_timer or timer, compiler, device_name,
+               input_sets(g, count, cfg.device, cfg.seed, cfg.std),
+               random_inputs(g, cfg.device, cfg.seed + 10_000, cfg.std))
     notes: list[str] = []
-    row: dict[str, Any] = {"benchmark": name, "batch": batch, "device": device_name,
-                           "floor_us": floor.us(g), "input_sets": count}
-
-    found = candidates(name, batch, g, cfg.mugraph_dir, cfg.max_candidates)
-    if cfg.and_handwritten and found.source == "search":
-        extra = handwritten.variants(name, g)
-        found = Candidates(found.graphs + extra, found.files + [None] * len(extra), "search",
-                           found.notes)
-    notes += found.notes
-    if cfg.from_search and found.source == "handwritten":
-        notes.append("the search found no μGraph: the hand-written one is ours")
-    where = {id(h): f for h, f in zip(found.graphs, found.files)}
-    row.update(source=found.source, mugraph_file=None, candidates=len(found.graphs),
-               candidates_us={})
-    ours = ours_graph = None
-    knobs: dict[str, Any] | None = None
-    if compiler is None:
-        notes.append("no lowering yet: ours not measured")
-    else:
-        cache = TuneCache(cfg.cache_dir)
-        space = None if cfg.tune else {}
-
-        def _tune_safely(h: KernelGraph, space: Any) -> Any:
-            try:
-                return tune(h, g, compiler=compiler, timer=tune_timer or timer,
-                            input_sets=sets, check_inputs=check_inputs, device=device_name,
-                            cache=cache, space=space)
-            except Exception as exc:  # one broken candidate must not end the benchmark
-                return TuneResult([Trial({}, "failed", message=f"{type(exc).__name__}: {exc}")])
-
-        def tuner(h: KernelGraph) -> Any:
-            return _tune_safely(h, space)
-
-        graphs = found.graphs
-        if cfg.tune and len(graphs) > cfg.tune_top:  # pre-rank at a few knob settings
-            pre = rank(graphs, lambda h: _tune_safely(h, QUICK_KNOBS))
-            graphs = [r.mugraph for r in pre[:cfg.tune_top] if r.us is not None] or graphs
-            notes.append(f"ours: {len(found.graphs)} μGraphs pre-ranked at {QUICK_KNOBS}, "
-                         f"the fastest {len(graphs)} tuned")
-        ranked = rank(graphs, tuner)
-        hand = [h for h, f in zip(found.graphs, found.files) if f is None]
-        label = {id(h): f or f"handwritten[{hand.index(h)}]" for h, f in
-                 zip(found.graphs, found.files)}
-        row["candidates_us"] = {label[id(r.mugraph)]: r.us for r in ranked}
-        top = ranked[0]
-        if top.us is None or top.tuned is None or top.tuned.fn is None:
-            msgs = {f"{t.status}: {t.message or t.error}" for r in ranked if r.tuned
-                    for t in r.tuned.trials}
-            notes.append("ours: no setting compiled and passed the check (" +
-                         "; ".join(sorted(msgs))[:300] + ")")
-        else:
-            knobs = top.tuned.best.knobs if top.tuned.best else None
-            row["mugraph_file"] = where[id(top.mugraph)]
-            row["source"] = "handwritten" if row["mugraph_file"] is None else "search"
-            failed = sum(r.us is None for r in ranked)
-            if failed:
-                notes.append(f"ours: {failed} of {len(ranked)} μGraphs failed to lower or "
-                             "failed the check")
-            ok, err = check(top.tuned.fn, g, random_inputs(g, cfg.device, cfg.seed + 20_000,
-                                                           cfg.std))
-            if not ok:
-                notes.append(f"ours: relative error {err:.2e} on fresh inputs (> {tolerance(g)})")
-            else:
-                ours = timer.plain(top.tuned.fn, sets)
-                ours_graph = timer.graph(top.tuned.fn, sets)
-                if callable(getattr(timer, "kernels", None)):  # where our time goes
-                    row["kernel_us"] = timer.kernels(top.tuned.fn, sets)
-    row.update(ours_us=ours, ours_graph_us=ours_graph, knobs=knobs)
+    row: dict[str, Any] = dict.fromkeys(KEYS) | {
+        "benchmark": name, "batch": batch, "device": device_name, "source": "search",
+        "floor_us": floor.us(g), "reference_candidates": 0, "reference_candidates_us": {}}
+    ours = _ours(name, batch, b, row, notes)
+    ref = _reference(name, b, row, notes)
+    row.update(ours_us=ours.us, ours_graph_us=ours.graph_us, knobs=ours.knobs,
+               reference_us=ref.us, reference_graph_us=ref.graph_us, reference_knobs=ref.knobs)
 
     plain: dict[str, float | None] = {}
     graph: dict[str, float | None] = {}
-    for b in bl.baselines_for(g, cfg.use_compile, cfg.max_autotune):
+    for base in bl.baselines_for(g, cfg.use_compile, cfg.max_autotune):
         try:
-            ok, err = check(b.fn, g, check_inputs, fn_inputs=b.prepare(check_inputs))
+            ok, err = check(base.fn, g, b.check_inputs, fn_inputs=base.prepare(b.check_inputs))
             if not ok:
-                notes.append(f"{b.name}: relative error {err:.2e}, left out")
+                notes.append(f"{base.name}: relative error {err:.2e}, left out")
                 continue
-            prepared = [b.prepare(s) for s in sets]
-            plain[b.name] = timer.plain(b.fn, prepared)
-            graph[b.name] = timer.graph(b.fn, prepared)
+            prepared = [base.prepare(s) for s in b.sets]
+            plain[base.name] = timer.plain(base.fn, prepared)
+            graph[base.name] = timer.graph(base.fn, prepared)
         except Exception as exc:  # e.g. a baseline that cannot be captured in a graph
-            notes.append(f"{b.name}: {type(exc).__name__}: {exc}"[:200])
-            plain.setdefault(b.name, None)
-            graph.setdefault(b.name, None)
+            notes.append(f"{base.name}: {type(exc).__name__}: {exc}"[:200])
+            plain.setdefault(base.name, None)
+            graph.setdefault(base.name, None)
     row.update(baselines_us=plain, baselines_graph_us=graph,
-               speedup_vs_best=_ratio(_best(plain), ours),
-               speedup_vs_best_graph=_ratio(_best(graph), ours_graph),
-               floor_fraction=_ratio(row["floor_us"], ours),
-               floor_fraction_graph=_ratio(row["floor_us"], ours_graph),
+               speedup_vs_best=ratio(best(plain), ours.us),
+               speedup_vs_best_graph=ratio(best(graph), ours.graph_us),
+               ours_vs_reference=ratio(ref.us, ours.us),
+               ours_vs_reference_graph=ratio(ref.graph_us, ours.graph_us),
+               floor_fraction=ratio(row["floor_us"], ours.us),
+               floor_fraction_graph=ratio(row["floor_us"], ours.graph_us),
                notes=notes)
-    log(f"{name} b={batch}: ours ({row['source']}"
+    log(f"{name} b={batch}: ours (search"
         + (f" {row['mugraph_file']}" if row["mugraph_file"] else "")
-        + f", best of {len(found.graphs)}) {_fmt(ours)} / {_fmt(ours_graph)} µs (graph), baselines "
-        + ", ".join(f"{k} {_fmt(plain[k])} / {_fmt(graph.get(k))}" for k in plain)
+        + f", best of {row['candidates']}) {fmt(ours.us)} / {fmt(ours.graph_us)} µs (graph); "
+        + f"reference (hand-written, best of {row['reference_candidates']}) {fmt(ref.us)} / "
+        + f"{fmt(ref.graph_us)}; baselines "
+        + ", ".join(f"{k} {fmt(plain[k])} / {fmt(graph.get(k))}" for k in plain)
         + (f"; {'; '.join(notes)}" if notes else ""))
-    extra = {k: row[k] for k in ("kernel_us",) if k in row}
+    extra = {"kernel_us": ours.kernel_us} if ours.kernel_us is not None else {}
     return {k: row[k] for k in KEYS} | extra | {"input_sets": count}
 
 
@@ -323,108 +440,6 @@ def bench_gpu(cfg: GpuBenchConfig, *, timer: Any = None, floor: Any = None, comp
     return rows
 
 
-# --- reports -----------------------------------------------------------------------------------
-
-def _fmt(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def _baseline_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    seen: list[str] = []
-    for r in rows:
-        seen += [k for k in r["baselines_us"] if k not in seen]
-    return seen
-
-
-def table_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    names = _baseline_names(rows)
-    head = ["program", "b", "source", "floor", "ours", "ours+graph"]
-    for n in names:
-        head += [n, f"{n}+graph"]
-    head += ["best", "best+graph", "speedup", "speedup+graph", "floor/ours+graph"]
-    body = []
-    for r in rows:
-        cells = [r["benchmark"], str(r["batch"]), r["source"], _fmt(r["floor_us"]),
-                 _fmt(r["ours_us"]), _fmt(r["ours_graph_us"])]
-        for n in names:
-            cells += [_fmt(r["baselines_us"].get(n)), _fmt(r["baselines_graph_us"].get(n))]
-        cells += [_fmt(_best(r["baselines_us"])), _fmt(_best(r["baselines_graph_us"])),
-                  _fmt(r["speedup_vs_best"], 2), _fmt(r["speedup_vs_best_graph"], 2),
-                  _fmt(r["floor_fraction_graph"], 2)]
-        body.append(cells)
-    return head, body
-
-
-def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The rows as an aligned text table (µs; speedups over the best baseline, like for like)."""
-    head, body = table_cells(rows)
-    return "\n".join(aligned(head, body, left=3))
-
-
-def markdown(rows: Sequence[Mapping[str, Any]], date: str, command: str,
-             bandwidth: float | None = None) -> str:
-    """A Markdown report of the rows: device, date, command, then the table."""
-    head, body = table_cells(rows)
-    devices = sorted({r["device"] for r in rows})
-    lines = ["# GPU benchmarks", "",
-             f"Measured on {', '.join(devices)}, {date}, with `{command}`.", ""]
-    if bandwidth:
-        lines += [f"Copy bandwidth measured in the same run: {bandwidth / 1e12:.2f} TB/s "
-                  "(bytes read + written); floor = input + output bytes at that rate.", ""]
-    lines += ["fp16, µs, medians. Plain: `triton.testing.do_bench` (L2 flushed); +graph: replay "
-              "of a captured CUDA graph, inputs rotated when they fit in L2. Speedup: best "
-              "baseline over ours, plain vs plain and graph vs graph. `source`: where ours came "
-              "from: `search` (the fastest of the search's μGraphs, each tuned; the JSON rows "
-              "name its file) or `handwritten` (a hand-written fused μGraph).", "",
-              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    where: dict[str, list[str]] = {}  # a note shared by several rows is written once
-    for r in rows:
-        for n in r["notes"]:
-            where.setdefault(n, []).append(f"{r['benchmark']} b={r['batch']}")
-    if where:
-        lines += ["", "Notes:", ""]
-        lines += [f"- {n} ({'every row' if len(w) == len(rows) > 1 else ', '.join(w)})"
-                  for n, w in where.items()]
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
-    """A PNG of floor / time (graph replay) per program and system, and of ours' speedups."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['benchmark']}\nb={r['batch']}" for r in rows]
-    has_ours = any(r["ours_graph_us"] is not None for r in rows)
-    systems = ["ours"] * has_ours + _baseline_names(rows)
-    fig, axes = plt.subplots(2 if has_ours else 1, 1, figsize=(max(8, 0.9 * len(rows)), 8),
-                             squeeze=False)
-    ax = axes[0][0]
-    width = 0.8 / len(systems)
-    for i, s in enumerate(systems):
-        vals = [_ratio(r["floor_us"], r["ours_graph_us"] if s == "ours"
-                       else r["baselines_graph_us"].get(s)) or 0.0 for r in rows]
-        ax.bar([x + i * width for x in range(len(rows))], vals, width, label=s)
-    ax.set_ylabel("floor / time (CUDA graph)")
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=7)
-    ax.legend(fontsize=7)
-    ax.set_title(f"{rows[0]['device'] if rows else ''}: fraction of the bandwidth floor")
-    if has_ours:
-        ax2 = axes[1][0]
-        for i, key in enumerate(("speedup_vs_best", "speedup_vs_best_graph")):
-            ax2.bar([x + i * 0.4 for x in range(len(rows))], [r[key] or 0.0 for r in rows], 0.4,
-                    label="plain" if i == 0 else "CUDA graph")
-        ax2.axhline(1.0, color="k", linewidth=0.8)
-        ax2.set_ylabel("speedup over best baseline")
-        ax2.set_xticks([x + 0.2 for x in range(len(rows))], labels, fontsize=7)
-        ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 # --- the command -------------------------------------------------------------------------------
 
 def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
@@ -437,6 +452,7 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
     from ..files import write_atomic
     from ..gpu.floor import Floor, measure_copy_bandwidth
     from ..gpu.tune import default_cache_dir
+    from ..rank.measured import keep_jax_off_the_gpu
 
     if not torch.cuda.is_available():
         print("error: bench gpu needs a CUDA GPU, and torch sees none", file=sys.stderr)
@@ -445,25 +461,28 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
         print("error: --batch sizes must be positive", file=sys.stderr)
         return 2
     cache = None if args.no_cache else str(args.cache_dir or default_cache_dir())
-    if args.max_candidates is not None and args.max_candidates < 1:
-        print("error: --max-candidates must be at least 1", file=sys.stderr)
-        return 2
-    if args.tune_top < 1:
-        print("error: --tune-top must be at least 1", file=sys.stderr)
-        return 2
+    for flag, value in (("--max-candidates", args.max_candidates), ("--tune-top", args.tune_top),
+                        ("--size-variants", args.size_variants)):
+        if value is not None and value < 1:
+            print(f"error: {flag} must be at least 1", file=sys.stderr)
+            return 2
     if args.search_budget <= 0:
         print("error: --search-budget must be positive", file=sys.stderr)
         return 2
+    if args.and_handwritten:
+        _stderr("note: --and-handwritten is no longer needed: the hand-written reference is "
+                "always timed, in its own column, never as ours (--no-reference leaves it out)")
+    if args.mugraph_dir is None and not args.from_search:
+        _stderr("note: no --mugraph-dir or --from-search: ours (the search's) stays empty; "
+                "only the reference and the baselines are timed")
     cfg = GpuBenchConfig(programs=args.programs or benchmarks.names(), batches=args.batch,
                          mugraph_dir=args.mugraph_dir, use_compile=not args.no_compile,
                          max_autotune=args.max_autotune, tune=not args.no_tune, cache_dir=cache,
                          max_candidates=args.max_candidates, from_search=args.from_search,
                          search_budget=args.search_budget, search_workers=args.search_workers,
-                         tune_top=args.tune_top, and_handwritten=args.and_handwritten)
-    if cfg.from_search:
-        from ..rank.measured import keep_jax_off_the_gpu
-
-        keep_jax_off_the_gpu()  # before anything imports JAX
+                         tune_top=args.tune_top, size_limit=args.size_variants,
+                         reference=not args.no_reference)
+    keep_jax_off_the_gpu()  # before the search or the size variants' verifier imports JAX
     floor = Floor(measure_copy_bandwidth())
     _stderr(f"copy bandwidth {floor.bandwidth / 1e12:.2f} TB/s (read + write)")
     rows = bench_gpu(cfg, floor=floor)

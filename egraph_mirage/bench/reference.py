@@ -1,11 +1,14 @@
-"""Hand-written fused μGraphs for the benchmark programs.
+"""Hand-written fused μGraphs for the benchmark programs: a reference, not part of the library.
+
+The search finds its μGraphs without these; ``egraph-mirage bench gpu`` times them in a column of
+their own (``reference``) beside the search's results, and tests use them as known-good μGraphs
+for the verifier, the lowering and serialisation.
 
 Each builder takes the benchmark's kernel graph and returns a μGraph over the same inputs that
 computes the same outputs with graph-defined kernels. Tile sizes come from the shapes under the
 caps of a ``Tiles`` (by default at most 64 along each tiled dimension), never from the program's
-name. These serve as references for the verifier and the lowering, and as the forms the search
-should rediscover. ``variants(name, g)`` gives the same form under a few tile caps, for a GPU
-tuner to choose among: the tile sizes are part of the μGraph, not knobs of its lowering.
+name. ``variants(name, g)`` gives the same form under a few tile caps, for a GPU tuner to choose
+among: the tile sizes are part of the μGraph, not knobs of its lowering.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import GraphError, ResourceError
-from .graph import KernelGraph, Tensor, new_kernel_graph
-from .mugraph import new_threadblock_graph
-from .mugraph.serialize import dumps
-from .mugraph.threadblock import DEFAULT_SMEM_BYTES, BlockTensor, ThreadBlockGraph
+from ..errors import GraphError, ResourceError
+from ..graph import KernelGraph, Tensor, new_kernel_graph
+from ..mugraph import new_threadblock_graph
+from ..mugraph.serialize import dumps
+from ..mugraph.threadblock import DEFAULT_SMEM_BYTES, BlockTensor, ThreadBlockGraph
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """Soundness benchmark of the finite-field verifier: mutants of the hand-written μGraphs.
 
-``bench_verify()`` takes each benchmark program ``g`` and its hand-written μGraph, generates
-mutants (``mugraph.mutate``: single edits, then chains of edits) and classifies each by float
-ground truth: ``run_reference`` (block by block, float64) on two random normal input sets against
-``g.evaluate``. A relative error above 1e-6 makes it *non-equivalent*, below 1e-9 *equivalent*,
-between *ambiguous* (dropped, counted). A non-finite output is retried on inputs scaled by 0.25
-and 0.05; if it stays non-finite (a sqrt of a negative number) the mutant is non-equivalent. A
-mutant with other output dims counts as ``shape_mismatch``, not in ``mutants``. One verifier per
-benchmark then checks every mutant:
+``bench_verify()`` takes each benchmark program ``g`` and its hand-written reference μGraph
+(``bench.reference.fused``), generates mutants (``mugraph.mutate``: single edits, then chains of
+edits) and classifies each by float ground truth: ``run_reference`` (block by block, float64) on
+two random normal input sets against ``g.evaluate``. A relative error above 1e-6 makes it
+*non-equivalent*, below 1e-9 *equivalent*, between *ambiguous* (dropped, counted). A non-finite
+output is retried on inputs scaled by 0.25 and 0.05; if it stays non-finite (a sqrt of a
+negative number) the mutant is non-equivalent. A mutant with other output dims counts as
+``shape_mismatch``, not in ``mutants``. One verifier per benchmark then checks every mutant:
 
 * ``false_accepts``: the verifier says equivalent, the float check says not (must be 0);
 * ``false_rejects``: it rejects a float-equivalent mutant. ``known_incomplete``: of those, the
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import benchmarks, handwritten
+from .. import benchmarks
 from ..graph import KernelGraph
 from ..mugraph import accumulators as accs
 from ..mugraph.mutate import MutationStats, mutants
@@ -54,6 +54,7 @@ from ..ops import table as optable
 from ..ops.field_ops import RandomFunction
 from ..verify import Verifier, VerifyError, VerifyResult
 from ..verify import field as ff
+from . import reference
 from .table import aligned
 
 KEYS = ("benchmark", "mutants", "false_accepts", "equivalents", "false_rejects", "ms_per_verify",
@@ -250,7 +251,7 @@ def bench_target(name: str, small: bool = False, min_mutants: int = 1000, seed: 
     if mode == "auto":
         big = sum(math.prod(t.dims) for t in g.inputs) > AUTO_JIT_ELEMENTS
         mode = "jit" if big else "numpy"
-    h = handwritten.fused(name, g)
+    h = reference.fused(name, g)
     truth = FloatTruth(g, seed)
     t0 = time.perf_counter()
     v = Verifier(g, tests=tests, seed=seed, backend=mode)

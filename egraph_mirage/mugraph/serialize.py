@@ -188,8 +188,10 @@ class _Reader:
         return (self.typed(e["op"], f"{where}.op", str, "a string"), raw,
                 [self.pick(tensors, x, f"{where}.operands[{i}]") for i, x in enumerate(raw)])
 
-    def params(self, v: Any, where: str, keys: Iterable[str]) -> dict[str, Any]:
-        p = self.as_obj(v["params"], f"{where}.params", set(keys))
+    def params(self, v: Any, where: str, keys: Iterable[str],
+               optional: Iterable[str] = ()) -> dict[str, Any]:
+        given = set(v["params"]) if isinstance(v["params"], dict) else set()
+        p = self.as_obj(v["params"], f"{where}.params", set(keys) | (given & set(optional)))
         return {k: _tuples(x) for k, x in p.items()}
 
     def read(self, text: str) -> KernelGraph:
@@ -232,7 +234,8 @@ class _Reader:
                 if due:
                     self.fail(w, f"expected output {due[0][1]} of kernel {due[0][0]}")
                 with self.at(w):
-                    g.apply(op, args, **self.params(v, w, lookup(op).params))
+                    g.apply(op, args, **self.params(v, w, lookup(op).params,
+                                                      lookup(op).optional_names))
                 continue
             p = self.as_obj(v["params"], f"{w}.params", {"kernel", "output"})
             k = self.as_int(p["kernel"], f"{w}.params.kernel", 0)
@@ -293,7 +296,8 @@ class _Reader:
                 else:
                     if BLOCK not in lookup(op).levels:
                         self.fail(f"{wi}.op", f"{op} is not allowed in a thread-block graph")
-                    tb.apply(op, args, **self.params(v, wi, lookup(op).params))
+                    tb.apply(op, args, **self.params(v, wi, lookup(op).params,
+                                                       lookup(op).optional_names))
         for i, v in enumerate(self.typed(d["outputs"], f"{w}.outputs", list, "a JSON list")):
             wi = f"{w}.outputs[{i}]"
             o = self.as_obj(v, wi, {"tensor", "output_map"})

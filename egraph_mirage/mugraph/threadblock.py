@@ -135,8 +135,11 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
         spec = lookup(op)
         if BLOCK not in spec.levels:
             raise BlockGraphError(f"{op}: not allowed in a thread-block graph")
-        if set(params) != set(spec.params):
-            raise BlockGraphError(f"{op}: expects parameters {spec.params}, got {tuple(params)}")
+        bound = spec.bind(params)
+        if bound is None:
+            raise BlockGraphError(f"{op}: expects parameters {spec.params_text}, got "
+                                  f"{tuple(params)}")
+        params = bound
         operands = tuple(operands)
         lo, hi = spec.num_inputs
         if not lo <= len(operands) <= hi:
@@ -152,9 +155,9 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
         dtype = spec.dtype(op, [t.dtype for t in operands], params)
         return self._add(tuple(dims), dtype, op, operands, params, side)
 
-    def rms_norm(self, A: BlockTensor) -> BlockTensor:
+    def rms_norm(self, A: BlockTensor, eps: float = 0.0) -> BlockTensor:
         """Normalise over the tile's last dimension."""
-        return self.apply("rms_norm", (A,), normalized_shape=(A.dims[-1],))
+        return self.apply("rms_norm", (A,), normalized_shape=(A.dims[-1],), eps=eps)
 
     def forloop_accum(self, A: BlockTensor, acc: str | None = None,
                       rescale: BlockTensor | None = None) -> BlockTensor:

@@ -88,6 +88,19 @@ def concat(op: str, shapes: Sequence[Shape], params: Params) -> Shape:
     return tuple(x + y if i == d else x for i, (x, y) in enumerate(zip(a, b)))
 
 
+def slice_last(op: str, shapes: Sequence[Shape], params: Params) -> Shape:
+    """Elements ``start:stop`` of the last dimension (0 <= start < stop <= its size)."""
+    (a,) = shapes
+    start, stop = params["start"], params["stop"]
+    for name, v in (("start", start), ("stop", stop)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ShapeError(f"{op}: {name} must be an integer, got {v!r}")
+    if not a or not 0 <= start < stop <= a[-1]:
+        raise ShapeError(f"{op}: [{start}:{stop}] is not a non-empty slice of the last dimension "
+                         f"of shape {tuple(a)} (0 <= start < stop <= size)")
+    return (*a[:-1], stop - start)
+
+
 def normalized_size(op: str, shape: Shape, normalized_shape: object) -> int:
     """Elements normalised together by ``rms_norm``: the product of the trailing dimensions."""
     if isinstance(normalized_shape, int):

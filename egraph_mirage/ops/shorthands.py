@@ -66,3 +66,42 @@ class OpShorthands(Generic[T]):
 
     def concat(self, A: T, B: T, dim: int) -> T:
         return self.apply("concat", (A, B), dim=dim)
+
+    # --- the operators of transformer blocks ---------------------------------------------------
+    def sub(self, A: T, B: T) -> T:
+        return self.apply("sub", (A, B))
+
+    def neg(self, A: T) -> T:
+        return self.apply("neg", (A,))
+
+    def rsqrt(self, A: T) -> T:
+        return self.apply("rsqrt", (A,))
+
+    def sigmoid(self, A: T) -> T:
+        return self.apply("sigmoid", (A,))
+
+    def tanh(self, A: T) -> T:
+        return self.apply("tanh", (A,))
+
+    def gelu_tanh(self, A: T) -> T:
+        """GELU, tanh form (the same function as ``gelu``)."""
+        return self.apply("gelu_tanh", (A,))
+
+    def gelu_erf(self, A: T) -> T:
+        """GELU, erf form (PyTorch's default)."""
+        return self.apply("gelu_erf", (A,))
+
+    def add_scalar(self, A: T, scalar: float) -> T:
+        return self.apply("add_scalar", (A,), scalar=scalar)
+
+    def mean(self, A: T, dim: int) -> T:
+        """Mean over ``dim``, kept with size 1."""
+        return self.apply("mean", (A,), dim=dim)
+
+    def amax(self, A: T, dim: int) -> T:
+        """Max over ``dim``, kept with size 1."""
+        return self.apply("amax", (A,), dim=dim)
+
+    def slice_last(self, A: T, start: int, stop: int) -> T:
+        """Elements ``start:stop`` of the last dimension (kernel graphs only)."""
+        return self.apply("slice_last", (A,), start=start, stop=stop)

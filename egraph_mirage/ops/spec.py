@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +115,11 @@ class OpSpec:
     triton: TritonEmission
     #: One-line description for documentation and error messages.
     doc: str
+    #: Parameters a program may leave out, each with the number that leaving it out means
+    #: (``rms_norm``'s ``eps``, 0.0). One given at that number is dropped (``bind``), so the
+    #: program builds, prints, serialises and lowers exactly as one that leaves it out. The
+    #: search varies ``params`` only.
+    optional: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         missing = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
@@ -121,6 +127,25 @@ class OpSpec:
             raise TypeError(f"op-table entry {self.name!r} lacks {', '.join(missing)}")
         if not self.levels <= LEVELS or not self.levels:
             raise TypeError(f"op-table entry {self.name!r} has bad levels {sorted(self.levels)}")
+
+    @property
+    def optional_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.optional)
+
+    @property
+    def params_text(self) -> str:
+        """The parameter names for error messages: ``('dim',)``, or with ``and optionally``."""
+        extra = f" and optionally {self.optional_names}" if self.optional else ""
+        return f"{self.params}{extra}"
+
+    def bind(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``params`` as a program stores them: None unless every name of ``params`` is given
+        and no other but optional ones; optional ones at their default left out."""
+        names, optional = set(params), dict(self.optional)
+        if not set(self.params) <= names <= set(self.params) | set(optional):
+            return None
+        return {k: v for k, v in params.items()
+                if not (k in optional and _is_number(v) and v == optional[k])}
 
     @property
     def elementwise(self) -> bool:
@@ -140,3 +165,8 @@ class OpSpec:
         if not self.elementwise or self.params or self.num_inputs[0] != self.num_inputs[1]:
             return None
         return {1: "unary", 2: "binary"}.get(self.num_inputs[0])
+
+
+def _is_number(v: object) -> bool:
+    """A real number (numpy's included), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)

@@ -12,8 +12,8 @@ what the rest of egraph-mirage needs to know about one kind of term node:
 
 Constructors that one operator introduces are declared in that operator's op-table entry
 (``OpSpec.terms``); the ones below are shared: graph inputs and constants, sums (matmul,
-reduction, accumulators), root mean squares (rms_norm, the ``rms`` accumulator) and the running
-max of online softmax.
+reduction, mean, accumulators), root mean squares (rms_norm, the ``rms`` accumulator) and maxima
+(amax, the running max of online softmax).
 """
 
 from __future__ import annotations
@@ -113,13 +113,13 @@ CORE_TERMS: tuple[Constructor, ...] = (
     Constructor("Var", ("String",), 'graph input number k is (Var "vk")', 0.0, variable),
     Constructor("Num", ("i64",), "an integer constant, such as the count in a mean", 0.0,
                 constant),
-    Constructor("Const", ("String",), "a scalar of mul_scalar, written as Python's repr of the "
-                "float", 0.0, constant),
+    Constructor("Const", ("String",), "a scalar (mul_scalar, add_scalar, rms_norm's eps), "
+                "written as Python's repr of the float", 0.0, constant),
     Constructor("Sum", ("i64", "Expr"), "the sum of n instances of the body (n > 1)", 1.0,
                 largest),
     Constructor("Rms", ("i64", "Expr"), "root mean square of n elements", 6.0, opaque),
-    Constructor("Max", ("i64", "Expr"), "the max of n elements (online softmax's running max)",
-                4.0, opaque),
+    Constructor("Max", ("i64", "Expr"), "the max of n elements (amax, online softmax's running "
+                "max)", 4.0, opaque),
 )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import EMError
 from ..expr import Term
-from ..mugraph.accumulators import ACCUMULATORS
+from ..mugraph.accumulators import ACCUMULATORS, running_max_expr, running_max_shape
 from ..mugraph.threadblock import EPILOGUE, INVARIANT, LOOP_SIDE
 from ..ops import BLOCK, OPS
 from .config import SearchConfig
@@ -38,9 +38,12 @@ class Tile:
     itemsize: int
     side: str
     dcls: tuple[Any, ...]
-    op: str  # "input", an op-table name, or "accum"
+    op: str  # "input", an op-table name, "accum" or "max" (a running max)
     args: tuple[int, ...]
     params: tuple[tuple[str, Any], ...]
+    #: the key of the running max this loop-side tile moves with (None: no running max): it
+    #: may only be accumulated rescaled by that max (online softmax)
+    shift: Any = None
 
 
 @dataclass
@@ -227,13 +230,29 @@ class BlockSearch:
                     and not self.reach.siblings(operands[0].cls, operands[1].cls)
                     and not self._candidates(operands, swapped, True)):
                 continue  # no e-node joins them, and every operator here would
+            shifts = {o.shift for o in operands if o.shift is not None}
+            if len(shifts) > 1:
+                continue  # two running maxes: no accumulator can rescale by both
+            shift = shifts.pop() if shifts else None
             for hit in self._results(operands, swapped):
                 yield Tile(hit.key, hit.cls, hit.dims, hit.itemsize, side, hit.dcls, hit.op,
-                           args, hit.params)
+                           args, hit.params, shift)
         if t.side == EPILOGUE or (t.side == INVARIANT and self.shape.frange > 1):
+            return
+        if t.shift is not None:  # online softmax: accumulate rescaled by the running max
+            m = next(i for i, u in enumerate(tiles) if u.key == t.shift)
+            for acc in ACCUMULATORS.values():
+                if acc.linear:
+                    tile = self._accumulate(k, t, acc, (m, tiles[m]))
+                    if tile is not None:
+                        yield tile
             return
         for acc in ACCUMULATORS.values():
             tile = self._accumulate(k, t, acc)
+            if tile is not None:
+                yield tile
+        if t.side == LOOP_SIDE and self.shape.frange > 1:
+            tile = self._running_max(k, t)
             if tile is not None:
                 yield tile
 
@@ -333,13 +352,49 @@ class BlockSearch:
         return Tile((ident, side, dims), cls, dims, itemsize, side, dcls, name, args,
                     tuple(sorted(params.items())))
 
-    def _accumulate(self, i: int, t: Tile, acc: Any) -> Tile | None:
-        memo_key = ("accum", acc.name, t.key, t.dcls, self.shape.frange, self._dimx(t))
+    def _accumulate(self, i: int, t: Tile, acc: Any, rescale: tuple[int, Tile] | None = None
+                    ) -> Tile | None:
+        """The accumulator ``acc`` of tile ``i`` (``t``); ``rescale``: the running max (index,
+        tile) it is rescaled by (``forloop_accum(x, acc, rescale=m)``)."""
+        memo_key = ("accum", acc.name, t.key, t.dcls, self.shape.frange, self._dimx(t), t.shift)
         if memo_key not in self.memo:
             self.memo[memo_key] = self._accumulate_new(i, t, acc)
         hit = self.memo[memo_key]
-        return None if hit is None else Tile(hit.key, hit.cls, hit.dims, hit.itemsize, EPILOGUE,
-                                             hit.dcls, "accum", (i,), hit.params)
+        if hit is None:
+            return None
+        if rescale is None:
+            return Tile(hit.key, hit.cls, hit.dims, hit.itemsize, EPILOGUE, hit.dcls, "accum",
+                        (i,), hit.params)
+        m = rescale[1].dims
+        if any(len(m) != len(d) or any(x not in (1, y) for x, y in zip(m, d))
+               for d in (t.dims, hit.dims)):
+            return None  # the running max does not broadcast to the operand and the result
+        # the same expression as the plain accumulator's (the max cancels once indices are
+        # abstracted), another tile: its key says it is rescaled
+        return Tile((("rescaled", hit.key[0]), *hit.key[1:]), hit.cls, hit.dims, hit.itemsize,
+                    EPILOGUE, hit.dcls, "accum", (i, rescale[0]),
+                    (*hit.params, ("rescale", True)))
+
+    def _running_max(self, i: int, t: Tile) -> Tile | None:
+        """The running max of loop-side tile ``i`` (``forloop_max``): the max over its last
+        dimension and the iterations so far; tiles made from it move with it."""
+        memo_key = ("max", t.key, t.dcls, self.shape.frange)
+        if memo_key not in self.memo:
+            dims = running_max_shape(t.dims)
+            count = t.dims[-1] * self.shape.frange
+            cls, ident = self._classify(running_max_expr(_leaf(t), t.dims, count), "max", [t],
+                                        {})
+            if cls is None and self.config.use_oracle:
+                self.counters.pruned_oracle += 1
+                hit = None
+            else:
+                key = (ident, LOOP_SIDE, dims)
+                hit = Tile(key, cls, dims, t.itemsize, LOOP_SIDE, (*t.dcls[:-1], None), "max",
+                           (), (), key)
+            self.memo[memo_key] = hit
+        hit = self.memo[memo_key]
+        return None if hit is None else Tile(hit.key, hit.cls, hit.dims, hit.itemsize, LOOP_SIDE,
+                                             hit.dcls, "max", (i,), (), hit.key)
 
     def _accumulate_new(self, i: int, t: Tile, acc: Any) -> Tile | None:
         try:

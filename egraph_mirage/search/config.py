@@ -38,6 +38,10 @@ class SearchConfig:
     grid_splits: tuple[int, ...] = (4, 8)
     #: tile sizes the for-loop may walk a dimension in
     loop_tiles: tuple[int, ...] = (16, 64)
+    #: kernel shapes searched per structure (grid classes, loop class, loads), the best by the
+    #: shape heuristic first; the μGraph optimizer stage (``rank.sizes``) re-sizes what is found.
+    #: None: every size
+    sizes_per_structure: int | None = 1
     #: most blocks in one grid
     max_blocks: int = 16384
     #: the search ranks grids by how close their block count is to this (about the GPU's SMs)
@@ -85,6 +89,10 @@ class SearchConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < (0 if name == "max_kernel_ops" else 1):
                 raise SearchError(f"SearchConfig.{name} must be a positive integer, got {v!r}")
+        n = self.sizes_per_structure
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise SearchError(f"SearchConfig.sizes_per_structure must be a positive integer or "
+                              f"None, got {n!r}")
         m = self.max_results
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
             raise SearchError(f"SearchConfig.max_results must be a positive integer or None, "

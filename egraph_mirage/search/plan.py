@@ -134,7 +134,10 @@ def _build_kernel(h: KernelGraph, tensors: list[Tensor], step: KernelStep) -> li
             sources.append(tensors[ld.tensor.ref])
         elif t.op == "accum":
             acc = None if params["acc"] == "plain" else params["acc"]
-            built[i] = tb.forloop_accum(built[t.args[0]], acc)
+            rescale = built[t.args[1]] if params.get("rescale") else None
+            built[i] = tb.forloop_accum(built[t.args[0]], acc, rescale=rescale)
+        elif t.op == "max":
+            built[i] = tb.forloop_max(built[t.args[0]])
         else:
             built[i] = tb.apply(t.op, [built[a] for a in t.args], **params)
     for i, omap in step.outputs:

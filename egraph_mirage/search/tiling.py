@@ -126,8 +126,27 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[
                     shapes.append((_score(ks, config), n, ks))
                     n += 1
     shapes.sort(key=lambda s: (s[0], s[1]))
+    per_structure: dict[Any, int] = {}
     for _, _, ks in shapes:
+        key = structure(ks, config)
+        if config.sizes_per_structure is not None:
+            if per_structure.get(key, 0) >= config.sizes_per_structure:
+                continue
+        per_structure[key] = per_structure.get(key, 0) + 1
         yield ks
+
+
+def structure(ks: KernelShape, config: SearchConfig) -> tuple[Any, ...]:
+    """What a kernel shape is apart from its sizes: the classes its grid axes cut (and whether
+    each block keeps one index of the class, a tile, or one of a few large pieces:
+    ``grid_splits``), the class its loop walks, and how each tensor is loaded. Shapes of one
+    structure differ only in block and iteration counts, which the μGraph optimizer stage
+    re-chooses for the found structure (``rank.sizes``)."""
+    sizes = {c: t for ld in ks.loaders for c, t in zip(ld.tensor.dcls, ld.tile) if c is not None}
+    axes = tuple((c, g > 1, sizes.get(c, 0) == 1, g in config.grid_splits)
+                 for g, c in zip(ks.grid, ks.axis_classes))
+    loads = tuple((ld.tensor.ref, ld.imap, ld.fdim) for ld in ks.loaders)
+    return axes, ks.loop_class if ks.frange > 1 else None, loads
 
 
 def split_of(cls: Any) -> tuple[Any, int] | None:

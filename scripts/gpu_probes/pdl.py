@@ -16,7 +16,8 @@ lowering's own ``pdl=True`` program against the plain one).
 """
 import importlib.util, os, re, tempfile, time
 import torch
-from egraph_mirage import benchmarks as bm, handwritten as hw
+from egraph_mirage import benchmarks as bm
+from egraph_mirage.bench import reference as hw
 from egraph_mirage.gpu import timing, torch_eval
 
 timer = timing.CudaTimer(); rows = []

@@ -10,7 +10,8 @@ BATCHES`` (LIMIT=seconds in the environment stops timing early). The runs behind
 """
 import importlib.util, re, sys, time, tempfile, os
 import torch
-from egraph_mirage import benchmarks as bm, handwritten as hw
+from egraph_mirage import benchmarks as bm
+from egraph_mirage.bench import reference as hw
 from egraph_mirage.gpu import timing, torch_eval, baselines
 
 T0 = time.time(); LIMIT = float(os.environ.get("LIMIT", "520"))

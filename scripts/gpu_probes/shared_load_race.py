@@ -16,6 +16,7 @@ Usage, on the GPU machine from the repository root: python scripts/gpu_probes/sh
 import sys, os, itertools, torch, triton, triton.language as tl
 sys.path.insert(0, ".")
 import egraph_mirage as em
+from egraph_mirage.bench import reference
 from egraph_mirage.lower.compile import compile_graph
 from egraph_mirage.gpu.torch_eval import evaluate
 print(torch.cuda.get_device_name(), triton.__version__, flush=True)
@@ -26,7 +27,7 @@ def errs(o, r):
 
 for b in (32,):
     g = em.benchmarks.get("rmsnorm_linear", b)
-    vs = em.handwritten.variants("rmsnorm_linear", g)
+    vs = reference.variants("rmsnorm_linear", g)
     torch.manual_seed(0)
     xs = [torch.randn(t.dims, device="cuda", dtype=torch.float16) for t in g.inputs]
     ref = evaluate(g, xs, torch.float32)[0]
@@ -96,7 +97,7 @@ for b in (1, 16):
         xs = random_inputs(g, "cuda", seed=3)
         ref = evaluate(g, xs, torch.float32)
         worst = (0, 0, "")
-        for i, v in enumerate(em.handwritten.variants(name, g)):
+        for i, v in enumerate(reference.variants(name, g)):
             try:
                 o = compile_graph(v, num_warps=4, num_stages=3)(*xs)
             except Exception:

@@ -1,0 +1,315 @@
+"""The mapping from aten operators to op-table operators: one ``Rule`` per aten overload.
+
+A rule says which op-table entries it needs (``requires``: a name, or ``name.param`` where it
+also needs a parameter of that entry), how it builds them (``emit(tracer, *args, **kwargs)``,
+through the tracer's primitives in ``trace.py``), what kind of node it is (``COMPUTE``; a
+``RELABEL``ling view, which costs nothing on any value; an ``INPUT_VIEW``, which only folds into
+a graph input), and what it counts against the partitioner's caps. ``choose(*args, **kwargs)``
+looks at the node's fx arguments (tensors are fx nodes, scalars are numbers): it returns the
+further entries they need, or a string saying why they are refused.
+
+Entries are looked up in ``egraph_mirage.ops.OPS`` when a node is traced: a rule whose entries
+are not (yet) in the table is unsupported, and ``from_torch`` lets torch decompose its operator.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..ops import OPS
+
+COMPUTE, RELABEL, INPUT_VIEW = "compute", "relabel", "input_view"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one aten overload becomes kernel-graph operators (see the module docstring)."""
+
+    emit: Callable[..., Any]
+    requires: tuple[str, ...] = ()
+    kind: str = COMPUTE
+    matmuls: int = 0
+    reductions: int = 0
+    choose: Callable[..., tuple[str, ...] | str] | None = None
+    #: for an ``INPUT_VIEW``: whether an op-table operator does it on an intermediate (fx node)
+    on_intermediate: Callable[[Any], bool] | None = None
+    #: a copy in torch (clone, cast): on a value from outside a piece it runs as is, and the
+    #: piece takes its result (on an intermediate the tracer drops it)
+    copies: bool = False
+
+
+def available(entry: str) -> bool:
+    """Whether op-table entry ``entry`` (``"name"`` or ``"name.param"``) is in ``OPS`` now."""
+    name, _, param = entry.partition(".")
+    spec = OPS.get(name)
+    return spec is not None and (not param or param in spec.params
+                                 or param in getattr(spec, "optional_names", ()))
+
+
+def refusal(rule: Rule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why a node of ``rule`` with fx arguments ``args``/``kwargs`` cannot be traced; None if
+    it can."""
+    needed = list(rule.requires)
+    if rule.choose is not None:
+        extra = rule.choose(*args, **kwargs)
+        if isinstance(extra, str):
+            return extra
+        needed += extra
+    missing = [e.replace(".", "'s parameter '") for e in needed if not available(e)]
+    if missing:
+        return (f"needs op-table operator '{', '.join(missing)}', which egraph_mirage.ops.OPS "
+                "does not have")
+    return None
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _unary(op: str) -> Rule:
+    return Rule(lambda t, x: t.unary(op, x), (op,))
+
+
+def _matmul(t: Any, a: Any, b: Any) -> Any:
+    return t.matmul(a, b)
+
+
+def _linear(t: Any, x: Any, w: Any, b: Any = None) -> Any:
+    y = t.matmul(x, t.permute(w, (1, 0)))
+    return y if b is None else t.binary("add", y, b)
+
+
+def _addmm(t: Any, bias: Any, a: Any, b: Any, beta: float = 1, alpha: float = 1) -> Any:
+    return t.binary("add", t.matmul(a, b), bias)
+
+
+def _add(t: Any, a: Any, b: Any, alpha: float = 1) -> Any:
+    return t.unary("add_scalar", a, scalar=float(b * alpha)) if _num(b) else t.binary("add", a, b)
+
+
+def _sub(t: Any, a: Any, b: Any, alpha: float = 1) -> Any:
+    return t.unary("add_scalar", a, scalar=float(-b * alpha)) if _num(b) else t.binary("sub", a, b)
+
+
+def _rsub(t: Any, a: Any, b: float, alpha: float = 1) -> Any:  # b - alpha * a
+    return t.unary("add_scalar", t.unary("mul_scalar", a, scalar=float(-alpha)), scalar=float(b))
+
+
+def _mul(t: Any, a: Any, b: Any) -> Any:
+    return t.unary("mul_scalar", a, scalar=float(b)) if _num(b) else t.binary("mul", a, b)
+
+
+def _div(t: Any, a: Any, b: Any) -> Any:
+    return t.unary("mul_scalar", a, scalar=1.0 / b) if _num(b) else t.binary("div", a, b)
+
+
+def _with_scalar(tensor_op: str, scalar_op: str) -> Callable[..., tuple[str, ...] | str]:
+    """``choose`` of a binary operator whose second operand may be a Python number; a scaled
+    tensor operand (``alpha``) is refused."""
+    def choose(a: Any, b: Any, alpha: float = 1, **_: Any) -> tuple[str, ...] | str:
+        if _num(b):
+            return "division by the constant 0" if tensor_op == "div" and b == 0 else (scalar_op,)
+        return (tensor_op,) if alpha == 1 else f"alpha={alpha} (only alpha=1 is mapped)"
+    return choose
+
+
+#: pow(x, exponent): the exponents mapped, and the operator each becomes (None: x itself)
+POWERS: dict[float, str | None] = {2: "square", 0.5: "sqrt", -0.5: "rsqrt", 1: None}
+#: gelu(x, approximate=...): the operator each form becomes (the table's ``gelu`` is the tanh
+#: form, under its explicit name ``gelu_tanh``; ``gelu_erf`` is PyTorch's default)
+GELUS = {"none": "gelu_erf", "tanh": "gelu_tanh"}
+
+
+def _pow(t: Any, x: Any, exponent: float) -> Any:
+    op = POWERS[exponent]
+    return x if op is None else t.unary(op, x)
+
+
+def _pow_choose(x: Any, exponent: Any) -> tuple[str, ...] | str:
+    if not _num(exponent) or exponent not in POWERS:
+        return f"exponent {exponent!r} (mapped: {', '.join(map(str, POWERS))})"
+    op = POWERS[exponent]
+    return () if op is None else (op,)
+
+
+def _gelu_choose(x: Any, approximate: str = "none") -> tuple[str, ...] | str:
+    return (GELUS[approximate],) if approximate in GELUS else f"approximate={approximate!r}"
+
+
+def _reduce(op: str) -> Callable[..., Any]:
+    def emit(t: Any, x: Any, dim: Any = None, keepdim: bool = False, **_: Any) -> Any:
+        return t.reduce(op, x, dim, keepdim)
+    return emit
+
+
+def _sum_all(t: Any, x: Any, **_: Any) -> Any:
+    return t.reduce("reduction", x, None, False)
+
+
+def _mean_all(t: Any, x: Any, **_: Any) -> Any:
+    return t.reduce("mean", x, None, False)
+
+
+def _rms_norm(t: Any, x: Any, normalized_shape: Any, weight: Any = None,
+              eps: float | None = None) -> Any:
+    return t.rms_norm(x, tuple(normalized_shape), weight, eps)
+
+
+def _softmax(t: Any, x: Any, dim: int, *_: Any, **__: Any) -> Any:
+    return t.softmax(x, dim)
+
+
+def _cat(t: Any, tensors: list[Any], dim: int = 0) -> Any:
+    return t.concat(tensors, dim)
+
+
+def _slice(t: Any, x: Any, dim: int = 0, start: int | None = None, end: int | None = None,
+           step: int = 1) -> Any:
+    return t.slice(x, dim, start, end)
+
+
+def _slice_choose(x: Any, dim: int = 0, start: Any = None, end: Any = None,
+                  step: int = 1) -> tuple[str, ...] | str:
+    return () if step == 1 else f"step={step} (only step 1 is a view the graph can fold)"
+
+
+def _slices_last_dim(node: Any) -> bool:
+    """Whether a slice node takes the last dim of its input by step 1 and ``slice_last`` is in
+    the table (then it can act on an intermediate too)."""
+    def spec(x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+        return dim, step
+
+    dim, step = spec(*node.args, **node.kwargs)
+    rank = len(node.args[0].meta["val"].shape)
+    return available("slice_last") and step == 1 and dim % rank == rank - 1
+
+
+def _reshape(t: Any, x: Any, *_: Any, **__: Any) -> Any:
+    return t.reshape(x, t.out_shape)
+
+
+def _same(t: Any, x: Any, *_: Any, **__: Any) -> Any:
+    return x
+
+
+def _cast(t: Any, x: Any, *_: Any, **__: Any) -> Any:
+    return t.cast(x, t.out_dtype)
+
+
+def _cast_choose(x: Any, *args: Any, dtype: Any = None, **_: Any) -> tuple[str, ...] | str:
+    dtype = args[0] if args and dtype is None else dtype
+    name = str(dtype).removeprefix("torch.")
+    return () if dtype is None or name in ("float16", "bfloat16", "float32") else \
+        f"a cast to {name} (the graph computes in float types only)"
+
+
+def _permute(t: Any, x: Any, dims: Any) -> Any:
+    return t.permute(x, tuple(dims))
+
+
+def _transpose(t: Any, x: Any, dim0: int, dim1: int) -> Any:
+    return t.transpose(x, dim0, dim1)
+
+
+def _t(t: Any, x: Any) -> Any:
+    return t.transpose(x, 0, -1)
+
+
+def _expand(t: Any, x: Any, size: Any, implicit: bool = False) -> Any:
+    return t.expand(x, tuple(size))
+
+
+def _narrow(t: Any, x: Any, dim: int, start: int, length: int) -> Any:
+    return t.slice(x, dim, start, start + length)
+
+
+def _select(t: Any, x: Any, dim: int, index: int) -> Any:
+    return t.select(x, dim, index)
+
+
+def _repeat_interleave(t: Any, x: Any, repeats: int, dim: int | None = None,
+                       output_size: int | None = None) -> Any:
+    return t.repeat_interleave(x, repeats, dim)
+
+
+def _repeat_choose(x: Any, repeats: Any, dim: Any = None, **_: Any) -> tuple[str, ...] | str:
+    return () if isinstance(repeats, int) and dim is not None else \
+        "repeats must be an int and dim given (repeat of K/V heads along one dim)"
+
+
+_VIEW = {"kind": INPUT_VIEW}
+_RELABEL = {"kind": RELABEL}
+_SOFTMAX = ("amax", "sub", "exp", "reduction", "div")
+
+RULES: dict[str, Rule] = {
+    # matrix products, batched over the leading dims
+    "aten.mm.default": Rule(_matmul, ("matmul",), matmuls=1),
+    "aten.bmm.default": Rule(_matmul, ("matmul",), matmuls=1),
+    "aten.matmul.default": Rule(_matmul, ("matmul",), matmuls=1),
+    "aten.linear.default": Rule(_linear, ("matmul",), matmuls=1,
+                                choose=lambda x, w, b=None: () if b is None else ("add",)),
+    "aten.addmm.default": Rule(_addmm, ("matmul", "add"), matmuls=1, choose=lambda *a, beta=1,
+                               alpha=1: () if beta == alpha == 1 else "beta or alpha != 1"),
+    # element-wise; a Python-number operand becomes mul_scalar / add_scalar
+    "aten.add.Tensor": Rule(_add, choose=_with_scalar("add", "add_scalar")),
+    "aten.add.Scalar": Rule(_add, choose=_with_scalar("add", "add_scalar")),
+    "aten.sub.Tensor": Rule(_sub, choose=_with_scalar("sub", "add_scalar")),
+    "aten.sub.Scalar": Rule(_sub, choose=_with_scalar("sub", "add_scalar")),
+    "aten.rsub.Scalar": Rule(_rsub, ("mul_scalar", "add_scalar")),
+    "aten.mul.Tensor": Rule(_mul, choose=_with_scalar("mul", "mul_scalar")),
+    "aten.mul.Scalar": Rule(_mul, choose=_with_scalar("mul", "mul_scalar")),
+    "aten.div.Tensor": Rule(_div, choose=_with_scalar("div", "mul_scalar")),
+    "aten.div.Scalar": Rule(_div, choose=_with_scalar("div", "mul_scalar")),
+    "aten.neg.default": _unary("neg"),
+    "aten.exp.default": _unary("exp"),
+    "aten.sqrt.default": _unary("sqrt"),
+    "aten.rsqrt.default": _unary("rsqrt"),
+    "aten.sigmoid.default": _unary("sigmoid"),
+    "aten.tanh.default": _unary("tanh"),
+    "aten.silu.default": _unary("silu"),
+    "aten.relu.default": _unary("relu"),
+    "aten.gelu.default": Rule(lambda t, x, approximate="none": t.unary(GELUS[approximate], x),
+                              choose=_gelu_choose),
+    "aten.pow.Tensor_Scalar": Rule(_pow, choose=_pow_choose),
+    # reductions (the op-table operators keep the reduced dim with size 1)
+    "aten.sum.dim_IntList": Rule(_reduce("reduction"), ("reduction",), reductions=1),
+    "aten.sum.default": Rule(_sum_all, ("reduction",), reductions=1),
+    "aten.mean.dim": Rule(_reduce("mean"), ("mean",), reductions=1),
+    "aten.mean.default": Rule(_mean_all, ("mean",), reductions=1),
+    "aten.amax.default": Rule(_reduce("amax"), ("amax",), reductions=1),
+    "aten.rms_norm.default": Rule(_rms_norm, ("rms_norm.eps",), reductions=1),
+    "aten.softmax.int": Rule(_softmax, _SOFTMAX, reductions=2),
+    "aten._softmax.default": Rule(_softmax, _SOFTMAX, reductions=2),
+    # joining and slicing
+    "aten.cat.default": Rule(_cat, ("concat",)),
+    "aten.slice.Tensor": Rule(_slice, choose=_slice_choose, on_intermediate=_slices_last_dim,
+                              **_VIEW),
+    "aten.narrow.default": Rule(_narrow, **_VIEW),
+    "aten.select.int": Rule(_select, **_VIEW),
+    # views that fold into a graph input (on an intermediate they would be copies)
+    "aten.permute.default": Rule(_permute, **_VIEW),
+    "aten.transpose.int": Rule(_transpose, **_VIEW),
+    "aten.t.default": Rule(_t, **_VIEW),
+    "aten.expand.default": Rule(_expand, **_VIEW),
+    "aten.repeat_interleave.self_int": Rule(_repeat_interleave, choose=_repeat_choose, **_VIEW),
+    # relabellings: free on any value (a graph tensor is row-major)
+    "aten.view.default": Rule(_reshape, **_RELABEL),
+    "aten.reshape.default": Rule(_reshape, **_RELABEL),
+    "aten._unsafe_view.default": Rule(_reshape, **_RELABEL),
+    "aten.unsqueeze.default": Rule(_reshape, **_RELABEL),
+    "aten.squeeze.dim": Rule(_reshape, **_RELABEL),
+    "aten.squeeze.dims": Rule(_reshape, **_RELABEL),
+    "aten.squeeze.default": Rule(_reshape, **_RELABEL),
+    "aten.flatten.using_ints": Rule(_reshape, **_RELABEL),
+    "aten.unflatten.int": Rule(_reshape, **_RELABEL),
+    "aten.clone.default": Rule(_same, copies=True, **_RELABEL),
+    "aten.alias.default": Rule(_same, **_RELABEL),
+    "aten.detach.default": Rule(_same, **_RELABEL),
+    "aten.lift_fresh_copy.default": Rule(_same, copies=True, **_RELABEL),
+    # casts between float types are dropped: the graph keeps its dtype, outputs record torch's
+    "aten._to_copy.default": Rule(_cast, choose=_cast_choose, copies=True, **_RELABEL),
+    "aten.to.dtype": Rule(_cast, choose=_cast_choose, copies=True, **_RELABEL),
+}

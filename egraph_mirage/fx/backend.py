@@ -1,0 +1,483 @@
+"""``torch.compile(model, backend="egraph_mirage")``: superoptimized pieces inside Inductor's code.
+
+Scope: **inference only** (call the compiled model under ``torch.no_grad()``; a graph whose
+inputs require gradients runs wholly through the rest, with a warning) and **static shapes**: each
+new shape is a new graph that Dynamo compiles again (``torch.compile(..., dynamic=False)``
+makes that explicit); ``dynamic=True`` raises ``DynamicShapesError``, and a graph that Dynamo's
+automatic dynamic shapes made symbolic (``dynamic=None``, the second shape seen) runs wholly
+through the rest, with a warning.
+
+What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
+
+1. **partition** (``fx.partition``): the graph is brought to aten operators and cut into pieces
+   the search can take (submodules ``egm_0``, ``egm_1``, ... of the rewritten module);
+2. for each piece: **trace** it (``fx.trace_fx``) to a ``KernelGraph``; **look the cache up**
+   (``fx.cache``: the program's canonical JSON, rules digest, lowering, device, search
+   settings); on a miss **search** (``em.superoptimize``) and **decide**: the winner is compiled
+   (``em.compile``), checked against the piece's eager outputs on the example inputs, and, on a
+   CUDA GPU with ``profile`` on, timed against Inductor's code for the same piece (CUDA-graph
+   replay) and kept only when faster; the decision is cached;
+3. **replace** each chosen piece by a call of a ``torch.library`` custom op that applies the
+   ``TracedProgram``'s input views, launches the compiled kernels and reshapes the outputs
+   (opaque to Dynamo and Inductor, capturable in a CUDA graph);
+4. **the rest**: the rewritten module (everything not replaced) is compiled by Inductor
+   (``torch._inductor.compile_fx.compile_fx``, ``rest="inductor"``, the default) or run as is
+   (``rest="eager"``, for tests). Dynamo gets that callable (a function of the graph's flat
+   inputs returning its outputs), with the ``CompileReport`` attached as
+   ``egraph_mirage_report``.
+
+Options (``torch.compile(..., options={...})`` or ``Backend(**options)``): ``budget`` search
+seconds per piece (60), ``max_tasks`` search tasks per piece (None: all), ``workers`` search
+processes (None: every core), ``config`` a ``SearchConfig`` or a mapping of its fields,
+``cache_dir`` (default ``fx.cache.default_cache_dir()``), ``cache`` (False: neither read nor
+write), ``profile`` GPU timing against Inductor (default: on where CUDA is), ``rest``,
+``max_matmuls`` / ``max_reductions`` (the partitioner's caps per piece), ``verbose`` (print the
+report to stderr). Every compilation is logged at INFO on the ``egraph_mirage.fx`` logger and
+kept in ``fx.report.RECENT``; ``fx.report.torch_report(compiled_model)`` prints it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+
+from ..errors import EMError
+from ..graph import KernelGraph
+from ..mugraph.serialize import dumps, loads
+from ..search.config import SearchConfig
+from . import report as rep
+from .cache import CacheKey, SearchCache
+from .partition import Piece, partition
+from .trace import TracedProgram, trace_fx
+
+#: the name ``torch.compile(backend=...)`` knows the backend by
+NAME = "egraph_mirage"
+LOG = logging.getLogger("egraph_mirage.fx")
+#: a piece computed by compiled kernels: its inputs (a list) -> its outputs (a list)
+Runner = Callable[[list[Any]], list[Any]]
+
+
+class BackendError(EMError, ValueError):
+    """The backend was given an unknown or malformed option."""
+
+
+class DynamicShapesError(BackendError):
+    """``torch.compile(..., dynamic=True)``: the backend compiles static shapes only."""
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """The backend's options (module docstring), checked."""
+
+    budget: float | None = 60.0
+    max_tasks: int | None = None
+    workers: int | None = None
+    config: SearchConfig = field(default_factory=SearchConfig)
+    cache_dir: str | None = None
+    cache: bool = True
+    profile: bool | None = None
+    rest: str = "inductor"
+    max_matmuls: int = 4
+    max_reductions: int = 4
+    verbose: bool = False
+    #: the search (default ``em.superoptimize``): any function taking ``(graph, config,
+    #: time_budget=, workers=, max_tasks=, progress=, profile=)`` and returning its results
+    search: Callable[..., Any] | None = None
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any] | None) -> BackendOptions:
+        options = dict(options or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise BackendError(f"egraph_mirage backend: unknown option(s) {unknown}; known: "
+                               f"{sorted(known)}")
+        config = options.get("config")
+        if isinstance(config, Mapping):
+            options["config"] = SearchConfig(**config)
+        elif config is None:
+            options.pop("config", None)
+        elif not isinstance(config, SearchConfig):
+            raise BackendError(f"egraph_mirage backend: config must be a SearchConfig or a "
+                               f"mapping of its fields, got {config!r}")
+        if options.get("rest", "inductor") not in ("inductor", "eager"):
+            raise BackendError(f"egraph_mirage backend: rest must be 'inductor' or 'eager', got "
+                               f"{options['rest']!r}")
+        budget = options.get("budget", 60.0)
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                   or not budget > 0):
+            raise BackendError(f"egraph_mirage backend: budget must be a positive number of "
+                               f"seconds or None, got {budget!r}")
+        for name in ("max_tasks", "workers"):
+            v = options.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise BackendError(f"egraph_mirage backend: {name} must be a positive integer "
+                                   f"or None, got {v!r}")
+        if options.get("search") is not None and not callable(options["search"]):
+            raise BackendError(f"egraph_mirage backend: search must be a function, got "
+                               f"{options['search']!r}")
+        return cls(**options)
+
+    def search_settings(self) -> dict[str, Any]:
+        """What the cache key records of the search: what changes what it finds."""
+        search = self.search
+        name = "" if search is None else f"{search.__module__}.{search.__qualname__}"
+        return {"budget": self.budget, "max_tasks": self.max_tasks, "search": name,
+                "profile": self.profiling(), "config": repr(asdict(self.config))}
+
+    def profiling(self) -> bool:
+        return bool(torch.cuda.is_available()) if self.profile is None else bool(self.profile)
+
+
+class Backend:
+    """The backend with fixed options; ``reports`` lists every graph it compiled and
+    ``searches`` counts the searches it ran. ``torch.compile(model, backend=Backend(...))``."""
+
+    _graphs = itertools.count()
+
+    def __init__(self, **options: Any) -> None:
+        self.options = BackendOptions.of(options)
+        self.cache = SearchCache(self.options.cache_dir) if self.options.cache else None
+        self.reports: list[rep.CompileReport] = []
+        self.searches = 0
+
+    def __call__(self, gm: Any, example_inputs: Sequence[Any], mode: str | None = None,
+                 options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+        """Compile Dynamo's graph ``gm`` (module docstring); ``mode`` is ``torch.compile``'s,
+        passed to Inductor."""
+        if options:
+            raise BackendError("egraph_mirage backend: give the options to Backend(...), not "
+                               "to torch.compile(options=...), when passing a Backend object")
+        t0 = time.perf_counter()
+        report = rep.CompileReport(next(self._graphs), len(example_inputs),
+                                   rest=self.options.rest)
+        dynamic = _dynamic(example_inputs)
+        if dynamic == "requested":
+            raise DynamicShapesError(
+                "the egraph_mirage backend compiles static shapes only: torch.compile(..., "
+                "dynamic=True) is not supported; use dynamic=False (each new shape compiles "
+                "again)")
+        if dynamic:
+            report.note = ("symbolic shapes (Dynamo's automatic dynamic shapes): the whole graph "
+                           "runs in the rest; compile with dynamic=False to specialise each shape")
+        elif torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
+                                             for x in example_inputs):
+            report.note = ("inputs require gradients: the backend is inference only; the whole "
+                           "graph runs in the rest (call the model under torch.no_grad())")
+        if report.note:
+            LOG.warning("egraph-mirage: %s", report.note)
+            compiled = _rest(gm, example_inputs, self.options.rest, mode)
+        else:
+            compiled = self._compile(gm, example_inputs, report, mode)
+        report.seconds = time.perf_counter() - t0
+        return self._finish(compiled, report)
+
+    def _compile(self, gm: Any, example_inputs: Sequence[Any], report: rep.CompileReport,
+                 mode: str | None) -> Callable[..., Any]:
+        try:
+            parts = partition(gm, example_inputs, max_matmuls=self.options.max_matmuls,
+                              max_reductions=self.options.max_reductions)
+        except EMError as e:
+            report.note = f"the graph could not be partitioned ({e}); it runs in the rest"
+            LOG.warning("egraph-mirage: %s", report.note)
+            return _rest(gm, example_inputs, self.options.rest, mode)
+        for i, piece in enumerate(parts.pieces):
+            piece_report, replacement = self._piece(i, piece)
+            report.pieces.append(piece_report)
+            if replacement is not None:
+                setattr(parts.module, piece.name, replacement)
+        report.searches = sum(p.search_seconds is not None for p in report.pieces)
+        report.left_out = dict(parts.left_out)
+        return _rest(parts.module, example_inputs, self.options.rest, mode)
+
+    def _piece(self, index: int, piece: Piece) -> tuple[rep.PieceReport, Any]:
+        """The piece's report, and its replacement module (None: it stays)."""
+        out = rep.PieceReport(index, piece.name)
+        try:
+            traced = trace_fx(piece.module, piece.example_inputs)
+        except EMError as e:
+            out.status, out.reason = rep.UNSUPPORTED, str(e)
+            return out, None
+        g = traced.graph
+        out.operators = tuple(t.op for t in g.operators)
+        out.shapes = tuple(tuple(t.dims) for t in g.inputs)
+        out.dtypes = tuple(t.dtype.value for t in g.inputs)
+        key = CacheKey.of(g, search=self.options.search_settings())
+        record = self.cache.get(key) if self.cache is not None else None
+        out.cache = "off" if self.cache is None else ("miss" if record is None else "hit")
+        runner = None
+        if record is None:
+            record, runner, lasting = self._decide(piece, traced, out)
+            if self.cache is not None and lasting:
+                self.cache.put(key, record)
+        _fill(out, record)
+        if record["decision"] != "replace":
+            return out, None
+        if runner is None:
+            try:
+                runner = _runner(traced, loads(record["mugraph"]), record.get("knobs") or {})
+            except Exception as e:  # e.g. the cached winner no longer lowers
+                out.status, out.reason = rep.KEPT, f"the cached μGraph failed to compile: {e}"
+                return out, None
+        return out, PieceCall(define_piece_op(runner, traced, piece.name))
+
+    def _decide(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport
+                ) -> tuple[dict[str, Any], Runner | None, bool]:
+        """Search, compile, check and (on a GPU) time. Returns the record, the compiled runner
+        when the decision is to replace, and whether the record may be cached (not when the
+        piece was refused before any search, nor after an unexpected failure)."""
+        from ..search.driver import superoptimize
+
+        o = self.options
+        g = traced.graph
+        record: dict[str, Any] = {"decision": "keep", "reason": "", "mugraph": None,
+                                  "knobs": None, "created": time.time()}
+        if len(g.outputs) != 1:
+            record["reason"] = (f"{len(g.outputs)} outputs (the search takes programs of one "
+                                "output)")
+            return record, None, False
+        self.searches += 1
+        t0 = time.perf_counter()
+        try:
+            results = (o.search or superoptimize)(
+                g, o.config, time_budget=o.budget, workers=o.workers, max_tasks=o.max_tasks,
+                progress=o.verbose, profile=o.profiling())
+        except Exception as e:
+            record["reason"] = f"the search failed: {type(e).__name__}: {e}"
+            LOG.warning("egraph-mirage: %s: %s", piece.name, record["reason"])
+            return record, None, isinstance(e, EMError)
+        finally:
+            out.search_seconds = record["search_seconds"] = time.perf_counter() - t0
+        best = results.best
+        if best is None:
+            why = results.stats.no_result_reasons or [results.stats.stopped_by or "none found"]
+            record["reason"] = f"no μGraph found: {why[0]}"
+            return record, None, True
+        record.update(mugraph=dumps(best.graph), knobs=best.knobs, num_kernels=best.num_kernels,
+                      grids=_grids(best.graph), estimated_us=best.estimated_seconds * 1e6)
+        try:
+            runner = _runner(traced, best.graph, best.knobs or {})
+            error = _check(runner, piece)
+        except Exception as e:
+            record["reason"] = f"the winner failed to compile or run: {type(e).__name__}: {e}"
+            LOG.warning("egraph-mirage: %s: %s", piece.name, record["reason"])
+            return record, None, isinstance(e, EMError)
+        if error > _tolerance(g):
+            record["reason"] = f"the winner differs from eager (relative error {error:.1e})"
+            return record, None, True
+        record["decision"] = "replace"
+        if o.profiling() and torch.cuda.is_available():
+            ours, theirs = _time_against_inductor(runner, piece)
+            record.update(ours_us=ours, inductor_us=theirs)
+            if ours >= theirs:
+                record.update(decision="keep", reason="not faster than Inductor's code")
+                return record, None, True
+        return record, runner, True
+
+    def _finish(self, compiled: Callable[..., Any], report: rep.CompileReport
+                ) -> Callable[..., Any]:
+        self.reports.append(report)
+        rep.RECENT.append(report)
+        LOG.info("%s", report.text())
+        if self.options.verbose:
+            print(report.text(), file=sys.stderr)
+
+        def run(*args: Any) -> Any:
+            return compiled(*args)
+
+        run.egraph_mirage_report = report  # type: ignore[attr-defined]
+        return run
+
+
+def egraph_mirage_backend(gm: Any, example_inputs: Sequence[Any],
+                          options: Mapping[str, Any] | None = None, mode: str | None = None,
+                          **kwargs: Any) -> Callable[..., Any]:
+    """The backend ``torch.compile(model, backend="egraph_mirage", options={...})`` calls
+    (module docstring); ``kwargs`` are more options."""
+    return Backend(**{**dict(options or {}), **kwargs})(gm, example_inputs, mode=mode)
+
+
+def register() -> None:
+    """Make ``backend="egraph_mirage"`` known to Dynamo where the package's entry point
+    (``torch_dynamo_backends``) is not installed; nothing when it is (the entry point loads
+    this module's ``egraph_mirage_backend``) or when already registered."""
+    import torch._dynamo
+
+    if NAME not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(egraph_mirage_backend, name=NAME)
+
+
+def _dynamic(example_inputs: Sequence[Any]) -> str:
+    """"requested" for ``dynamic=True``, "automatic" for symbolic inputs otherwise, else ""."""
+    import torch._dynamo.config as dynamo_config
+
+    symbolic = any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
+        isinstance(d, torch.SymInt) for d in x.shape)) for x in example_inputs)
+    if not dynamo_config.assume_static_by_default:
+        return "requested"
+    return "automatic" if symbolic else ""
+
+
+def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None
+          ) -> Callable[..., Any]:
+    """``module`` compiled by Inductor, or as is for ``rest="eager"``."""
+    if rest == "eager":
+        return module
+    # a plain GraphModule: torch.export's module carries a lambda that Inductor's cache of
+    # compiled graphs cannot pickle
+    module = torch.fx.GraphModule(module, module.graph)
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    patches = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
+    if any(isinstance(m, PieceCall) for m in module.modules()):
+        # Inductor's on-disk cache of compiled graphs would key on our ops by name only (and
+        # cannot pickle their implementations): off for graphs that call them
+        patches["fx_graph_cache"] = False
+    return compile_fx(module, list(example_inputs), config_patches=patches or None)
+
+
+def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any]) -> Runner:
+    """The piece computed by ``mugraph``'s compiled kernels: a function of the piece's inputs
+    (a list) returning its outputs (a list of fresh, contiguous tensors)."""
+    from ..api import compile as compile_mugraph
+
+    fn = compile_mugraph(mugraph, **dict(knobs))
+    if fn.interpret:
+        _interpret_triton_language()
+
+    def run(xs: list[Any]) -> list[Any]:
+        outs = traced.fx_outputs(fn(*traced.graph_inputs(*xs)))
+        fresh: list[Any] = []
+        for y in outs:  # no output may alias an input or another output (custom-op contract)
+            y = y.contiguous()
+            if any(y.data_ptr() == t.data_ptr() for t in [*xs, *fresh] if t.numel()):
+                y = y.clone()
+            fresh.append(y)
+        return fresh
+
+    return run
+
+
+def _interpret_triton_language() -> None:
+    """Make Triton's library functions written in Triton (``tl.sum``, ``tl.max``, ...) the
+    interpreter's. They are decorated when ``triton`` is imported, compiled-only where the
+    interpreter was off by then, and ``torch._dynamo`` imports ``triton`` before any backend
+    runs; an interpreted kernel cannot call them ("Cannot call @triton.jit'd outside of the scope
+    of a kernel"). Only where the kernels run in the interpreter (no CUDA device)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    owners = [m for name, m in list(sys.modules.items())
+              if name.startswith("triton.language") and m is not None]
+    made: dict[int, Any] = {}
+    for owner in [*owners, tl.tensor]:
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, JITFunction):
+                if id(value) not in made:
+                    made[id(value)] = InterpretedFunction(value.fn)
+                setattr(owner, name, made[id(value)])
+
+
+_OP_NUMBERS = itertools.count()
+
+
+def define_piece_op(runner: Runner, traced: TracedProgram,
+                    tag: str) -> Any:
+    """A new ``torch.library`` custom op ``egraph_mirage::<tag>_<n>`` (``Tensor[] -> Tensor[]``)
+    running ``runner``; its fake implementation gives the outputs' shapes and dtypes."""
+    name = f"egraph_mirage::{tag}_{next(_OP_NUMBERS)}"
+    outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
+
+    def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return runner(list(xs))
+
+    op = torch.library.custom_op(name, impl, mutates_args=(), schema="(Tensor[] xs) -> Tensor[]")
+
+    def fake(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        device = xs[0].device if xs else torch.device("cpu")
+        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in outs]
+
+    op.register_fake(fake)
+    return op
+
+
+class PieceCall(torch.nn.Module):
+    """Stands in for a piece's submodule: calls its custom op, returns a tuple like the piece."""
+
+    def __init__(self, op: Any) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, *args: Any) -> tuple[Any, ...]:
+        return tuple(self.op(list(args)))
+
+
+def _check(runner: Runner, piece: Piece) -> float:
+    """The largest relative error of ``runner``'s outputs against the piece's eager outputs on
+    its example inputs."""
+    from ..gpu.torch_eval import relative_error
+
+    with torch.no_grad():
+        ref = piece.module(*piece.example_inputs)
+        got = runner(list(piece.example_inputs))
+    return max((relative_error(a, b) for a, b in zip(got, ref, strict=True)), default=0.0)
+
+
+def _tolerance(g: KernelGraph) -> float:
+    from ..gpu.tune import tolerance
+
+    return tolerance(g)
+
+
+def _time_against_inductor(runner: Runner, piece: Piece) -> tuple[float, float]:
+    """(ours, Inductor's) µs per call on the piece's example inputs, CUDA-graph replay."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from ..gpu.timing import CudaTimer, TimingConfig
+
+    timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
+    xs = list(piece.example_inputs)
+    theirs = compile_fx(piece.module, xs)
+
+    def time_us(fn: Callable[..., Any]) -> float:
+        try:
+            return timer.graph(fn, [xs])
+        except Exception:  # not capturable: plain launches
+            return timer.plain(fn, [xs])
+
+    return time_us(lambda *a: runner(list(a))), time_us(lambda *a: theirs(list(a)))
+
+
+def _grids(mugraph: KernelGraph) -> list[list[int]]:
+    """The grid of each graph-defined kernel, in order."""
+    grids, seen = [], set()
+    for t in mugraph.operators:
+        kernel = t.params.get("kernel") if t.op == "customized" else None
+        if kernel is not None and id(kernel) not in seen:
+            seen.add(id(kernel))
+            grids.append(list(kernel.tb.grid_dim))
+    return grids
+
+
+def _fill(out: rep.PieceReport, record: Mapping[str, Any]) -> None:
+    """The report's fields from a cached or fresh record."""
+    out.status = rep.REPLACED if record["decision"] == "replace" else rep.KEPT
+    out.reason = record.get("reason", "")
+    out.num_kernels = record.get("num_kernels")
+    out.grids = [tuple(g) for g in record.get("grids") or []]
+    out.ours_us, out.inductor_us = record.get("ours_us"), record.get("inductor_us")
+
+
+register()
+
+__all__ = ["NAME", "Backend", "BackendError", "BackendOptions", "DynamicShapesError",
+           "PieceCall", "define_piece_op", "egraph_mirage_backend", "register"]

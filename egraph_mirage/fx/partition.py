@@ -1,0 +1,246 @@
+"""Cutting a whole model's fx graph into pieces the search can take; the rest runs as is.
+
+``partition(gm, example_inputs, *, max_matmuls=4, max_reductions=4) -> Partitioned``:
+
+1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already.
+2. **capability**: a node is supported when the mapping table (``aten.RULES``) has a rule whose
+   op-table entries are in ``OPS`` now and which takes the node's arguments, and its tensors are
+   float16, bfloat16 or float32. A view that only folds into a graph input (permute, expand, a
+   slice, ...) is supported only where it views a value from outside the computation (its chain
+   of views does not start at a supported computing node), so that it becomes a piece's input
+   view.
+3. **partition**: torch's ``CapabilityBasedPartitioner`` groups supported nodes into partitions
+   without cycles.
+4. **caps**: each partition is cut, in topological order, into pieces of at most
+   ``max_matmuls`` matmuls and ``max_reductions`` reductions (counted by the rules: softmax is
+   two, rms_norm one); a node over the caps on its own runs as is. Cutting a convex set of nodes
+   in topological order leaves every piece convex. A view of an input joins the piece of its
+   users; one that several pieces (or nodes outside) use runs as is.
+5. **check**: every piece is traced (``trace_fx``); a node that fails to trace runs as is and
+   steps 2–5 run again.
+6. **keep**: a piece with no matmul, no reduction and fewer than two computing nodes (a lone
+   element-wise operator, or views only) is not kept: its nodes run as is.
+7. **fuse**: torch's ``fuse_by_partitions`` makes each piece a submodule ``egm_0``, ``egm_1``, ...
+   returning a tuple; running the rewritten module once on ``example_inputs`` records each piece's
+   example inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import EMError, GraphError, UnsupportedOpError
+from . import aten
+from .trace import DTYPES, aten_name, ensure_meta, export_aten, is_aten, meta_of, trace_fx
+
+#: the prefix of the pieces' submodule names
+PREFIX = "egm_"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One subprogram for the search: submodule ``name`` of the rewritten module."""
+
+    name: str
+    module: Any  # torch.fx.GraphModule (aten operators), returning a tuple
+    example_inputs: tuple[Any, ...]  # what the rewritten module passed it on the example inputs
+    nodes: tuple[str, ...]  # the nodes of the aten graph it holds
+    matmuls: int
+    reductions: int
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """The rewritten module (still runs eagerly), its pieces, and why every other operator node
+    runs as is."""
+
+    module: Any  # torch.fx.GraphModule calling the pieces
+    pieces: tuple[Piece, ...]
+    left_out: Mapping[str, str]  # node name -> reason
+
+
+def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 4,
+              max_reductions: int = 4) -> Partitioned:
+    """``gm`` (called with ``example_inputs``) cut into pieces for the search (module docstring);
+    ``gm`` itself is not changed."""
+    import torch
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+    if min(max_matmuls, max_reductions) < 0:
+        raise GraphError(f"partition: caps must be >= 0, got max_matmuls={max_matmuls}, "
+                         f"max_reductions={max_reductions}")
+    if is_aten(gm):
+        with warnings.catch_warnings():  # copying an exported graph's pytree specs warns
+            warnings.simplefilter("ignore", FutureWarning)
+            work = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    else:
+        work = export_aten(gm, example_inputs)
+    ensure_meta(work, example_inputs)
+    order = {n: i for i, n in enumerate(work.graph.nodes)}
+    refused: dict[Any, str] = {}
+    for _ in range(len(order) + 1):
+        supported, left = _capability(work, refused)
+        proposals = CapabilityBasedPartitioner(work, _support(supported),
+                                               allows_single_node_partition=True)
+        pieces: list[list[Any]] = []
+        for p in proposals.propose_partitions():
+            nodes = sorted(p.nodes, key=order.__getitem__)
+            for chunk in _cut(nodes, supported, max_matmuls, max_reductions, left):
+                if _worth(chunk):
+                    pieces.append(sorted(chunk, key=order.__getitem__))
+                else:
+                    left.update({n: "a piece of one element-wise operator or of views only is "
+                                 "not kept" for n in chunk})
+        failures = dict(f for f in (_check(work, c) for c in pieces) if f is not None)
+        if not failures:
+            break
+        refused.update(failures)
+    fuse_by_partitions(work, [dict.fromkeys(c) for c in pieces], prefix=PREFIX,
+                       always_return_tuple=True)
+    examples = _piece_inputs(work, example_inputs)
+    out = tuple(Piece(f"{PREFIX}{i}", getattr(work, f"{PREFIX}{i}"), examples[f"{PREFIX}{i}"],
+                      tuple(n.name for n in c), *_counts(c)) for i, c in enumerate(pieces))
+    return Partitioned(work, out, {n.name: why for n, why in left.items()})
+
+
+def _rule(node: Any) -> aten.Rule | None:
+    return aten.RULES.get(aten_name(node.target)) if node.op == "call_function" else None
+
+
+def _root(node: Any, within: Any) -> Any:
+    """The node where ``node``'s chain of views (through nodes in ``within``) starts."""
+    m = node.args[0] if node.args else None
+    while m is not None and hasattr(m, "op") and m in within and _rule(m) is not None and \
+            _rule(m).kind != aten.COMPUTE:  # type: ignore[union-attr]
+        m = m.args[0]
+    return m
+
+
+def _refusal(node: Any, supported: set[Any]) -> str | None:
+    rule = _rule(node)
+    if rule is None:
+        return "no op-table operator computes it"
+    reason = aten.refusal(rule, node.args, node.kwargs)
+    if reason is not None:
+        return reason
+    for m in (node, *node.all_input_nodes):
+        v = meta_of(m)
+        name = str(getattr(v, "dtype", "")).removeprefix("torch.")
+        if hasattr(v, "shape") and name not in DTYPES:
+            return f"a tensor of dtype {name} (kernel graphs take {', '.join(DTYPES)})"
+    intermediate = _root(node, supported) in supported
+    if rule.kind == aten.INPUT_VIEW and intermediate and not (
+            rule.on_intermediate is not None and rule.on_intermediate(node)):
+        return "a view of a computed value would be a copy (only views of inputs fold)"
+    if rule.copies and not intermediate:
+        return "a copy of a value from outside runs as is (the piece takes the copy)"
+    return None
+
+
+def _capability(work: Any, refused: Mapping[Any, str]) -> tuple[set[Any], dict[Any, str]]:
+    """The supported operator nodes, and why each other one is not."""
+    supported: set[Any] = set()
+    left: dict[Any, str] = {}
+    for node in work.graph.nodes:
+        if node.op != "call_function":
+            continue
+        reason = refused.get(node) or _refusal(node, supported)
+        if reason is None:
+            supported.add(node)
+        else:
+            left[node] = reason
+    return supported, left
+
+
+def _support(supported: set[Any]) -> Any:
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    class Supported(OperatorSupportBase):
+        def is_node_supported(self, submodules: Any, node: Any) -> bool:
+            return node in supported
+
+    return Supported()
+
+
+def _counts(nodes: Sequence[Any]) -> tuple[int, int]:
+    rules = [r for r in map(_rule, nodes) if r is not None]
+    return sum(r.matmuls for r in rules), sum(r.reductions for r in rules)
+
+
+def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reductions: int,
+         left: dict[Any, str]) -> list[list[Any]]:
+    """Partition ``nodes`` (topologically ordered) cut into runs within the caps; the views of
+    inputs join the run of their users."""
+    inside = set(nodes)
+    views = [n for n in nodes
+             if _rule(n).kind != aten.COMPUTE and _root(n, inside) not in inside]  # type: ignore[union-attr]
+    chunks: list[list[Any]] = [[]]
+    for n in (n for n in nodes if n not in set(views)):
+        mm, rd = _counts([n])
+        if mm > max_matmuls or rd > max_reductions:
+            left[n] = (f"{mm} matmuls and {rd} reductions on its own, over the caps "
+                       f"({max_matmuls}, {max_reductions})")
+            chunks.append([])
+            continue
+        used = _counts(chunks[-1])
+        if used[0] + mm > max_matmuls or used[1] + rd > max_reductions:
+            chunks.append([])
+        chunks[-1].append(n)
+    chunks = [c for c in chunks if c]
+    home = {n: i for i, c in enumerate(chunks) for n in c}
+    for v in reversed(views):
+        homes = {home.get(u) for u in v.users}
+        if len(homes) == 1 and None not in homes:
+            home[v] = homes.pop()
+            chunks[home[v]].append(v)
+        else:
+            left[v] = "a view of an input that several pieces (or other nodes) use runs as is"
+    return chunks
+
+
+def _worth(chunk: Sequence[Any]) -> bool:
+    """Whether a piece is worth a search: a matmul, a reduction, or two computing nodes."""
+    mm, rd = _counts(chunk)
+    computing = [n for n in chunk if _rule(n).kind == aten.COMPUTE]  # type: ignore[union-attr]
+    return mm > 0 or rd > 0 or len(computing) >= 2
+
+
+def _check(work: Any, chunk: Sequence[Any]) -> tuple[Any, str] | None:
+    """None when piece ``chunk`` traces; else the node that failed and why."""
+    from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
+
+    sub, ins, _ = fuse_as_graphmodule(work, list(chunk), "check", always_return_tuple=True)
+    try:
+        trace_fx(sub, [meta_of(n) for n in ins])
+    except EMError as exc:
+        name = getattr(exc, "node", None)
+        culprit = next((n for n in chunk if n.name == name), None)
+        if culprit is None:  # not pinned on one node: leave the piece's first computing node out
+            culprit = next(n for n in chunk if _rule(n).kind == aten.COMPUTE)  # type: ignore[union-attr]
+        reason = str(exc)
+        if isinstance(exc, UnsupportedOpError) and " is not supported: " in reason:
+            reason = reason.split(" is not supported: ", 1)[1]
+        return culprit, f"does not trace: {reason}"
+    return None
+
+
+def _piece_inputs(work: Any, example_inputs: Sequence[Any]) -> dict[str, tuple[Any, ...]]:
+    """What the rewritten module passes each piece when run on ``example_inputs``."""
+    import torch
+
+    seen: dict[str, tuple[Any, ...]] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if str(target).startswith(PREFIX):
+                seen[str(target)] = tuple(args)
+            return super().call_module(target, args, kwargs)
+
+    with torch.no_grad():
+        Recorder(work).run(*example_inputs)
+    return seen

@@ -1,0 +1,176 @@
+"""From PyTorch to a kernel graph: ``from_torch``, ``trace`` and ``trace_fx``.
+
+``trace(fn_or_module, *example_inputs)`` exports the program with ``torch.export`` (decomposing
+every aten operator that the mapping table, ``aten.RULES``, cannot take whole into core aten
+operators) and hands the FX graph to ``trace_fx``, which builds the ``KernelGraph`` node by
+node through the table (``tracer.py``). Parameters and buffers become graph inputs
+(``get_attr`` sources). Views on program inputs fold into graph inputs (``views.py``); what the
+caller applies is recorded in ``TracedProgram.inputs``, and how graph outputs become the
+program's outputs in ``TracedProgram.outputs`` (``program.py``). Anything else raises an
+``UnsupportedOpError`` naming the aten operator and the user's source line.
+
+Casts between float types are dropped (a graph tensor keeps the dtype it is computed in; the
+lowering computes in fp32 inside kernels); ``OutputView.dtype`` records torch's dtype.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..errors import EMError, UnsupportedOpError
+from ..graph import KernelGraph
+from . import aten
+from .program import (
+    DTYPES,
+    InputView,
+    OutputView,
+    TracedProgram,
+    UnsupportedDTypeError,
+    aten_name,
+    meta_of,
+    user_line,
+)
+from .tracer import Tracer
+
+
+def from_torch(fn_or_module: Any, *example_inputs: Any) -> KernelGraph:
+    """The kernel graph of a PyTorch function or module at the shapes of ``example_inputs``."""
+    return trace(fn_or_module, *example_inputs).graph
+
+
+def trace(fn_or_module: Any, *example_inputs: Any) -> TracedProgram:
+    """``from_torch``, with how to call the graph (a module's parameters are attributes)."""
+    return trace_fx(export_aten(fn_or_module, example_inputs), example_inputs)
+
+
+def trace_fx(gm: Any, example_inputs: Sequence[Any]) -> TracedProgram:
+    """The kernel graph of fx graph module ``gm`` (aten operators, or any fx graph, which is
+    exported first) called with ``example_inputs`` (tensors or fake tensors, one per
+    placeholder)."""
+    names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
+    if not is_aten(gm):
+        gm = export_aten(gm, example_inputs)
+    ensure_meta(gm, example_inputs)
+    traced = Tracer(gm, example_inputs).run()
+    inputs = tuple(replace(v, source=names[v.position]) if v.kind == "placeholder" else v
+                   for v in traced.inputs)
+    return replace(traced, placeholders=names, inputs=inputs)
+
+
+def is_aten(gm: Any) -> bool:
+    """Whether every operator node of ``gm`` calls an aten overload (or ``operator.getitem``)."""
+    import operator
+
+    import torch
+
+    return all(n.op in ("placeholder", "get_attr", "output") or (
+        n.op == "call_function" and (isinstance(n.target, torch._ops.OpOverload)
+                                     or n.target is operator.getitem)) for n in gm.graph.nodes)
+
+
+def decompositions() -> Any:
+    """torch.export's default decomposition table, less the aten operators whose rules have
+    every op-table entry they need (those stay whole)."""
+    import torch
+
+    table = torch.export.default_decompositions()
+    for name, rule in aten.RULES.items():
+        if all(aten.available(e) for e in rule.requires):
+            _, op, overload = name.split(".")
+            table.pop(getattr(getattr(torch.ops.aten, op), overload), None)
+    return table
+
+
+def export_aten(fn_or_module: Any, example_inputs: Sequence[Any]) -> Any:
+    """``fn_or_module`` exported to an fx graph module of aten operators (parameters and
+    buffers are its attributes); an ``UnsupportedOpError`` of one line when export fails."""
+    import torch
+
+    module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else \
+        _as_module(fn_or_module, len(example_inputs))
+    what = getattr(fn_or_module, "__qualname__", type(fn_or_module).__name__)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            ep = torch.export.export(module, tuple(example_inputs), strict=False)
+            if not all(_mapped(n) for n in ep.graph.nodes):  # (decomposing takes a while)
+                ep = ep.run_decompositions(decompositions())
+            return ep.module(check_guards=False)
+    except EMError:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UnsupportedOpError(f"{what}: torch.export could not trace it: "
+                                 f"{type(exc).__name__}: {first}", op="torch.export") from None
+
+
+def _mapped(node: Any) -> bool:
+    """Whether fx node ``node`` is no operator, or one whose rule has its op-table entries."""
+    rule = aten.RULES.get(aten_name(node.target)) if node.op == "call_function" else None
+    return node.op != "call_function" or (
+        rule is not None and all(aten.available(e) for e in rule.requires))
+
+
+def _as_module(fn: Any, count: int) -> Any:
+    """Function ``fn`` as a module; its placeholders take ``fn``'s parameter names where its
+    ``count`` inputs are plain positional parameters."""
+    import inspect
+
+    import torch
+
+    if isinstance(fn, types.FunctionType):
+        # torch.export keeps only the frames of functions named "forward" in a node's stack
+        # trace: the same function under that name keeps the user's source lines
+        code = fn.__code__.replace(co_name="forward", co_qualname="forward")
+        renamed = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
+                                     fn.__closure__)
+        renamed.__kwdefaults__ = fn.__kwdefaults__
+        fn = renamed
+
+    class Function(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *args: Any) -> Any:
+            return self.fn(*args)
+
+    module = Function()
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return module
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = list(sig.parameters.values())
+    if len(params) == count and all(p.kind in plain and p.default is p.empty for p in params):
+        def forward(*args: Any) -> Any:
+            return fn(*args)
+
+        forward.__signature__ = sig.replace(return_annotation=sig.empty)  # type: ignore[attr-defined]
+        module.forward = forward  # type: ignore[method-assign]
+    return module
+
+
+def ensure_meta(gm: Any, example_inputs: Sequence[Any]) -> None:
+    """Fake-tensor shapes on every node (``node.meta["val"]``) where some are missing."""
+    if all(meta_of(n) is not None for n in gm.graph.nodes
+           if n.op in ("placeholder", "call_function", "get_attr")):
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    try:
+        FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*example_inputs)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UnsupportedOpError(f"trace_fx: shapes could not be propagated: "
+                                 f"{type(exc).__name__}: {first}") from None
+
+
+__all__ = ["DTYPES", "InputView", "OutputView", "TracedProgram", "UnsupportedDTypeError",
+           "aten_name", "decompositions", "ensure_meta", "export_aten", "from_torch", "is_aten",
+           "meta_of", "trace", "trace_fx", "user_line"]

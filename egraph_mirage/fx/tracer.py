@@ -1,0 +1,431 @@
+"""The tracer: builds the kernel graph of one fx graph of aten operators, node by node.
+
+Each node's rule (``aten.RULES``) calls the primitives of ``Tracer`` (``unary``, ``binary``,
+``matmul``, ``reduce``, ``rms_norm``, ``softmax``, ``concat`` and the views). A value is a
+``PendingView`` (a view of a program input, not yet a graph input: ``views.py``) or a
+``Computed`` graph tensor relabelled to its torch shape; the graph is laid out so that operands
+of one operator line up (``_operands``), left-padded with size-1 dims to the graph's rank (the
+largest rank of a computing node's tensors).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..errors import EMError, UnsupportedOpError
+from ..graph import KernelGraph, Tensor
+from ..ops import OPS
+from . import aten
+from .program import (
+    DTYPES,
+    Computed,
+    InputView,
+    OutputView,
+    TracedProgram,
+    UnsupportedDTypeError,
+    aten_name,
+    meta_of,
+    user_line,
+)
+from .views import PendingView, Shape, Source, Step, blocks, fit, graph_dim, layout
+
+
+def _live(graph: Any) -> set[Any]:
+    """The nodes the output depends on."""
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    live, stack = {out}, [out]
+    while stack:
+        for n in stack.pop().all_input_nodes:
+            if n not in live:
+                live.add(n)
+                stack.append(n)
+    return live
+
+
+def _leaves(x: Any) -> list[Any]:
+    return [y for v in x for y in _leaves(v)] if isinstance(x, (tuple, list)) else [x]
+
+
+class Tracer:
+    """Builds the kernel graph of one fx graph; its public methods are the primitives the
+    mapping table's rules call."""
+
+    def __init__(self, gm: Any, example_inputs: Sequence[Any]) -> None:
+        self.gm = gm
+        self.example_inputs = example_inputs
+        self.g = KernelGraph()
+        self.inputs: list[InputView] = []
+        self.attributes: dict[str, Any] = {}
+        self.memo: dict[tuple[Any, ...], Tensor] = {}
+        self.values: dict[Any, Any] = {}
+        self.node: Any = None
+        self.rank = 1
+
+    # --- the walk --------------------------------------------------------------------------
+    def run(self) -> TracedProgram:
+        live = _live(self.gm.graph)
+        self.rank = max([1, *(len(meta_of(m).shape) for n in live if self._computes(n)
+                              for m in (n, *n.all_input_nodes) if hasattr(meta_of(m), "shape"))])
+        out_node = None
+        for position, node in enumerate(n for n in self.gm.graph.nodes if n.op == "placeholder"):
+            self.values[node] = self._source(node, "placeholder", position)
+        for node in self.gm.graph.nodes:
+            if node not in live or node.op == "placeholder":
+                continue
+            self.node = node
+            if node.op == "output":
+                out_node = node
+                continue
+            try:
+                self.values[node] = self._visit(node)
+            except UnsupportedOpError as exc:
+                raise exc if exc.node is not None else self._located(type(exc), str(exc))
+            except EMError as exc:
+                raise self._located(UnsupportedOpError, f"{type(exc).__name__}: {exc}") from None
+        return TracedProgram(self.g, (), tuple(self.inputs), self._outputs(out_node),
+                             dict(self.attributes))
+
+    def _computes(self, node: Any) -> bool:
+        rule = aten.RULES.get(aten_name(node.target)) if node.op == "call_function" else None
+        return rule is not None and rule.kind == aten.COMPUTE and meta_of(node) is not None
+
+    def _located(self, cls: type[UnsupportedOpError], reason: str) -> UnsupportedOpError:
+        op = aten_name(self.node.target)
+        where = user_line(self.node)
+        at = f" at {where}" if where else ""
+        return cls(f"{op} ({self.node.name}) is not supported: {reason}{at}", op=op,
+                   node=self.node.name, where=where)
+
+    def _source(self, node: Any, kind: str, position: int) -> Any:
+        value = meta_of(node)
+        if value is None and kind == "placeholder" and position < len(self.example_inputs):
+            value = self.example_inputs[position]
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            return value  # a Python value (int, None, ...)
+        return PendingView.of(Source(node.name if kind == "placeholder" else node.target, kind,
+                                     position, tuple(value.shape), tuple(value.stride()),
+                                     value.dtype))
+
+    def _visit(self, node: Any) -> Any:
+        if node.op == "get_attr":
+            value = functools.reduce(getattr, node.target.split("."), self.gm)
+            self.attributes[node.target] = value
+            return self._source(node, "attribute", -1)
+        if node.op != "call_function":
+            raise UnsupportedOpError(f"{node.op} nodes are not traced")
+        rule = aten.RULES.get(aten_name(node.target))
+        if rule is None:
+            raise UnsupportedOpError("no op-table operator computes it")
+        reason = aten.refusal(rule, node.args, node.kwargs)
+        if reason is not None:
+            raise UnsupportedOpError(reason)
+        args, kwargs = _map(node.args, self.values), _map(node.kwargs, self.values)
+        return self._checked(rule.emit(self, *args, **kwargs))
+
+    def _checked(self, value: Any) -> Any:
+        """``value`` with the torch shape and dtype of the current node (fx's record)."""
+        meta = meta_of(self.node)
+        if meta is None or not hasattr(meta, "shape"):
+            return value
+        shape = tuple(meta.shape)
+        if isinstance(value, Computed):
+            if math.prod(value.tensor.dims) != math.prod(shape):
+                raise UnsupportedOpError(f"the graph holds it as dims {value.tensor.dims}, "
+                                         f"not {shape}")
+            return Computed(value.tensor, shape, meta.dtype)
+        if isinstance(value, PendingView) and value.shape != shape:
+            raise UnsupportedOpError(f"its view has shape {value.shape}, not {shape}")
+        return value
+
+    def _outputs(self, out_node: Any) -> tuple[OutputView, ...]:
+        outs = []
+        for i, node in enumerate(_leaves(out_node.args[0] if out_node is not None else ())):
+            value = self.values.get(node) if hasattr(node, "op") else node
+            if not hasattr(node, "op"):
+                raise UnsupportedOpError(f"trace_fx: output {i} is {node!r}, not a tensor")
+            if not isinstance(value, Computed):
+                self.node = node
+                what = f"a view of input {value.source.name!r}" if isinstance(
+                    value, PendingView) else type(value).__name__
+                raise self._located(UnsupportedOpError, f"output {i} is {what}: nothing for a "
+                                    "kernel graph to compute")
+            if value.tensor not in self.g.outputs:
+                self.g.mark_output(value.tensor)
+            outs.append(OutputView(node.name, self.g.outputs.index(value.tensor), value.shape,
+                                   str(value.dtype).removeprefix("torch.")))
+        if not outs:
+            raise UnsupportedOpError("trace_fx: the program has no tensor outputs")
+        return tuple(outs)
+
+    # --- building blocks -------------------------------------------------------------------
+    @property
+    def out_shape(self) -> Shape:
+        return tuple(meta_of(self.node).shape)
+
+    @property
+    def out_dtype(self) -> Any:
+        return meta_of(self.node).dtype
+
+    def apply(self, op: str, operands: Sequence[Tensor], **known: Any) -> Tensor:
+        """Op-table operator ``op`` on graph tensors; ``known``: the parameters the tracer can
+        set, of which the entry's are taken."""
+        spec = OPS.get(op)
+        if spec is None:
+            raise UnsupportedOpError(f"needs op-table operator {op!r}, which "
+                                     "egraph_mirage.ops.OPS does not have")
+        unknown = [p for p in spec.params if p not in known]
+        if unknown:
+            raise UnsupportedOpError(f"op-table operator {op!r} takes parameters {unknown} "
+                                     "that the tracer does not set")
+        optional = [p for p in getattr(spec, "optional_names", ()) if p in known]
+        return self.g.apply(op, operands, **{p: known[p] for p in (*spec.params, *optional)})
+
+    def _input(self, view: PendingView, steps: tuple[Step, ...], dims: Shape) -> Tensor:
+        """The graph input for ``view`` made by ``steps`` (one per distinct view)."""
+        src = view.source
+        key = (src.kind, src.name, steps, dims)
+        if key not in self.memo:
+            name = str(src.dtype).removeprefix("torch.")
+            if name not in DTYPES:
+                raise UnsupportedDTypeError(f"input {src.name!r} has dtype {name}; kernel graphs "
+                                            "take float16, bfloat16 or float32")
+            self.memo[key] = self.g.new_input(dims, DTYPES[name])
+            self.inputs.append(InputView(src.name, src.kind, src.position, steps, dims,
+                                         DTYPES[name]))
+        return self.memo[key]
+
+    def computed(self, value: Any, what: str) -> Computed:
+        """``value`` as a graph tensor; a view of an input becomes a graph input of its shape,
+        left-padded with size-1 dims to the graph's rank."""
+        if isinstance(value, Computed):
+            return value
+        if not isinstance(value, PendingView):
+            raise UnsupportedOpError(f"{what}: expected a tensor, got {value!r}")
+        S = value.shape
+        L = (1,) * (self.rank - len(S)) + S
+        steps, dims = value.materialise(S, L, what)
+        if dims != L:
+            raise UnsupportedOpError(f"{what}: the expanded view of input {value.source.name!r} "
+                                     "would have to be materialised (a copy)")
+        return Computed(self._input(value, steps, dims), S, value.dtype)
+
+    def _fit(self, value: Any, R: Shape, L: Shape, tail: Shape, what: str) -> Tensor:
+        """``value`` as an operand of a result of torch shape ``R`` (+ its own matrix dims
+        ``tail``) laid out as graph dims ``L``."""
+        if isinstance(value, PendingView):
+            steps, dims = value.materialise(R + tail, L + tail, what)
+            if dims[len(dims) - len(tail):] != tail:
+                raise UnsupportedOpError(f"{what}: a matrix dim of input "
+                                         f"{value.source.name!r} is an expanded view (a copy)")
+            return self._input(value, steps, dims)
+        S, G = value.shape[:len(value.shape) - len(tail)], value.tensor.dims
+        want = fit((1,) * (len(R) - len(S)) + S, R, L)
+        if want is None or want + tail != G:
+            raise UnsupportedOpError(f"{what}: an operand of torch shape {value.shape} is held "
+                                     f"as graph dims {G}, which an earlier reshape laid out "
+                                     f"unlike the other operand ({R} as {L})")
+        return value.tensor
+
+    def _operands(self, R: Shape, values: Sequence[Any], tail: int, what: str
+                  ) -> tuple[Shape, list[Tensor]]:
+        """A layout (graph dims) for a result of torch shape ``R`` (the batch dims of a matmul,
+        whose operands keep their last ``tail`` dims), and each operand in it."""
+        full = None
+        splits: list[list[Shape]] = [[] for _ in R]
+        for v in values:
+            if not isinstance(v, (Computed, PendingView)):
+                raise UnsupportedOpError(f"{what}: expected a tensor, got {v!r}")
+            S = v.shape[:len(v.shape) - tail]
+            aligned = (1,) * (len(R) - len(S)) + S
+            if isinstance(v, Computed):
+                G = v.tensor.dims
+                if tail and (G[-tail:] != v.shape[-tail:] or math.prod(G) != math.prod(v.shape)):
+                    raise UnsupportedOpError(f"{what}: an earlier reshape merged a matrix dim "
+                                             f"(torch shape {v.shape}, graph dims {G})")
+                if aligned == R and full is None:
+                    full = G[:len(G) - tail]
+                continue
+            for i in range(len(R) - len(S), len(R)):
+                run = [s for s, _ in v.group(i - (len(R) - len(S))) if s != 1]
+                if aligned[i] == R[i] and len(run) > 1:
+                    splits[i].append(tuple(run))
+        L = full if full is not None else layout(R, splits, self.rank - tail)
+        return L, [self._fit(v, R, L, tuple(v.shape[len(v.shape) - tail:]), what)
+                   for v in values]
+
+    # --- primitives the rules call ---------------------------------------------------------
+    def unary(self, op: str, x: Any, **params: Any) -> Computed:
+        c = self.computed(x, op)
+        return Computed(self.apply(op, [c.tensor], **params), c.shape, c.dtype)
+
+    def binary(self, op: str, a: Any, b: Any) -> Computed:
+        import torch
+
+        R = tuple(torch.broadcast_shapes(a.shape, b.shape))
+        L, tensors = self._operands(R, [a, b], 0, op)
+        out = self.apply(op, tensors)
+        if out.dims != L:
+            raise UnsupportedOpError(f"{op}: both operands broadcast a dim of the result "
+                                     f"(graph dims {out.dims}, torch shape {R})")
+        return Computed(out, R, a.dtype)
+
+    def matmul(self, a: Any, b: Any) -> Computed:
+        import torch
+
+        if len(a.shape) < 2 or len(b.shape) < 2:
+            raise UnsupportedOpError("a matrix-vector product (an operand of rank 1)")
+        R = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        m, n = a.shape[-2], b.shape[-1]
+        if isinstance(a, Computed) and a.tensor.dims[-2:] != a.shape[-2:] and \
+                a.tensor.dims[-1] == a.shape[-1] and len(b.shape) == 2:
+            # A's rows spread over graph dims (a reshape merged leading dims into them, as
+            # linear on a 3-d input does): B broadcasts over all of them
+            lead = (1,) * (len(a.tensor.dims) - 2)
+            rhs = self._fit(b, (), lead, tuple(b.shape[-2:]), "matmul")
+            out = self.apply("matmul", [a.tensor, rhs])
+            return Computed(out, (*R, m, n), a.dtype)
+        L, tensors = self._operands(R, [a, b], 2, "matmul")
+        out = self.apply("matmul", tensors)
+        if out.dims != (*L, m, n):
+            raise UnsupportedOpError(f"matmul: both operands broadcast a batch dim "
+                                     f"(graph dims {out.dims}, torch shape {(*R, m, n)})")
+        return Computed(out, (*R, m, n), a.dtype)
+
+    def _dim(self, c: Computed, d: int, what: str) -> int:
+        e = graph_dim(c.shape, c.tensor.dims, d)
+        if e is None:
+            raise UnsupportedOpError(f"{what} along dim {d}, which an earlier reshape merged or "
+                                     f"split (torch shape {c.shape}, graph dims {c.tensor.dims})")
+        return e
+
+    def reduce(self, op: str, x: Any, dims: Any, keepdim: bool) -> Computed:
+        c = self.computed(x, op)
+        rank = len(c.shape)
+        if rank == 0:  # a reduction of a single number is that number
+            return c
+        dims = range(rank) if dims is None or dims == [] else dims
+        wanted = sorted({d % rank for d in ([dims] if isinstance(dims, int) else dims)})
+        S, t = c.shape, c.tensor
+        for d in wanted:
+            if S[d] == 1:
+                continue
+            e = self._dim(Computed(t, S, c.dtype), d, op)
+            expect = tuple(1 if k == e else s for k, s in enumerate(t.dims))
+            t = self.apply(op, [t], dim=e)
+            if t.dims != expect:
+                raise UnsupportedOpError(f"op-table operator {op!r} gave dims {t.dims}, not "
+                                         f"{expect} (the reduced dim kept with size 1)")
+            S = tuple(1 if k == d else s for k, s in enumerate(S))
+        if not keepdim:
+            S = tuple(s for k, s in enumerate(S) if k not in wanted)
+        return Computed(t, S, c.dtype)
+
+    def rms_norm(self, x: Any, normalized_shape: Shape, weight: Any, eps: float | None
+                 ) -> Computed:
+        import torch
+
+        c = self.computed(x, "rms_norm")
+        S, G = c.shape, c.tensor.dims
+        start = len(S) - len(normalized_shape)
+        j = next((rj.start for ri, rj in blocks(S, G) if ri.start == start and len(ri)), None)
+        if j is None or j >= len(G):
+            raise UnsupportedOpError(f"rms_norm over {normalized_shape}, which an earlier "
+                                     f"reshape merged with other dims (graph dims {G})")
+        operands = [c.tensor]
+        if weight is not None:
+            operands.append(self._fit(weight, S, G, (), "rms_norm's weight"))
+        eps = torch.finfo(c.dtype).eps if eps is None else eps
+        out = self.apply("rms_norm", operands, normalized_shape=G[j:], eps=float(eps))
+        return Computed(out, S, c.dtype)
+
+    def softmax(self, x: Any, dim: int) -> Computed:
+        """The stable decomposition: exp(x - amax(x)) / sum(exp(x - amax(x)))."""
+        c = self.computed(x, "softmax")
+        e = self._dim(c, dim % len(c.shape), "softmax")
+        t = c.tensor
+        num = self.apply("exp", [self.apply("sub", [t, self.apply("amax", [t], dim=e)])])
+        return Computed(self.apply("div", [num, self.apply("reduction", [num], dim=e)]),
+                        c.shape, c.dtype)
+
+    def concat(self, values: Sequence[Any], dim: int) -> Computed:
+        cs = [self.computed(v, "cat") for v in values]
+        d = dim % len(cs[0].shape)
+        out, e = cs[0].tensor, self._dim(cs[0], d, "cat")
+        for c in cs[1:]:
+            if self._dim(c, d, "cat") != e:
+                raise UnsupportedOpError("cat of operands laid out differently")
+            out = self.apply("concat", [out, c.tensor], dim=e)
+        return Computed(out, self.out_shape, cs[0].dtype)
+
+    def reshape(self, x: Any, shape: Shape) -> Any:
+        if isinstance(x, PendingView):
+            return x.reshape(tuple(shape))
+        return Computed(x.tensor, tuple(shape), x.dtype)
+
+    def permute(self, x: Any, perm: Sequence[int]) -> Any:
+        perm = tuple(p % len(x.shape) for p in perm)
+        if isinstance(x, PendingView):
+            return x.permute(perm)
+        moved = [p for p in perm if x.shape[p] != 1]
+        if moved != sorted(moved):
+            raise UnsupportedOpError("a permute of an intermediate is a copy (the kernel graph "
+                                     "has no transpose); only views of inputs fold")
+        return self.reshape(x, tuple(x.shape[p] for p in perm))
+
+    def transpose(self, x: Any, d0: int, d1: int) -> Any:
+        perm = list(range(len(x.shape)))
+        d0, d1 = d0 % max(1, len(perm)), d1 % max(1, len(perm))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return self.permute(x, perm)
+
+    def expand(self, x: Any, sizes: Shape) -> Any:
+        if isinstance(x, PendingView):
+            return x.expand(sizes)
+        shape = tuple(s if s != -1 else x.shape[i - (len(sizes) - len(x.shape))]
+                      for i, s in enumerate(sizes))
+        if math.prod(shape) != math.prod(x.shape):
+            raise UnsupportedOpError("an expand of an intermediate is a copy; only views of "
+                                     "inputs fold (their expanded dims broadcast in the graph)")
+        return self.reshape(x, shape)
+
+    def slice(self, x: Any, dim: int, start: int | None, end: int | None) -> Any:
+        size = x.shape[dim % len(x.shape)]
+        lo, hi, _ = slice(start, end).indices(size)
+        d, length = dim % len(x.shape), max(0, hi - lo)
+        if isinstance(x, PendingView):
+            return x.narrow(d, lo, length)
+        if length == size:
+            return x
+        if d != len(x.shape) - 1 or self._dim(x, d, "slice") != len(x.tensor.dims) - 1:
+            raise UnsupportedOpError("a slice of an intermediate other than along its last dim "
+                                     "(only views of inputs fold)")
+        out = self.apply("slice_last", [x.tensor], start=lo, stop=hi, end=hi, length=length)
+        return Computed(out, (*x.shape[:-1], length), x.dtype)
+
+    def select(self, x: Any, dim: int, index: int) -> Any:
+        d = dim % len(x.shape)
+        sliced = self.slice(x, d, index, index + 1 if index != -1 else None)
+        return self.reshape(sliced, x.shape[:d] + x.shape[d + 1:])
+
+    def repeat_interleave(self, x: Any, repeats: int, dim: int) -> Any:
+        """Each slice along ``dim`` repeated: unsqueeze, expand, merge (a view of an input)."""
+        S, d = x.shape, dim % len(x.shape)
+        y = self.expand(self.reshape(x, (*S[:d + 1], 1, *S[d + 1:])),
+                        (*S[:d + 1], repeats, *S[d + 1:]))
+        return self.reshape(y, (*S[:d], S[d] * repeats, *S[d + 1:]))
+
+    def cast(self, x: Any, dtype: Any) -> Any:
+        return replace(x, dtype=dtype)
+
+
+def _map(x: Any, values: Mapping[Any, Any]) -> Any:
+    """fx arguments with each node replaced by its traced value."""
+    import torch
+
+    return torch.fx.node.map_arg(x, lambda n: values[n])
+
+

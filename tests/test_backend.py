@@ -1,0 +1,281 @@
+"""The ``torch.compile`` backend (``fx.backend``) on the CPU, kernels in Triton's interpreter.
+
+Most tests search with a stand-in (``search=``, a function returning a chosen program as the
+"winner"), so they test the backend's flow and not the search; one test runs the real search on
+a tiny space (``tests/search_space.TINY``), and the Llama layer runs it with one task per piece.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from search_space import TINY
+
+import egraph_mirage as em
+from egraph_mirage.fx.backend import (
+    NAME,
+    Backend,
+    BackendError,
+    BackendOptions,
+    DynamicShapesError,
+    egraph_mirage_backend,
+)
+from egraph_mirage.fx.report import KEPT, RECENT, REPLACED, torch_report
+from egraph_mirage.search.results import SearchResult, SearchResults, SearchStats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def relu_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x @ w) * 2
+
+
+def rms_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=1e-6) @ w
+
+
+def inputs(dtype: torch.dtype = torch.float16, rows: int = 2) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(rows, 64, generator=gen).to(dtype),
+            torch.randn(64, 96, generator=gen).to(dtype))
+
+
+class Stand_in:  # noqa: N801  (a name that reads as what it is)
+    """A search that returns ``winner(g)`` (default: the piece's own program ``g``) as its one
+    result, and counts its calls."""
+
+    def __init__(self, winner: Any = None) -> None:
+        self.calls = 0
+        self.winner = winner
+        self.__qualname__ = f"Stand_in.{getattr(winner, '__name__', 'same')}"
+
+    def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+        self.calls += 1
+        winner = self.winner(g) if self.winner else g
+        return SearchResults([SearchResult(winner, 0, 1e-6, 0.0, 2, 0.0, 0.0)], SearchStats())
+
+
+def scaled_by_three(g: em.KernelGraph) -> em.KernelGraph:
+    """A program of ``g``'s inputs that is not ``g``: relu(x @ w) * 3."""
+    h = em.new_kernel_graph()
+    x, w = (h.new_input(t.dims, dtype=t.dtype) for t in g.inputs)
+    h.mark_output(h.mul_scalar(h.relu(h.matmul(x, w)), 3.0))
+    return h
+
+
+def ops_called(fn: Any, *args: Any) -> tuple[Any, list[str]]:
+    """``fn(*args)`` (compiled by a first call) under the profiler, and the names of the
+    backend's custom ops it ran."""
+    fn(*args)
+    with torch.profiler.profile() as prof:
+        out = fn(*args)
+    return out, [e.name for e in prof.events() if e.name.startswith("egraph_mirage::")]
+
+
+def options(tmp_path: Path, **more: Any) -> dict[str, Any]:
+    return {"cache_dir": str(tmp_path), "workers": 1, "budget": 60, "rest": "eager", **more}
+
+
+def test_a_found_piece_is_replaced_and_matches_eager(tmp_path: Path) -> None:
+    search = Stand_in()
+    backend = Backend(**options(tmp_path, search=search))
+    compiled = torch.compile(relu_mm, backend=backend, dynamic=False)
+    x, w = inputs()
+    with torch.no_grad():
+        got, ops = ops_called(compiled, x, w)
+    torch.testing.assert_close(got, relu_mm(x, w), rtol=2e-3, atol=2e-3)
+    assert search.calls == 1 and len(ops) == 1 and ops[0].startswith("egraph_mirage::egm_0_")
+    (report,) = backend.reports
+    (piece,) = report.pieces
+    assert piece.status == REPLACED and piece.cache == "miss"
+    assert piece.operators == ("matmul", "relu", "mul_scalar")
+    assert piece.shapes == ((2, 64), (64, 96)) and piece.dtypes == ("float16", "float16")
+    assert torch_report(compiled) == report.text() == torch_report(backend)
+    assert "replaced" in report.text() and report in RECENT
+
+
+def test_the_second_compile_hits_the_cache(tmp_path: Path) -> None:
+    x, w = inputs()
+    first, second = Stand_in(), Stand_in()
+    with torch.no_grad():
+        torch.compile(relu_mm, backend=Backend(**options(tmp_path, search=first)))(x, w)
+        torch._dynamo.reset()
+        backend = Backend(**options(tmp_path, search=second))
+        got, ops = ops_called(torch.compile(relu_mm, backend=backend), x, w)
+    assert (first.calls, second.calls, backend.searches) == (1, 0, 0)
+    (piece,) = backend.reports[0].pieces
+    assert piece.cache == "hit" and piece.status == REPLACED and piece.search_seconds is None
+    assert len(ops) == 1
+    torch.testing.assert_close(got, relu_mm(x, w), rtol=2e-3, atol=2e-3)
+    assert "0 search(es), cache 1 hit(s) / 0 miss(es)" in backend.reports[0].text()
+
+
+def test_a_winner_that_differs_from_eager_is_kept(tmp_path: Path) -> None:
+    backend = Backend(**options(tmp_path, search=Stand_in(winner=scaled_by_three)))
+    x, w = inputs()
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(relu_mm, backend=backend), x, w)
+    assert ops == []
+    torch.testing.assert_close(got, relu_mm(x, w))
+    (piece,) = backend.reports[0].pieces
+    assert piece.status == KEPT and "differs from eager" in piece.reason
+
+
+def test_an_unsupported_operator_runs_in_the_rest(tmp_path: Path) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(relu_mm(x, w), dim=0)
+
+    backend = Backend(**options(tmp_path, search=Stand_in()))
+    x, w = inputs(torch.float32)
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(f, backend=backend), x, w)
+    torch.testing.assert_close(got, f(x, w), rtol=1e-4, atol=1e-4)
+    report = backend.reports[0]
+    assert [p.status for p in report.pieces] == [REPLACED] and len(ops) == 1
+    (name,) = [n for n in report.left_out if "cumsum" in n]
+    assert "left out: " + name in report.text()
+
+
+def test_the_real_search_on_a_tiny_space_with_inductor_for_the_rest(tmp_path: Path) -> None:
+    config = {**asdict(TINY), "max_results": 1}
+    compiled = torch.compile(relu_mm, backend=NAME, dynamic=False,
+                             options=options(tmp_path, config=config, rest="inductor"))
+    x, w = inputs()
+    with torch.no_grad():
+        got, ops = ops_called(compiled, x, w)
+    torch.testing.assert_close(got, relu_mm(x, w), rtol=2e-3, atol=2e-3)
+    (report,) = [r for r in RECENT if r.rest == "inductor"][-1:]
+    (piece,) = report.pieces
+    assert piece.status == REPLACED and piece.num_kernels == 1 and len(piece.grids) == 1
+    assert len(ops) == 1 and report.searches == 1
+
+
+def test_rms_norm_then_matmul_by_the_fused_kernel(tmp_path: Path) -> None:
+    """The one-kernel μGraph of RMSNorm + Linear (hand-written, as the search finds it) as the
+    winner: its kernel (which calls ``tl.sum``) replaces the piece and matches eager."""
+    from egraph_mirage.bench.reference import rmsnorm_linear
+
+    backend = Backend(**options(tmp_path, search=Stand_in(winner=rmsnorm_linear)))
+    x, w = inputs()
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(rms_mm, backend=backend, dynamic=False), x, w)
+    torch.testing.assert_close(got, rms_mm(x, w), rtol=2e-3, atol=2e-3)
+    (piece,) = backend.reports[0].pieces
+    assert piece.operators == ("rms_norm", "matmul") and piece.status == REPLACED
+    assert len(ops) == 1 and piece.grids == [(6, 1, 1)]
+
+
+def test_dynamic_true_is_a_clear_error(tmp_path: Path) -> None:
+    compiled = torch.compile(relu_mm, backend=NAME, dynamic=True, options=options(tmp_path))
+    with pytest.raises(Exception, match=r"static shapes only.*dynamic=True\) is not supported"
+                       ) as caught, torch.no_grad():
+        compiled(*inputs())
+    inner = getattr(caught.value, "inner_exception", caught.value.__cause__)
+    assert isinstance(inner, DynamicShapesError)
+
+
+def test_automatic_dynamic_shapes_and_autograd_run_in_the_rest(tmp_path: Path) -> None:
+    backend = Backend(**options(tmp_path, search=Stand_in()))
+    compiled = torch.compile(relu_mm, backend=backend)  # dynamic=None: automatic
+    with torch.no_grad():
+        compiled(*inputs(rows=2))
+        x, w = inputs(rows=4)
+        torch.testing.assert_close(compiled(x, w), relu_mm(x, w))
+    assert "symbolic shapes" in backend.reports[-1].note and not backend.reports[-1].pieces
+    torch._dynamo.reset()
+    x, w = inputs(torch.float32)
+    w.requires_grad_(True)
+    got = torch.compile(relu_mm, backend=backend, dynamic=False)(x, w)
+    torch.testing.assert_close(got, relu_mm(x, w))
+    assert "inference only" in backend.reports[-1].note
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(BackendError, match="unknown option"):
+        BackendOptions.of({"budjet": 3})
+    with pytest.raises(BackendError, match="rest"):
+        BackendOptions.of({"rest": "aot_eager"})
+    with pytest.raises(BackendError, match="budget"):
+        BackendOptions.of({"budget": -1})
+    with pytest.raises(BackendError, match="workers"):
+        BackendOptions.of({"workers": 0})
+    assert BackendOptions.of({"config": {"max_kernels": 1}}).config.max_kernels == 1
+    with pytest.raises(BackendError, match="Backend\\(\\.\\.\\.\\)"):
+        Backend()(None, [], options={"budget": 1})
+
+
+def test_registered_with_dynamo() -> None:
+    assert NAME in torch._dynamo.list_backends(exclude_tags=())
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend(NAME) is egraph_mirage_backend
+
+
+def test_the_entry_point_is_found_by_dynamo(tmp_path: Path) -> None:
+    """A distribution whose entry points are pyproject's lets Dynamo find the backend without
+    importing egraph_mirage first (and without a duplicate registration when it loads)."""
+    import tomllib
+
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    (value,) = eps["torch_dynamo_backends"].values()
+    info = tmp_path / "site" / "egraph_mirage_entry-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: egraph-mirage-entry\n"
+                                   "Version: 0\n")
+    (info / "entry_points.txt").write_text(f"[torch_dynamo_backends]\n{NAME} = {value}\n")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        assert "egraph_mirage" not in sys.modules
+        f = torch.compile(lambda x: x + 1, backend={NAME!r}, dynamic=False,
+                          options={{"rest": "eager", "cache": False}})
+        assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))
+        print("ok", "egraph_mirage.fx.backend" in sys.modules)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)])}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ok", "True"]
+
+
+def test_the_small_llama_layer_matches_eager(tmp_path: Path) -> None:
+    """The whole layer through the backend, the stand-in search's "winner" being each piece's
+    own program (lowered as is): every single-output piece is replaced by its custom op, input
+    views and output reshapes included, and the layer still computes what eager does. (The
+    real search on these pieces takes minutes on a CPU.)"""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from llama_layer import LlamaLayer
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    layer = LlamaLayer()
+    args = layer.example_inputs(batch=2)
+    backend = Backend(**options(tmp_path, search=Stand_in()))
+    compiled = torch.compile(layer, backend=backend, dynamic=False)
+    with torch.no_grad():
+        got, ops = ops_called(compiled, *args)
+        want = layer(*args)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    report = backend.reports[0]
+    assert len(report.pieces) >= 3
+    assert {"rms_norm", "matmul", "concat", "exp", "silu"} <= {
+        op for p in report.pieces for op in p.operators}
+    replaced = [p for p in report.pieces if p.status == REPLACED]
+    assert replaced and len(ops) == len(replaced)
+    assert all(p.reason for p in report.pieces if p.status != REPLACED)

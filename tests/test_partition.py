@@ -1,0 +1,165 @@
+"""Partitioning whole models into pieces for the search (``egraph_mirage.fx.partition``): the
+rewritten module matches eager, has no cycle, keeps the caps, and leaves unsupported operators
+outside the pieces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from egraph_mirage.errors import GraphError  # noqa: E402
+from egraph_mirage.fx import partition, trace_fx  # noqa: E402
+from egraph_mirage.fx.trace import export_aten  # noqa: E402
+
+#: aten operators that are a matmul, and that reduce (softmax twice), counted from the pieces
+MATMULS = {"aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.linear.default",
+           "aten.addmm.default"}
+REDUCTIONS = {"aten.sum.dim_IntList": 1, "aten.mean.dim": 1, "aten.amax.default": 1,
+              "aten.rms_norm.default": 1, "aten.softmax.int": 2, "aten._softmax.default": 2}
+UNSUPPORTED = {"aten.cumsum.default", "aten.sort.default"}
+
+
+class Block(torch.nn.Module):
+    """A small decoder block with grouped-query attention, and two operators no op-table entry
+    computes (a running sum and a sort)."""
+
+    def __init__(self, d: int = 16, heads: int = 4, kv: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.heads, self.kv, self.dh = heads, kv, d // heads
+        self.q = torch.nn.Linear(d, d, bias=False)
+        self.k = torch.nn.Linear(d, kv * self.dh, bias=False)
+        self.v = torch.nn.Linear(d, kv * self.dh, bias=False)
+        self.o = torch.nn.Linear(d, d, bias=False)
+        self.up, self.down = torch.nn.Linear(d, 32), torch.nn.Linear(32, d)
+        self.n1, self.n2 = torch.nn.Parameter(torch.rand(d) + 0.5), torch.nn.Parameter(
+            torch.rand(d) + 0.5)
+
+    def forward(self, x: Any) -> Any:
+        b, t, d = x.shape
+        y = F.rms_norm(x, (d,), self.n1, 1e-6)
+        q = self.q(y).view(b, t, self.heads, self.dh).transpose(1, 2)
+        k = self.k(y).view(b, t, self.kv, self.dh).transpose(1, 2)
+        v = self.v(y).view(b, t, self.kv, self.dh).transpose(1, 2)
+        rep = self.heads // self.kv
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        a = torch.softmax(q @ k.transpose(-1, -2) / self.dh ** 0.5, -1) @ v
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        z = self.down(F.silu(self.up(F.rms_norm(x, (d,), self.n2, 1e-6))))
+        z = torch.cumsum(z, 1)
+        return torch.sort(x + z, -1).values.exp()
+
+
+@pytest.fixture(scope="module")
+def block() -> tuple[Any, Any, Any]:
+    model, x = Block().eval(), torch.randn(2, 5, 16)
+    return model, x, export_aten(model, (x,))
+
+
+def _targets(module: Any) -> list[str]:
+    return [str(n.target) for n in module.graph.nodes if n.op == "call_function"]
+
+
+def _check(parts: Any, run: Any, xs: tuple[Any, ...], caps: tuple[int, int]) -> None:
+    """The rewritten module matches eager; no cycle; caps; unsupported operators outside; every
+    piece traces and its kernel graph matches the piece."""
+    graph = parts.module.graph
+    graph.lint()  # every node's inputs come before it: no cycle
+    seen: set[Any] = set()
+    for node in graph.nodes:
+        assert all(a in seen for a in node.all_input_nodes)
+        seen.add(node)
+    with torch.no_grad():
+        torch.testing.assert_close(parts.module(*xs), run(*xs))
+    for piece in parts.pieces:
+        targets = _targets(piece.module)
+        matmuls = sum(t in MATMULS for t in targets)
+        reductions = sum(REDUCTIONS.get(t, 0) for t in targets)
+        assert (matmuls, reductions) == (piece.matmuls, piece.reductions)
+        assert matmuls <= caps[0] and reductions <= caps[1]
+        assert not UNSUPPORTED & set(targets)
+        assert f"call_module[target={piece.name}]" in str(graph) and piece.name.startswith("egm_")
+        traced = trace_fx(piece.module, piece.example_inputs)
+        with torch.no_grad():
+            want = piece.module(*piece.example_inputs)
+        for w, g in zip(want, traced.reference(*piece.example_inputs)):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("caps", [(4, 4), (2, 2), (1, 2)])
+def test_a_decoder_block_is_cut_within_the_caps_and_still_matches_eager(
+        block: Any, caps: tuple[int, int]) -> None:
+    model, x, gm = block
+    parts = partition(gm, (x,), max_matmuls=caps[0], max_reductions=caps[1])
+    _check(parts, model, (x,), caps)
+    matmuls = sum(p.matmuls for p in parts.pieces)
+    assert matmuls == 8  # the six projections and both attention products are in pieces
+    assert "a view of a computed value" in parts.left_out["transpose"]
+    assert parts.left_out["cumsum"] == "no op-table operator computes it"
+    assert UNSUPPORTED <= set(_targets(parts.module))
+    attention = next(p for p in parts.pieces if "softmax" in p.nodes)
+    together = {"repeat_interleave", "matmul"} | ({"matmul_1"} if caps[0] >= 2 else set())
+    assert together <= set(attention.nodes)  # the K/V views folded into the attention piece
+
+
+def test_the_caller_s_graph_module_is_not_changed(block: Any) -> None:
+    _, x, gm = block
+    before = str(gm.graph)
+    partition(gm, (x,))
+    assert str(gm.graph) == before
+
+
+def test_a_torch_level_graph_is_brought_to_aten_first() -> None:
+    class Mixed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x: Any) -> Any:
+            h = torch.softmax(self.lin(x), -1) * x
+            return torch.cumsum(h, -1) @ self.lin.weight
+
+    model, x = Mixed(), torch.randn(3, 8)
+    gm = torch.fx.symbolic_trace(model)
+    assert any(n.op == "call_module" for n in gm.graph.nodes)
+    parts = partition(gm, (x,))
+    _check(parts, model, (x,), (4, 4))
+    assert len(parts.pieces) == 2
+
+
+def test_a_chain_of_matmuls_is_split_to_the_cap() -> None:
+    def chain(x: Any, *ws: Any) -> Any:
+        for w in ws:
+            x = torch.relu(x @ w)
+        return x
+
+    xs = (torch.randn(4, 8), *(torch.randn(8, 8) / 3 for _ in range(6)))
+    gm = export_aten(chain, xs)
+    parts = partition(gm, xs, max_matmuls=2)
+    _check(parts, chain, xs, (2, 4))
+    assert [p.matmuls for p in parts.pieces] == [2, 2, 2]
+
+
+def test_lone_element_wise_pieces_and_nodes_over_the_caps_run_as_is() -> None:
+    def f(x: Any) -> Any:
+        y = torch.sort(x, -1).values
+        y = torch.sort(torch.relu(y), -1).values  # a lone relu between two sorts
+        return torch.softmax(y, -1)  # two reductions: over a cap of one
+
+    x = torch.randn(3, 8)
+    gm = export_aten(f, (x,))
+    parts = partition(gm, (x,), max_reductions=1)
+    _check(parts, f, (x,), (4, 1))
+    assert parts.pieces == ()
+    assert "not kept" in parts.left_out["relu"]
+    assert "over the caps" in parts.left_out["softmax"]
+
+
+def test_negative_caps_are_refused(block: Any) -> None:
+    _, x, gm = block
+    with pytest.raises(GraphError, match="caps"):
+        partition(gm, (x,), max_matmuls=-1)
