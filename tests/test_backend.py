@@ -55,14 +55,14 @@ def inputs(dtype: torch.dtype = torch.float16, rows: int = 2) -> tuple[torch.Ten
             torch.randn(64, 96, generator=gen).to(dtype))
 
 
-class Stand_in:  # noqa: N801  (a name that reads as what it is)
+class StandIn:
     """A search that returns ``winner(g)`` (default: the piece's own program ``g``) as its one
     result, and counts its calls."""
 
     def __init__(self, winner: Any = None) -> None:
         self.calls = 0
         self.winner = winner
-        self.__qualname__ = f"Stand_in.{getattr(winner, '__name__', 'same')}"
+        self.__qualname__ = f"StandIn.{getattr(winner, '__name__', 'same')}"
 
     def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
         self.calls += 1
@@ -92,7 +92,7 @@ def options(tmp_path: Path, **more: Any) -> dict[str, Any]:
 
 
 def test_a_found_piece_is_replaced_and_matches_eager(tmp_path: Path) -> None:
-    search = Stand_in()
+    search = StandIn()
     backend = Backend(**options(tmp_path, search=search))
     compiled = torch.compile(relu_mm, backend=backend, dynamic=False)
     x, w = inputs()
@@ -111,7 +111,7 @@ def test_a_found_piece_is_replaced_and_matches_eager(tmp_path: Path) -> None:
 
 def test_the_second_compile_hits_the_cache(tmp_path: Path) -> None:
     x, w = inputs()
-    first, second = Stand_in(), Stand_in()
+    first, second = StandIn(), StandIn()
     with torch.no_grad():
         torch.compile(relu_mm, backend=Backend(**options(tmp_path, search=first)))(x, w)
         torch._dynamo.reset()
@@ -126,7 +126,7 @@ def test_the_second_compile_hits_the_cache(tmp_path: Path) -> None:
 
 
 def test_a_winner_that_differs_from_eager_is_kept(tmp_path: Path) -> None:
-    backend = Backend(**options(tmp_path, search=Stand_in(winner=scaled_by_three)))
+    backend = Backend(**options(tmp_path, search=StandIn(winner=scaled_by_three)))
     x, w = inputs()
     with torch.no_grad():
         got, ops = ops_called(torch.compile(relu_mm, backend=backend), x, w)
@@ -140,7 +140,7 @@ def test_an_unsupported_operator_runs_in_the_rest(tmp_path: Path) -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(relu_mm(x, w), dim=0)
 
-    backend = Backend(**options(tmp_path, search=Stand_in()))
+    backend = Backend(**options(tmp_path, search=StandIn()))
     x, w = inputs(torch.float32)
     with torch.no_grad():
         got, ops = ops_called(torch.compile(f, backend=backend), x, w)
@@ -170,7 +170,7 @@ def test_rms_norm_then_matmul_by_the_fused_kernel(tmp_path: Path) -> None:
     winner: its kernel (which calls ``tl.sum``) replaces the piece and matches eager."""
     from egraph_mirage.bench.reference import rmsnorm_linear
 
-    backend = Backend(**options(tmp_path, search=Stand_in(winner=rmsnorm_linear)))
+    backend = Backend(**options(tmp_path, search=StandIn(winner=rmsnorm_linear)))
     x, w = inputs()
     with torch.no_grad():
         got, ops = ops_called(torch.compile(rms_mm, backend=backend, dynamic=False), x, w)
@@ -190,7 +190,7 @@ def test_dynamic_true_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_automatic_dynamic_shapes_and_autograd_run_in_the_rest(tmp_path: Path) -> None:
-    backend = Backend(**options(tmp_path, search=Stand_in()))
+    backend = Backend(**options(tmp_path, search=StandIn()))
     compiled = torch.compile(relu_mm, backend=backend)  # dynamic=None: automatic
     with torch.no_grad():
         compiled(*inputs(rows=2))
@@ -265,7 +265,7 @@ def test_the_small_llama_layer_matches_eager(tmp_path: Path) -> None:
         sys.path.remove(str(ROOT / "examples"))
     layer = LlamaLayer()
     args = layer.example_inputs(batch=2)
-    backend = Backend(**options(tmp_path, search=Stand_in()))
+    backend = Backend(**options(tmp_path, search=StandIn()))
     compiled = torch.compile(layer, backend=backend, dynamic=False)
     with torch.no_grad():
         got, ops = ops_called(compiled, *args)
@@ -279,3 +279,34 @@ def test_the_small_llama_layer_matches_eager(tmp_path: Path) -> None:
     replaced = [p for p in report.pieces if p.status == REPLACED]
     assert replaced and len(ops) == len(replaced)
     assert all(p.reason for p in report.pieces if p.status != REPLACED)
+
+
+def test_the_interpreter_is_switched_on_after_triton_was_imported() -> None:
+    """``torch._dynamo`` imports triton (its interpreter off) before the backend compiles a
+    winner: ``lower.compile.use_interpreter`` then also makes Triton's library functions
+    (``tl.sum``) interpreted, so an interpreted kernel may call them; a second call is
+    harmless."""
+    script = textwrap.dedent("""
+        import torch, triton, triton.language as tl
+        from egraph_mirage.lower.compile import use_interpreter
+
+        use_interpreter()
+
+        @triton.jit
+        def row_sum(x_ptr, out_ptr, n: tl.constexpr):
+            row = tl.program_id(0)
+            tl.store(out_ptr + row, tl.sum(tl.load(x_ptr + row * n + tl.arange(0, n)), axis=0))
+
+        x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        for _ in range(2):
+            out = torch.empty(3)
+            row_sum[(3,)](x, out, 4)
+            assert torch.equal(out, x.sum(1)), out
+            use_interpreter()
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ok"]

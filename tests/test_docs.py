@@ -20,6 +20,7 @@ def test_the_readme_has_examples() -> None:
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
 def test_readme_example_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # examples may write files
+    monkeypatch.setenv("EGRAPH_MIRAGE_CACHE", str(tmp_path / "cache"))  # and fill caches
     exec(compile(SNIPPETS[index], f"README.md example {index}", "exec"), {})
 
 

@@ -262,23 +262,27 @@ def test_amax_agrees_with_the_running_max_of_online_softmax() -> None:
 
 # --- Triton (interpreter) ----------------------------------------------------------------------
 
-#: op -> (applied to tiles a, b of a block graph); the tiles are (4, 16)
-TILE_OPS: dict[str, Callable[[Any, Any, Any], Any]] = {
-    "sub": lambda tb, a, b: tb.sub(a, b),
-    "neg": lambda tb, a, b: tb.neg(a),
-    "rsqrt": lambda tb, a, b: tb.rsqrt(tb.mul(a, a)),
-    "sigmoid": lambda tb, a, b: tb.sigmoid(a),
-    "tanh": lambda tb, a, b: tb.tanh(a),
-    "gelu_tanh": lambda tb, a, b: tb.gelu_tanh(a),
-    "gelu_erf": lambda tb, a, b: tb.gelu_erf(a),
-    "add_scalar": lambda tb, a, b: tb.add_scalar(a, -0.5),
-    "mean": lambda tb, a, b: tb.add(b, tb.mean(a, 1)),
-    "amax": lambda tb, a, b: tb.add(b, tb.amax(a, 0)),
-    "rms_norm_eps": lambda tb, a, b: tb.rms_norm(a, eps=0.5),
+Tiles = Callable[[Any, Any, Any], Any]
+#: op -> (the operator on tiles a, b of a block graph, the same on the columns a, b of the
+#: program with library operators; None where that program needs rows apart)
+TILE_OPS: dict[str, tuple[Tiles, Tiles | None]] = {
+    "sub": (lambda tb, a, b: tb.sub(a, b), lambda g, a, b: g.sub(a, b)),
+    "neg": (lambda tb, a, b: tb.neg(a), lambda g, a, b: g.neg(a)),
+    "rsqrt": (lambda tb, a, b: tb.rsqrt(tb.mul(a, a)), lambda g, a, b: g.rsqrt(g.mul(a, a))),
+    "sigmoid": (lambda tb, a, b: tb.sigmoid(a), lambda g, a, b: g.sigmoid(a)),
+    "tanh": (lambda tb, a, b: tb.tanh(a), lambda g, a, b: g.tanh(a)),
+    "gelu_tanh": (lambda tb, a, b: tb.gelu_tanh(a), lambda g, a, b: g.gelu_tanh(a)),
+    "gelu_erf": (lambda tb, a, b: tb.gelu_erf(a), lambda g, a, b: g.gelu_erf(a)),
+    "add_scalar": (lambda tb, a, b: tb.add_scalar(a, -0.5), lambda g, a, b: g.add_scalar(a, -0.5)),
+    "mean": (lambda tb, a, b: tb.add(b, tb.mean(a, 1)), lambda g, a, b: g.add(b, g.mean(a, 1))),
+    "amax": (lambda tb, a, b: tb.add(b, tb.amax(a, 1)), lambda g, a, b: g.add(b, g.amax(a, 1))),
+    "amax_rows": (lambda tb, a, b: tb.add(b, tb.amax(a, 0)), None),
+    "rms_norm_eps": (lambda tb, a, b: tb.rms_norm(a, eps=0.5),
+                     lambda g, a, b: g.rms_norm(a, (16,), eps=0.5)),
 }
 
 
-def _one_kernel(op: Callable[[Any, Any, Any], Any], dtype: em.DType) -> em.KernelGraph:
+def _one_kernel(op: Tiles, dtype: em.DType) -> em.KernelGraph:
     """X, Y (8, 48): a grid of 2 blocks, a loop of 3 iterations over (4, 16) tiles (padded to
     16 rows), the operator on the tiles, summed over the loop."""
     g = em.new_kernel_graph()
@@ -292,17 +296,31 @@ def _one_kernel(op: Callable[[Any, Any, Any], Any], dtype: em.DType) -> em.Kerne
     return g
 
 
+def _library(op: Tiles) -> em.KernelGraph:
+    """``_one_kernel`` with library operators: the operator on each 16 columns, summed."""
+    g = em.new_kernel_graph()
+    X, Y = g.new_input((8, 48), em.float32), g.new_input((8, 48), em.float32)
+    parts = [op(g, g.slice_last(X, k, k + 16), g.slice_last(Y, k, k + 16)) for k in (0, 16, 32)]
+    g.mark_output(g.add(g.add(parts[0], parts[1]), parts[2]))
+    return g
+
+
 @pytest.mark.parametrize("name", sorted(TILE_OPS))
 def test_triton_emission_in_the_interpreter(name: str) -> None:
     """The operator's tile emission, compiled and run on the CPU, matches the block-by-block
-    float64 reference (fp32) and the finite-field verifier accepts the μGraph against the same
+    float64 reference (fp32), and the finite-field verifier accepts the μGraph against the
     program written with library operators."""
-    g = _one_kernel(TILE_OPS[name], em.float32)
+    tiles, library = TILE_OPS[name]
+    g = _one_kernel(tiles, em.float32)
     rng = np.random.default_rng(1)
     xs = [rng.uniform(-2.0, 2.0, t.dims) for t in g.inputs]
     (want,) = em.run_reference(g, xs)
     (got,) = em.compile(g)(*[torch.tensor(x, dtype=torch.float32) for x in xs])
     np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-5)
+    if library is not None:
+        lib = _library(library)
+        np.testing.assert_allclose(lib.evaluate(xs)[0], want, rtol=1e-12, atol=1e-12)
+        assert em.Verifier(lib, tests=2, backend="numpy").check(g).equivalent
 
 
 @DTYPES

@@ -131,6 +131,21 @@ def test_a_torch_level_graph_is_brought_to_aten_first() -> None:
     assert len(parts.pieces) == 2
 
 
+def test_a_module_or_a_function_is_exported_first(block: Any) -> None:
+    model, x, gm = block
+    from_module = partition(model, (x,))
+    _check(from_module, model, (x,), (4, 4))
+    assert [p.nodes for p in from_module.pieces] == [p.nodes for p in partition(gm, (x,)).pieces]
+
+    def f(x: Any, w: Any) -> Any:
+        return torch.cumsum(torch.relu(x @ w) * 2, -1)
+
+    xs = (torch.randn(3, 8), torch.randn(8, 4))
+    parts = partition(f, xs)
+    _check(parts, f, xs, (4, 4))
+    assert len(parts.pieces) == 1 and "cumsum" in parts.left_out
+
+
 def test_a_chain_of_matmuls_is_split_to_the_cap() -> None:
     def chain(x: Any, *ws: Any) -> Any:
         for w in ws:

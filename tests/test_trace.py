@@ -213,3 +213,36 @@ def test_trace_fx_takes_a_torch_level_graph_and_keeps_placeholder_positions() ->
     torch.testing.assert_close(traced.reference(X, w), (gm(X, w),), rtol=1e-4, atol=1e-5)
     (out,) = traced.fx_outputs([torch.ones(traced.graph.outputs[0].dims)])
     assert out.shape == (2, 3, 6)
+
+
+def test_the_front_end_is_exported_lazily_and_needs_no_torch_to_import() -> None:
+    """``em.from_torch``, ``em.torch_report`` and ``em.UnsupportedOpError`` are the package's
+    public names; ``import egraph_mirage`` (and reading those names) imports no torch."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from egraph_mirage.fx.report import torch_report
+
+    assert em.from_torch is from_torch and em.torch_report is torch_report
+    assert em.UnsupportedOpError is UnsupportedOpError
+    assert {"from_torch", "torch_report", "UnsupportedOpError"} <= set(em.__all__) & set(dir(em))
+    with pytest.raises(AttributeError, match="no attribute 'from_torhc'"):
+        em.from_torhc
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None  # any import of torch fails
+        import egraph_mirage as em
+        from egraph_mirage import *  # noqa: F403
+        assert callable(em.from_torch) and issubclass(em.UnsupportedOpError, em.EMError)
+        print(em.torch_report())
+        try:
+            em.from_torch(lambda x: x, 1.0)
+        except ImportError:
+            print("needs torch")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [
+        "egraph-mirage: no graph compiled by the egraph_mirage backend", "needs torch"]

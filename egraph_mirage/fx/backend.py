@@ -32,8 +32,13 @@ processes (None: every core), ``config`` a ``SearchConfig`` or a mapping of its 
 ``cache_dir`` (default ``fx.cache.default_cache_dir()``), ``cache`` (False: neither read nor
 write), ``profile`` GPU timing against Inductor (default: on where CUDA is), ``rest``,
 ``max_matmuls`` / ``max_reductions`` (the partitioner's caps per piece), ``verbose`` (print the
-report to stderr). Every compilation is logged at INFO on the ``egraph_mirage.fx`` logger and
-kept in ``fx.report.RECENT``; ``fx.report.torch_report(compiled_model)`` prints it.
+report to stderr), ``search`` (a function standing in for ``em.superoptimize``, for tests).
+Every compilation is logged at INFO on the ``egraph_mirage.fx`` logger and kept in
+``fx.report.RECENT``; ``fx.report.torch_report(compiled_model)`` prints it.
+
+Registration: the package's entry point (group ``torch_dynamo_backends`` in pyproject.toml)
+names ``egraph_mirage_backend``, so an installed package needs no import; importing this module
+also registers it (``register``) where the installed metadata predates the entry point.
 """
 
 from __future__ import annotations
@@ -101,7 +106,10 @@ class BackendOptions:
                                f"{sorted(known)}")
         config = options.get("config")
         if isinstance(config, Mapping):
-            options["config"] = SearchConfig(**config)
+            try:
+                options["config"] = SearchConfig(**config)
+            except TypeError as e:
+                raise BackendError(f"egraph_mirage backend: config: {e}") from None
         elif config is None:
             options.pop("config", None)
         elif not isinstance(config, SearchConfig):
@@ -274,7 +282,12 @@ class Backend:
             return record, None, True
         record["decision"] = "replace"
         if o.profiling() and torch.cuda.is_available():
-            ours, theirs = _time_against_inductor(runner, piece)
+            try:
+                ours, theirs = _time_against_inductor(runner, piece)
+            except Exception as e:
+                record.update(decision="keep", reason=f"timing failed: {type(e).__name__}: {e}")
+                LOG.warning("egraph-mirage: %s: %s", piece.name, record["reason"])
+                return record, None, False
             record.update(ours_us=ours, inductor_us=theirs)
             if ours >= theirs:
                 record.update(decision="keep", reason="not faster than Inductor's code")
@@ -349,9 +362,9 @@ def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any
     (a list) returning its outputs (a list of fresh, contiguous tensors)."""
     from ..api import compile as compile_mugraph
 
+    # in Triton's interpreter (no CUDA device), compiling also makes Triton's library functions
+    # interpreted, though torch._dynamo imported triton first (``lower.compile.use_interpreter``)
     fn = compile_mugraph(mugraph, **dict(knobs))
-    if fn.interpret:
-        _interpret_triton_language()
 
     def run(xs: list[Any]) -> list[Any]:
         outs = traced.fx_outputs(fn(*traced.graph_inputs(*xs)))
@@ -364,27 +377,6 @@ def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any
         return fresh
 
     return run
-
-
-def _interpret_triton_language() -> None:
-    """Make Triton's library functions written in Triton (``tl.sum``, ``tl.max``, ...) the
-    interpreter's. They are decorated when ``triton`` is imported, compiled-only where the
-    interpreter was off by then, and ``torch._dynamo`` imports ``triton`` before any backend
-    runs; an interpreted kernel cannot call them ("Cannot call @triton.jit'd outside of the scope
-    of a kernel"). Only where the kernels run in the interpreter (no CUDA device)."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    owners = [m for name, m in list(sys.modules.items())
-              if name.startswith("triton.language") and m is not None]
-    made: dict[int, Any] = {}
-    for owner in [*owners, tl.tensor]:
-        for name, value in list(vars(owner).items()):
-            if isinstance(value, JITFunction):
-                if id(value) not in made:
-                    made[id(value)] = InterpretedFunction(value.fn)
-                setattr(owner, name, made[id(value)])
 
 
 _OP_NUMBERS = itertools.count()
@@ -446,7 +438,10 @@ def _time_against_inductor(runner: Runner, piece: Piece) -> tuple[float, float]:
 
     timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
     xs = list(piece.example_inputs)
-    theirs = compile_fx(piece.module, xs)
+    # outside Dynamo's tracing context: compiling the piece must not add guards (on symbols
+    # of its own) to the shape environment of the graph being compiled
+    with torch._guards.tracing(None):
+        theirs = compile_fx(piece.module, xs)
 
     def time_us(fn: Callable[..., Any]) -> float:
         try:
@@ -454,7 +449,7 @@ def _time_against_inductor(runner: Runner, piece: Piece) -> tuple[float, float]:
         except Exception:  # not capturable: plain launches
             return timer.plain(fn, [xs])
 
-    return time_us(lambda *a: runner(list(a))), time_us(lambda *a: theirs(list(a)))
+    return time_us(lambda *a: runner(list(a))), time_us(lambda *a: theirs(*a))
 
 
 def _grids(mugraph: KernelGraph) -> list[list[int]]:

@@ -2,7 +2,8 @@
 
 ``partition(gm, example_inputs, *, max_matmuls=4, max_reductions=4) -> Partitioned``:
 
-1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already.
+1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already
+   (a module or a function is exported).
 2. **capability**: a node is supported when the mapping table (``aten.RULES``) has a rule whose
    op-table entries are in ``OPS`` now and which takes the node's arguments, and its tensors are
    float16, bfloat16 or float32. A view that only folds into a graph input (permute, expand, a
@@ -66,7 +67,8 @@ class Partitioned:
 def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 4,
               max_reductions: int = 4) -> Partitioned:
     """``gm`` (called with ``example_inputs``) cut into pieces for the search (module docstring);
-    ``gm`` itself is not changed."""
+    ``gm`` is an fx graph module, or any module or function (exported first), and is not
+    changed."""
     import torch
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
@@ -74,7 +76,7 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 4,
     if min(max_matmuls, max_reductions) < 0:
         raise GraphError(f"partition: caps must be >= 0, got max_matmuls={max_matmuls}, "
                          f"max_reductions={max_reductions}")
-    if is_aten(gm):
+    if isinstance(gm, torch.fx.GraphModule) and is_aten(gm):
         with warnings.catch_warnings():  # copying an exported graph's pytree specs warns
             warnings.simplefilter("ignore", FutureWarning)
             work = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))

@@ -3,7 +3,8 @@
 The program is written to a cache folder (Triton reads kernel sources from files) and imported.
 Without a CUDA device the kernels run in Triton's interpreter, which must be switched on before
 they are decorated: ``compile`` then sets ``TRITON_INTERPRET=1`` for the process (as one would in a
-shell), and stays so.
+shell), and stays so; Triton's library functions (``tl.sum``, ...) decorated before that are made
+interpreted too (``use_interpreter``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,13 +30,38 @@ CACHE_DIR = Path(tempfile.gettempdir()) / "egraph_mirage_triton"
 
 
 def use_interpreter() -> None:
-    """Switch Triton's interpreter on for kernels decorated from now on."""
+    """Switch Triton's interpreter on for kernels decorated from now on, and for Triton's own
+    library functions (``interpret_triton_language``)."""
     os.environ["TRITON_INTERPRET"] = "1"
     import triton
 
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
         knobs.runtime.interpret = True
+    interpret_triton_language()
+
+
+def interpret_triton_language() -> None:
+    """Make Triton's library functions written in Triton (``tl.sum``, ``tl.max``, ...)
+    interpreted. They are decorated when ``triton.language`` is imported: compiled-only where
+    the interpreter was off by then (``torch._dynamo`` imports ``triton`` before any backend
+    runs), and an interpreted kernel cannot call them ("Cannot call @triton.jit'd outside of the
+    scope of a kernel"). Each such ``JITFunction`` of the ``triton.language`` modules and of
+    ``tl.tensor`` is replaced by an ``InterpretedFunction`` of the same Python function; those
+    already interpreted are left as they are, so a second call changes nothing."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    owners = [m for name, m in list(sys.modules.items())
+              if name.startswith("triton.language") and m is not None]
+    made: dict[int, Any] = {}
+    for owner in [*owners, tl.tensor]:
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, JITFunction):
+                if id(value) not in made:
+                    made[id(value)] = InterpretedFunction(value.fn)
+                setattr(owner, name, made[id(value)])
 
 
 #: programs already imported in this process (same source: same module, so Triton's compiled
@@ -142,4 +169,5 @@ def compile_source(source: str, interpret: bool) -> ModuleType:
     return _import(source, interpret)[0]
 
 
-__all__: Sequence[str] = ["CompiledGraph", "compile_graph", "compile_source", "use_interpreter"]
+__all__: Sequence[str] = ["CompiledGraph", "compile_graph", "compile_source",
+                          "interpret_triton_language", "use_interpreter"]

@@ -196,5 +196,5 @@ MORE_ELEMENTWISE: list[OpSpec] = [
                 "add a constant to every element"),
 ]
 
-__all__ = ["ALL_LEVELS", "ELEMENTWISE", "GELU_K", "MORE_ELEMENTWISE", "binary", "scalar_text", "term", "unary",
-           "with_scalar"]
+__all__ = ["ALL_LEVELS", "ELEMENTWISE", "GELU_K", "MORE_ELEMENTWISE", "binary", "scalar_text",
+           "term", "unary", "with_scalar"]

@@ -1,6 +1,6 @@
 """The op table's reductions along a dimension (block and kernel level): ``reduction`` (sum),
-``mean``, ``amax``, and ``rms_norm``, which normalises by the root mean square of the trailing
-dimensions. All keep the reduced dimension with size 1.
+``mean`` and ``amax``, which keep the reduced dimension with size 1, and ``rms_norm``, which
+divides by the root mean square of the trailing dimensions.
 
 Their expressions use the shared constructors (``ops.terms.CORE_TERMS``): a mean is
 ``(Div (Sum n x) (Num n))``, as the "mean" accumulator writes it; a max ``(Max n x)``, as the

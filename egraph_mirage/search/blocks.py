@@ -22,7 +22,7 @@ from ..mugraph.threadblock import EPILOGUE, INVARIANT, LOOP_SIDE
 from ..ops import BLOCK, OPS
 from .config import SearchConfig
 from .dims import LinkProbe, result_classes
-from .reach import ReachIndex, ref
+from .reach import CLASS_REF, ReachIndex, ref
 from .tiling import KernelShape
 
 Dims = tuple[int, ...]
@@ -431,12 +431,29 @@ class BlockSearch:
 
 
 def _joined(term: Any, a: Any, b: Any) -> bool:
-    """Whether some node of ``term`` has both leaves ``a`` and ``b`` among its arguments."""
+    """Whether some node of ``term`` has leaves ``a`` and ``b`` among its arguments, each maybe
+    times constants (``ReachIndex.siblings`` looks through the same wrapping)."""
     if not isinstance(term, Term):
         return False
-    if a in term.args and b in term.args:
+    near = [_held(x) for x in term.args]
+    if any(a in xs for xs in near) and any(b in ys for ys in near):
         return True
     return any(_joined(x, a, b) for x in term.args)
+
+
+def _held(t: Any) -> set[Any]:
+    """``t`` and, when ``t`` is an operator over one non-constant argument and constants, that
+    argument."""
+    out = {t}
+    if isinstance(t, Term):
+        live = [x for x in t.args if isinstance(x, Term) and _has_ref(x)]
+        if len(live) == 1 and len(t.args) > 1:
+            out.add(live[0])
+    return out
+
+
+def _has_ref(t: Term) -> bool:
+    return t.op == CLASS_REF or any(isinstance(x, Term) and _has_ref(x) for x in t.args)
 
 
 def _identity(t: Tile) -> bool:

@@ -46,10 +46,13 @@ SPLIT_LAG = 2
 #: input: those plans are searched with the other two-kernel plans)
 SPLIT_MIN = 2
 #: per size, the split tasks of this many split shapes (the best by the shape heuristic) run
-#: between the one-kernel sizes; the others right after the one-kernel tasks. 0: at 8 the
-#: attention programs' fused forms (6 operators) came after costly split tasks, and their small
-#: searches found nothing in 240 s (tests/test_search_discovery.py)
+#: between the one-kernel sizes; the others right after the one-kernel tasks. Split forms win on
+#: the GPU at small batches (docs/benchmarks.md), and with one shape per structure and a small
+#: combine (``SPLIT_COMBINE``) a split task costs about what a one-kernel task does: all of them
 SPLIT_EARLY = 0
+#: the second kernel of a split task combines the pieces: it is searched with at most this many
+#: operators (accumulating two partial results and finishing them takes 3 to 5)
+SPLIT_COMBINE = 5
 
 
 @dataclass(frozen=True)
@@ -221,9 +224,10 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None,
         # intermediate task of a split shape, over the same sizes, all the others
         partials = (True if task.kind == SPLIT else
                     False if task.index in ctx.split_set and task.ops[1] <= SHALLOW else None)
+        combine = (1, min(SPLIT_COMBINE, payload.config.max_block_ops)) if partials else None
         for tensors, steps in run.intermediates(ctx.first_shapes[task.index], inputs, [],
                                                 task.ops, partials):
-            run.finals(tensors, steps, must_use=len(inputs))
+            run.finals(tensors, steps, must_use=len(inputs), ops=combine)
     else:
         tensors, steps = ctx.library_moves[task.index]
         run.finals(tensors, steps, must_use=len(inputs))
@@ -300,12 +304,13 @@ class _Run:
                           self.config.blockdims, self.config.smem_bytes)
 
     # --- the last kernel: it must produce the target ------------------------------------------
-    def finals(self, tensors: list[DTensor], steps: list[Step], must_use: int) -> None:
+    def finals(self, tensors: list[DTensor], steps: list[Step], must_use: int,
+               ops: tuple[int, int] | None = None) -> None:
         for shape in kernel_shapes(tensors, self.config):
             if self.stopped():
                 return
             if can_finish(shape, self.ctx.payload.out_classes):
-                self.final(shape, tensors, steps, must_use)
+                self.final(shape, tensors, steps, must_use, ops)
 
     def final(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
               must_use: int | None = None, ops: tuple[int, int] | None = None) -> None:
