@@ -10,6 +10,9 @@
     egraph-mirage bench gpu [--json] [--batch B ...] [--programs NAME ...] [--mugraph-dir DIR]
                             [--max-candidates K] [--from-search [--search-budget S]]
                             [--size-variants K] [--no-reference]
+    egraph-mirage bench torch [--json] [--out PATH] [--batch B ...] [--preset small|llama3_8b]
+                              [--models llama hf] [--modes MODE ...] [--budget S]
+                              [--max-tasks N] [--workers N] [--cache-dir DIR] [--cpu-smoke]
 
 Errors raised on purpose by egraph-mirage (``EMError``) print as one ``error: ...`` line on
 stderr and exit with status 2.
@@ -134,6 +137,11 @@ def _parser() -> argparse.ArgumentParser:
     bg.add_argument("--no-cache", action="store_true", help="re-time every tuning trial")
     bg.add_argument("--markdown", metavar="PATH", help="also write a Markdown report to PATH")
     bg.add_argument("--plot", metavar="PATH", help="also draw a PNG of the results (matplotlib)")
+    from .bench import torch_bench
+
+    torch_bench.add_arguments(bsub.add_parser(
+        "torch", help="a Llama decoder layer's decode step: eager, torch.compile and the "
+        "egraph_mirage backend on a CUDA GPU (docs/torch.md)"))
     return p
 
 
@@ -162,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench.gpu_bench import run_command
 
             return run_command(args, argv)
+        if args.bench == "torch":
+            from .bench.torch_bench import run_command as run_torch
+
+            return run_torch(args)
         return _bench_oracle(args)
     except EMError as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # always one line

@@ -22,7 +22,9 @@ dim 128, MLP 14336, RoPE theta 500000, RMSNorm eps 1e-5) with a 4,096-token cach
 3584; the all-reduce after each projection is left out).
 
 ``hf_decoder_layer(sizes)`` builds ``transformers``' ``LlamaDecoderLayer`` with the same sizes
-from a ``LlamaConfig`` (random init, no download) where ``transformers`` is installed.
+from a ``LlamaConfig`` (random init, no download) where ``transformers`` is installed;
+``HFDecodeStep(sizes)`` wraps it in the same decode step (``decode_step(x, k_cache, v_cache)``,
+same inputs and outputs, its own random weights) for ``egraph-mirage bench torch``.
 
 Run: ``python examples/llama_layer.py`` compiles the small layer (fp16) with the egraph-mirage
 backend (a few search tasks per piece) and compares it with eager; ``--preset llama3_8b`` (on a
@@ -138,12 +140,18 @@ class LlamaLayer(nn.Module):
     def example_inputs(self, batch: int = 1, seed: int = 1) -> tuple[torch.Tensor, ...]:
         """Random ``(x, k_cache, v_cache)`` for ``decode_step``, on the weights' device and
         dtype."""
-        s = self.sizes
-        gen = torch.Generator().manual_seed(seed)
-        shapes = [(batch, s.hidden), (batch, s.kv_heads, s.kv_len, s.head_dim),
-                  (batch, s.kv_heads, s.kv_len, s.head_dim)]
-        return tuple(torch.randn(shape, generator=gen).to(self.wq.device, self.wq.dtype)
-                     for shape in shapes)
+        return decode_inputs(self.sizes, batch, seed, self.wq.device, self.wq.dtype)
+
+
+def decode_inputs(sizes: LlamaSizes, batch: int = 1, seed: int = 1, device: Any = None,
+                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    """Random ``(x, k_cache, v_cache)`` of a decode step at ``sizes``: shapes (b, hidden) and
+    twice (b, kv_heads, kv_len, head_dim)."""
+    s = sizes
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(batch, s.hidden), (batch, s.kv_heads, s.kv_len, s.head_dim),
+              (batch, s.kv_heads, s.kv_len, s.head_dim)]
+    return tuple(torch.randn(shape, generator=gen).to(device, dtype) for shape in shapes)
 
 
 def hf_decoder_layer(sizes: LlamaSizes | None = None, dtype: torch.dtype = torch.float32) -> Any:
@@ -159,8 +167,59 @@ def hf_decoder_layer(sizes: LlamaSizes | None = None, dtype: torch.dtype = torch
     config = LlamaConfig(hidden_size=s.hidden, num_attention_heads=s.heads,
                          num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
                          intermediate_size=s.mlp, rms_norm_eps=s.eps, rope_theta=s.rope_theta,
-                         num_hidden_layers=1, max_position_embeddings=max(2 * s.kv_len, 2048))
+                         num_hidden_layers=1, max_position_embeddings=max(2 * s.kv_len, 2048),
+                         attn_implementation="sdpa")
     return LlamaDecoderLayer(config, layer_idx=0).to(dtype).eval()
+
+
+class _ConcatCache:
+    """Stands in for ``transformers``' ``Cache`` during one decode step: ``update`` returns the
+    keys and values passed in with the new token's appended, and keeps the new token's, so that
+    the step holds no state between calls (like ``LlamaLayer.decode_step``)."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        self.k_cache, self.v_cache = k_cache, v_cache
+        self.new: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int,
+               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new = (k, v)
+        return torch.cat((self.k_cache, k), dim=2), torch.cat((self.v_cache, v), dim=2)
+
+
+class HFDecodeStep(nn.Module):
+    """``transformers``' ``LlamaDecoderLayer`` (``hf_decoder_layer``) as one decode step with
+    ``LlamaLayer.decode_step``'s inputs and outputs: the new token at position ``kv_len`` (its
+    rotary angles as buffers), attending over the cache passed in and itself; no mask (a full
+    cache). Its weights are ``transformers``' random initialisation, not ``LlamaLayer``'s."""
+
+    def __init__(self, sizes: LlamaSizes | None = None, dtype: torch.dtype = torch.float32,
+                 device: Any = None) -> None:
+        super().__init__()
+        s = self.sizes = sizes or LlamaSizes.small()
+        self.layer = hf_decoder_layer(s, dtype).to(device)
+        inv_freq = s.rope_theta ** (-torch.arange(0, s.head_dim, 2).double() / s.head_dim)
+        angles = (torch.cat((inv_freq, inv_freq)) * s.kv_len).view(1, 1, s.head_dim)
+        self.register_buffer("cos", angles.cos().to(device=device, dtype=dtype))
+        self.register_buffer("sin", angles.sin().to(device=device, dtype=dtype))
+
+    def decode_step(self, x: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b = x.shape[0]
+        cache = _ConcatCache(k_cache, v_cache)
+        rotary = (self.cos.expand(b, 1, -1), self.sin.expand(b, 1, -1))
+        out = self.layer(x[:, None, :], attention_mask=None, past_key_values=cache,
+                         position_embeddings=rotary)
+        out = out[0] if isinstance(out, tuple) else out
+        assert cache.new is not None, "LlamaDecoderLayer did not update the cache"
+        k, v = cache.new
+        return out[:, 0, :], k, v
+
+    forward = decode_step
+
+    def example_inputs(self, batch: int = 1, seed: int = 1) -> tuple[torch.Tensor, ...]:
+        """Random ``(x, k_cache, v_cache)``, as ``LlamaLayer.example_inputs``."""
+        return decode_inputs(self.sizes, batch, seed, self.cos.device, self.cos.dtype)
 
 
 def main(argv: list[str] | None = None) -> None:

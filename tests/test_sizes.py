@@ -33,7 +33,7 @@ def test_every_size_choice_computes_the_program(name: str, build) -> None:
 def test_a_split_form_gets_more_pieces_and_its_combine_walks_them() -> None:
     g = benchmarks.get("gqa", batch=1)
     h = reference.attention(g)
-    (k1, k2) = sizes.sizes_of(h)
+    (k1, _) = sizes.sizes_of(h)
     more = sizes.with_caps(h, sizes.Caps(grid=64, loop=64, splits=16))
     (m1, m2) = sizes.sizes_of(more)
     assert m1.grid[1] == 16 != k1.grid[1]  # the split axis cuts the keys into 16 pieces
@@ -62,3 +62,28 @@ def test_size_variants_verifies_and_orders_by_cost() -> None:
     assert all(check(v).equivalent for v in out)
     with pytest.raises(GraphError, match="limit"):
         size_variants(h, g, limit=0)
+
+
+def test_resized_forms_keep_their_structure_and_other_forms_differ() -> None:
+    g = benchmarks.get("gqa", batch=1)
+    split, one = reference.attention(g), reference.attention_one_kernel(g)
+    assert sizes.structure_of(split) != sizes.structure_of(one)
+    for v in sizes.size_choices(split)[:4]:
+        assert sizes.structure_of(v) == sizes.structure_of(split)
+
+
+def test_the_search_takes_one_size_per_structure_unless_asked() -> None:
+    from egraph_mirage.search.config import SearchConfig, SearchError
+    from egraph_mirage.search.driver import prepare
+    from egraph_mirage.search.tasks import Context
+    from egraph_mirage.search.tiling import structure
+
+    g = benchmarks.get("rmsnorm_linear", small=True)
+    one = Context(prepare(g, SearchConfig()))
+    every = Context(prepare(g, SearchConfig(sizes_per_structure=None)))
+    keys = [structure(ks, one.payload.config) for ks in one.first_shapes]
+    assert len(keys) == len(set(keys))
+    assert len(every.first_shapes) > len(one.first_shapes)
+    assert {structure(ks, every.payload.config) for ks in every.first_shapes} == set(keys)
+    with pytest.raises(SearchError, match="sizes_per_structure"):
+        SearchConfig(sizes_per_structure=0)

@@ -58,6 +58,9 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
     """One row per program; see the module docstring for the keys. ``on_row`` sees each row as
     soon as its program is done. ``out``: each program's results are also written to
     ``out/<name>_b<batch>/`` in ``optimize``'s layout (what ``bench gpu --mugraph-dir`` reads)."""
+    from ..rank.measured import keep_jax_off_the_gpu
+
+    keep_jax_off_the_gpu()  # a search on a GPU host: every worker's JAX would take its memory
     rows = []
     for name in names or benchmarks.names():
         g = benchmarks.get(name, batch=batch, small=small)

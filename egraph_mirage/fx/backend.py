@@ -136,7 +136,8 @@ class BackendOptions:
     def search_settings(self) -> dict[str, Any]:
         """What the cache key records of the search: what changes what it finds."""
         search = self.search
-        name = "" if search is None else f"{search.__module__}.{search.__qualname__}"
+        qualname = getattr(search, "__qualname__", type(search).__qualname__)
+        name = "" if search is None else f"{getattr(search, '__module__', '')}.{qualname}"
         return {"budget": self.budget, "max_tasks": self.max_tasks, "search": name,
                 "profile": self.profiling(), "config": repr(asdict(self.config))}
 
@@ -241,8 +242,10 @@ class Backend:
         """Search, compile, check and (on a GPU) time. Returns the record, the compiled runner
         when the decision is to replace, and whether the record may be cached (not when the
         piece was refused before any search, nor after an unexpected failure)."""
+        from ..rank.measured import keep_jax_off_the_gpu
         from ..search.driver import superoptimize
 
+        keep_jax_off_the_gpu()  # the verifier's JAX on the CPU, in this process and the workers
         o = self.options
         g = traced.graph
         record: dict[str, Any] = {"decision": "keep", "reason": "", "mugraph": None,

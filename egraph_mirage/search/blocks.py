@@ -20,7 +20,7 @@ from ..expr import Term
 from ..mugraph.accumulators import ACCUMULATORS, running_max_expr, running_max_shape
 from ..mugraph.threadblock import EPILOGUE, INVARIANT, LOOP_SIDE
 from ..ops import BLOCK, OPS
-from .config import SearchConfig
+from .config import SearchConfig, SearchError
 from .dims import LinkProbe, result_classes
 from .reach import CLASS_REF, ReachIndex, ref
 from .tiling import KernelShape
@@ -346,7 +346,10 @@ class BlockSearch:
         if cls is None and self.config.use_oracle:
             self.counters.pruned_oracle += 1
             return None
-        links, _ = self.probe.links(name, dims_in, params)
+        try:
+            links, _ = self.probe.links(name, dims_in, params)
+        except SearchError:  # too large to probe: this move is left out, not the search
+            return None
         dcls = result_classes(links, [t.dcls for t in operands], len(dims))
         itemsize = max(t.itemsize for t in operands)
         return Tile((ident, side, dims), cls, dims, itemsize, side, dcls, name, args,

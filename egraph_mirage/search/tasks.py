@@ -21,7 +21,7 @@ from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
 from .blocks import BlockSearch, Counters, Tile
-from .config import SearchConfig
+from .config import SearchConfig, SearchError
 from .dims import LinkProbe
 from .plan import (
     KernelStep,
@@ -268,7 +268,10 @@ def _library_moves(ctx: Context, inputs: list[DTensor]) -> list[tuple[list[DTens
                                                        [t.dims for t in ops], params))
                 if not payload.reach.is_reachable(cls) or cls in have:
                     continue
-                links, _ = ctx.probe.links(name, [t.dims for t in ops], params)
+                try:
+                    links, _ = ctx.probe.links(name, [t.dims for t in ops], params)
+                except SearchError:  # too large to probe: this move is left out, not the search
+                    continue
                 from .dims import result_classes
 
                 dcls = result_classes(links, [t.dcls for t in ops], len(dims))

@@ -1,0 +1,424 @@
+"""``egraph-mirage bench torch``: a Llama decoder layer's decode step, end to end, on a GPU.
+
+For each model, batch size b and mode, in fp16 (``--dtype``):
+
+* models: ``llama``, ``LlamaLayer`` of ``examples/llama_layer.py`` (plain torch), and ``hf``,
+  ``transformers``' ``LlamaDecoderLayer`` in the same decode step (``HFDecodeStep``; left out,
+  with a note, where ``transformers`` is not installed); sizes from a preset, ``small`` or
+  ``llama3_8b`` (one layer of Llama-3-8B, or its shard on one of ``tp`` GPUs, with a
+  ``kv_len``-token cache);
+* modes (``MODES``): ``eager``; ``compile``, ``torch.compile(dynamic=False)`` (Inductor's default
+  mode); ``max-autotune``, ``torch.compile(mode="max-autotune-no-cudagraphs")``; and
+  ``egraph_mirage``, ``torch.compile`` with this package's backend (``fx.backend.Backend`` with
+  the search options given: ``budget``, ``max_tasks``, ``workers``, ``cache_dir``);
+* each compiled once (``compile_s``: the first call, which compiles and, for the backend,
+  searches), checked against eager on the same inputs (``max_error``, the largest
+  ``gpu.torch_eval.relative_error`` over the outputs; ``matches_eager`` within ``TOLERANCE``),
+  then timed with ``gpu.timing.CudaTimer``: plain launches (``plain_us``, L2 flushed) and
+  CUDA-graph replay (``graph_us``), on input sets rotated where one fits in L2.
+
+Rows (``KEYS``) are one per model, batch and mode; ``speedup_vs_eager`` (and ``_graph``) is the
+eager time over the mode's, and the backend's rows also carry ``speedup_vs_best`` (and
+``_graph``): the fastest other mode's time over the backend's, and what the backend did
+(``pieces``, ``replaced``, ``searches``, ``cache_hits``, ``report``: ``em.torch_report``'s text).
+A mode that fails keeps its row, with ``error`` and no times.
+
+Without a CUDA GPU the command refuses, unless ``--cpu-smoke``: the small preset on the CPU,
+kernels in Triton's interpreter, timed by wall clock (no graph replay), the backend's rest run
+eagerly; it tests the command, its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..errors import EMError
+from .gpu_report import best, fmt, ratio
+from .table import aligned
+
+__all__ = ["KEYS", "MODELS", "MODES", "TOLERANCE", "BenchTorchError", "CpuTimer",
+           "TorchBenchConfig", "add_arguments", "bench_torch", "format_table", "load_example",
+           "run_command"]
+
+MODELS = ("llama", "hf")
+MODES = ("eager", "compile", "max-autotune", "egraph_mirage")
+#: the keys of every row
+KEYS = ("model", "preset", "sizes", "batch", "dtype", "device", "timing", "mode", "plain_us",
+        "graph_us", "speedup_vs_eager", "speedup_vs_eager_graph", "speedup_vs_best",
+        "speedup_vs_best_graph", "compile_s", "max_error", "matches_eager", "tolerance",
+        "pieces", "replaced", "searches", "cache_hits", "report", "error")
+#: the largest relative error against eager a mode may have (a whole layer: looser than one
+#: kernel's ``gpu.tune.TOLERANCE``)
+TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-3}
+#: where the example sits in a checkout of the repository
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama_layer.py"
+DEFAULT_OUT = "egraph-mirage-out/bench_torch.json"
+
+
+class BenchTorchError(EMError, ValueError):
+    """A setting of ``bench torch`` that cannot be run (no GPU, no example file, ...)."""
+
+
+@dataclass
+class TorchBenchConfig:
+    """What ``bench_torch`` measures (module docstring)."""
+
+    models: Sequence[str] = ("llama", "hf")
+    batches: Sequence[int] = (1, 8, 16)
+    preset: str = "llama3_8b"
+    tp: int = 1
+    kv_len: int = 4096
+    modes: Sequence[str] = MODES
+    dtype: str = "float16"
+    #: the backend's options (``fx.backend.BackendOptions``)
+    budget: float | None = 60.0
+    max_tasks: int | None = None
+    workers: int | None = None
+    cache_dir: str | None = None
+    cache: bool = True
+    rest: str = "inductor"
+    device: str = "cuda"
+    #: ``examples/llama_layer.py`` (None: the checkout's)
+    example: str | None = None
+    seed: int = 1
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+    def backend(self) -> dict[str, Any]:
+        return {"budget": self.budget, "max_tasks": self.max_tasks, "workers": self.workers,
+                "cache_dir": self.cache_dir, "cache": self.cache, "rest": self.rest,
+                **self.backend_options}
+
+
+def load_example(path: str | Path | None = None) -> ModuleType:
+    """``examples/llama_layer.py`` as a module (it is no part of the installed package)."""
+    file = Path(path) if path is not None else EXAMPLE
+    if not file.is_file():
+        raise BenchTorchError(f"bench torch: {file} not found: it ships with a checkout of "
+                              "egraph-mirage, not with the package (--example PATH)")
+    spec = importlib.util.spec_from_file_location("egraph_mirage_llama_example", file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+class CpuTimer:
+    """Wall-clock median of ``repeats`` calls (``--cpu-smoke``); no graph replay."""
+
+    def __init__(self, repeats: int = 3) -> None:
+        self.repeats = repeats
+
+    def plain(self, fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]]) -> float:
+        import torch
+
+        times = []
+        with torch.no_grad():
+            for i in range(self.repeats):
+                t0 = time.perf_counter()
+                fn(*input_sets[i % len(input_sets)])
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+
+    def graph(self, fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]]) -> float | None:
+        return None
+
+
+def _sizes(example: ModuleType, cfg: TorchBenchConfig) -> Any:
+    if cfg.preset == "small":
+        return example.LlamaSizes.small()
+    if cfg.preset == "llama3_8b":
+        return example.LlamaSizes.llama3_8b(tp=cfg.tp, kv_len=cfg.kv_len)
+    raise BenchTorchError(f"bench torch: unknown preset {cfg.preset!r} (small, llama3_8b)")
+
+
+def _module(example: ModuleType, model: str, sizes: Any, dtype: Any, device: str) -> Any:
+    """The model's decode step, for inference (no parameter requires gradients)."""
+    if model == "llama":
+        module = example.LlamaLayer(sizes, dtype=dtype, device=device)
+    elif model == "hf":
+        module = example.HFDecodeStep(sizes, dtype=dtype, device=device)
+    else:
+        raise BenchTorchError(f"bench torch: unknown model {model!r} ({', '.join(MODELS)})")
+    return module.eval().requires_grad_(False)
+
+
+def _compiled(module: Any, mode: str, cfg: TorchBenchConfig) -> tuple[Any, Any]:
+    """The callable of ``mode``, and the backend object for ``egraph_mirage`` (else None)."""
+    import torch
+
+    if mode == "eager":
+        return module, None
+    torch._dynamo.reset()
+    if mode == "compile":
+        return torch.compile(module, dynamic=False), None
+    if mode == "max-autotune":
+        return torch.compile(module, mode="max-autotune-no-cudagraphs", dynamic=False), None
+    if mode == "egraph_mirage":
+        from ..fx.backend import Backend
+
+        backend = Backend(**cfg.backend())
+        return torch.compile(module, backend=backend, dynamic=False), backend
+    raise BenchTorchError(f"bench torch: unknown mode {mode!r} ({', '.join(MODES)})")
+
+
+def _input_sets(example: ModuleType, sizes: Any, batch: int, cfg: TorchBenchConfig,
+                dtype: Any) -> list[tuple[Any, ...]]:
+    """Input sets of the decode step: as many as cover a few times the L2 (``gpu.timing``)."""
+    from ..gpu.timing import l2_bytes, rotation_count
+
+    first = example.decode_inputs(sizes, batch, cfg.seed, cfg.device, dtype)
+    count = 1
+    if cfg.device == "cuda":
+        count = min(64, rotation_count(sum(x.numel() * x.element_size() for x in first),
+                                       l2_bytes()))
+    return [first] + [example.decode_inputs(sizes, batch, cfg.seed + i, cfg.device, dtype)
+                      for i in range(1, count)]
+
+
+def _row(model: str, batch: int, mode: str, cfg: TorchBenchConfig, sizes: Any,
+         device: str) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(KEYS)
+    row.update(model=model, preset=cfg.preset, sizes=asdict(sizes), batch=batch,
+               dtype=cfg.dtype, device=device, mode=mode, tolerance=TOLERANCE[cfg.dtype],
+               timing="cuda" if cfg.device == "cuda" else "cpu wall clock (Triton interpreter)")
+    return row
+
+
+def _measure(row: dict[str, Any], fn: Any, backend: Any, sets: list[tuple[Any, ...]],
+             want: Sequence[Any], timer: Any, graphs: bool) -> None:
+    """Fill ``row``: compile (first call), check against eager's ``want``, time."""
+    import torch
+
+    from ..fx.report import torch_report
+    from ..gpu.torch_eval import relative_error
+
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        got = fn(*sets[0])
+        if graphs:
+            torch.cuda.synchronize()
+        row["compile_s"] = time.perf_counter() - t0
+    if backend is not None:
+        pieces = [p for r in backend.reports for p in r.pieces]
+        row.update(pieces=len(pieces), replaced=sum(p.status == "replaced" for p in pieces),
+                   searches=backend.searches, cache_hits=sum(p.cache == "hit" for p in pieces),
+                   report=torch_report(backend))
+    row["max_error"] = max(relative_error(g, w) for g, w in zip(got, want, strict=True))
+    row["matches_eager"] = row["max_error"] <= row["tolerance"]
+    row["plain_us"] = timer.plain(fn, sets)
+    if graphs:
+        try:
+            row["graph_us"] = timer.graph(fn, sets)
+        except Exception as e:  # not capturable: plain launches only
+            row["error"] = f"CUDA-graph capture failed: {type(e).__name__}: {_first(e)}"
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _speedups(rows: list[dict[str, Any]]) -> None:
+    """Speedups within one model and batch: over eager, and the backend's over the best."""
+    eager = next((r for r in rows if r["mode"] == "eager"), None)
+    for r in rows:
+        if eager is not None:
+            r["speedup_vs_eager"] = ratio(eager["plain_us"], r["plain_us"])
+            r["speedup_vs_eager_graph"] = ratio(eager["graph_us"], r["graph_us"])
+        if r["mode"] == "egraph_mirage":
+            others = [o for o in rows if o is not r]
+            r["speedup_vs_best"] = ratio(best({o["mode"]: o["plain_us"] for o in others}),
+                                         r["plain_us"])
+            r["speedup_vs_best_graph"] = ratio(best({o["mode"]: o["graph_us"] for o in others}),
+                                               r["graph_us"])
+
+
+def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
+                on_row: Callable[[dict[str, Any]], None] | None = None,
+                log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Every row (module docstring), models then batches then modes. ``timer``: default
+    ``CudaTimer`` on a GPU, ``CpuTimer`` on the CPU; ``on_row`` sees each row when done."""
+    import torch
+
+    from ..fx.cache import device_name
+
+    example = load_example(cfg.example)
+    sizes = _sizes(example, cfg)
+    dtype = getattr(torch, cfg.dtype)
+    graphs = cfg.device == "cuda"
+    if timer is None:
+        if graphs:
+            from ..gpu.timing import CudaTimer
+
+            timer = CudaTimer()
+        else:
+            timer = CpuTimer()
+    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    device = device_name() if graphs else "cpu"
+    out: list[dict[str, Any]] = []
+    for model in cfg.models:
+        try:
+            module = _module(example, model, sizes, dtype, cfg.device)
+        except ImportError as e:
+            say(f"note: {model} left out: {e}")
+            continue
+        for batch in cfg.batches:
+            sets = _input_sets(example, sizes, batch, cfg, dtype)
+            with torch.no_grad():
+                want = module(*sets[0])
+            rows = []
+            for mode in cfg.modes:
+                say(f"{model} b={batch} {mode} ...")
+                row = _row(model, batch, mode, cfg, sizes, device)
+                try:
+                    fn, backend = _compiled(module, mode, cfg)
+                    _measure(row, fn, backend, sets, want, timer, graphs)
+                except Exception as e:  # the row says so; the other modes go on
+                    row["error"] = f"{type(e).__name__}: {_first(e)}"
+                rows.append(row)
+            _speedups(rows)
+            for row in rows:
+                if on_row is not None:
+                    on_row(row)
+            out += rows
+    return out
+
+
+# --- the report --------------------------------------------------------------------------------
+
+def _cell(r: Mapping[str, Any] | None) -> str:
+    """``plain / graph`` µs of one mode, or why there is none."""
+    if r is None:
+        return "–"
+    if r["plain_us"] is None:
+        return "failed" if r.get("error") else "–"
+    text = fmt(r["plain_us"]) + (f" / {fmt(r['graph_us'])}" if r["graph_us"] is not None else "")
+    return text if r["matches_eager"] in (None, True) else text + " (WRONG)"
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line per model and batch: each mode's µs (plain / CUDA graph), the backend's speedup
+    over the fastest other mode, its pieces replaced and its error against eager; then a line
+    for each failure."""
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    modes += sorted({r["mode"] for r in rows} - set(modes))
+    head = ["model", "b", *[f"{m} µs" for m in modes], "ours vs best", "replaced", "ours error"]
+    body: list[list[str]] = []
+    groups: dict[tuple[str, int], dict[str, Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["batch"]), {})[r["mode"]] = r
+    for (model, batch), by_mode in groups.items():
+        ours = by_mode.get("egraph_mirage")
+        speed = "–"
+        if ours is not None and ours["speedup_vs_best"] is not None:
+            speed = f"{fmt(ours['speedup_vs_best'], 2)}×"
+            if ours["speedup_vs_best_graph"] is not None:
+                speed += f" / {fmt(ours['speedup_vs_best_graph'], 2)}×"
+        replaced = "–" if ours is None or ours["pieces"] is None else \
+            f"{ours['replaced']}/{ours['pieces']}"
+        error = "–" if ours is None or ours["max_error"] is None else \
+            f"{ours['max_error']:.1e}" + ("" if ours["matches_eager"] else " WRONG")
+        body.append([model, str(batch), *[_cell(by_mode.get(m)) for m in modes], speed,
+                     replaced, error])
+    lines = aligned(head, body, left=1)
+    timing = {r["timing"] for r in rows}
+    lines.append("µs: plain launches / CUDA-graph replay" if timing == {"cuda"} else
+                 f"µs: {', '.join(sorted(timing))}")
+    lines += [f"{r['model']} b={r['batch']} {r['mode']}: {r['error']}" for r in rows
+              if r.get("error")]
+    return "\n".join(lines)
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def add_arguments(p: Any) -> None:
+    """The options of ``egraph-mirage bench torch``."""
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    p.add_argument("--out", metavar="PATH", default=DEFAULT_OUT,
+                   help=f"also write the rows to PATH as JSON (default {DEFAULT_OUT})")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16], metavar="B",
+                   help="batch sizes (default 1 8 16)")
+    p.add_argument("--preset", choices=("small", "llama3_8b"), default=None,
+                   help="layer sizes (default llama3_8b, one layer of Llama-3-8B; small with "
+                   "--cpu-smoke)")
+    p.add_argument("--tp", type=int, default=1, help="llama3_8b's shard on one of TP GPUs")
+    p.add_argument("--kv-len", type=int, default=4096, metavar="N",
+                   help="tokens in the KV cache with llama3_8b (default 4096)")
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                   help="llama: examples/llama_layer.py's layer; hf: transformers' "
+                   "LlamaDecoderLayer (where installed); default both")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=None,
+                   help="default: all four (--cpu-smoke: eager and egraph_mirage)")
+    p.add_argument("--dtype", choices=tuple(TOLERANCE), default="float16")
+    p.add_argument("--budget", type=float, default=60.0, metavar="S",
+                   help="search seconds per piece (default 60)")
+    p.add_argument("--max-tasks", type=int, default=None, metavar="N",
+                   help="search tasks per piece (default: no limit)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="search processes (default: every core)")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="the backend's cache (default $EGRAPH_MIRAGE_CACHE or "
+                   "~/.cache/egraph-mirage)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="search every piece again (neither read nor write the cache)")
+    p.add_argument("--example", metavar="PATH",
+                   help="examples/llama_layer.py (default: the checkout's)")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="without a GPU: the small layer on the CPU, kernels in Triton's "
+                   "interpreter, wall-clock times (a test of the command, not a benchmark)")
+
+
+def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
+    """The configuration of the command line ``args``; ``BenchTorchError`` for what cannot
+    run."""
+    if not cuda and not args.cpu_smoke:
+        raise BenchTorchError("bench torch needs a CUDA GPU, and torch sees none (--cpu-smoke "
+                              "runs the small layer on the CPU, as a test of the command)")
+    if any(b < 1 for b in args.batch) or args.tp < 1 or args.kv_len < 1:
+        raise BenchTorchError("bench torch: --batch, --tp and --kv-len must be positive")
+    if not args.budget > 0 or (args.max_tasks is not None and args.max_tasks < 1) or (
+            args.workers is not None and args.workers < 1):
+        raise BenchTorchError("bench torch: --budget must be positive, --max-tasks and "
+                              "--workers at least 1")
+    smoke = args.cpu_smoke and not cuda
+    preset = args.preset or ("small" if smoke else "llama3_8b")
+    if smoke and preset != "small":
+        raise BenchTorchError("bench torch --cpu-smoke runs the small preset only (the "
+                              "interpreter would take hours on llama3_8b)")
+    return TorchBenchConfig(
+        models=args.models, batches=args.batch, preset=preset,
+        tp=args.tp, kv_len=args.kv_len,
+        modes=args.modes or (("eager", "egraph_mirage") if smoke else MODES),
+        dtype=args.dtype, budget=args.budget, max_tasks=args.max_tasks, workers=args.workers,
+        cache_dir=args.cache_dir, cache=not args.no_cache, rest="eager" if smoke else "inductor",
+        device="cpu" if smoke else "cuda", example=args.example)
+
+
+def run_command(args: Any) -> int:
+    """``egraph-mirage bench torch``: measure, write the JSON rows, print the table (or JSON).
+    Exits 1 when the backend's output differs from eager beyond the tolerance."""
+    import torch
+
+    from ..files import write_atomic
+    from ..rank.measured import keep_jax_off_the_gpu
+
+    cfg = config_from(args, bool(torch.cuda.is_available()))
+    keep_jax_off_the_gpu()  # before the backend's search imports JAX
+    rows = bench_torch(cfg, on_row=lambda r: print(json.dumps(
+        {k: r[k] for k in KEYS if k not in ("report", "sizes")}), file=sys.stderr, flush=True))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.out, json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    wrong = [r for r in rows if r["mode"] == "egraph_mirage" and r["matches_eager"] is False]
+    return 1 if wrong else 0
