@@ -97,7 +97,10 @@ class BlockSearch:
         for limit in range(lo, hi + 1):
             self._limit = limit
             for found in self._dfs(tiles, set(), 0, set(), moves, self._smem(tiles)):
-                sig = frozenset(found[0][i].key for i in found[1])
+                # one block graph per output class, except that a running max is part of what
+                # is computed: its rescaled accumulators have the plain ones' classes
+                sig = (frozenset(found[0][i].key for i in found[1]),
+                       frozenset(t.key for t in found[0] if t.op == "max"))
                 if sig not in done:
                     done.add(sig)
                     yield found
