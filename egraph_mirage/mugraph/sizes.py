@@ -182,15 +182,12 @@ def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps) -> Kern
     frange = tb.forloop_range
     if frange > 1 and looped:
         fd, dims, old, made = looped[0]
-        parts = 1
-        for axis, g in enumerate(grid):  # what the grid leaves of the looped dimension
-            if any(imap[axis] == fd for imap, f, _, _ in loads if f == fd):
-                parts *= g
+        parts = _grid_parts(grid, fd, loads)  # the grid's cut of the looped dimension
         if dims[fd] % parts:
             raise MapError(f"resize: dimension {dims[fd]} does not split into {parts} pieces")
         extent = dims[fd] // parts
         if made:  # an earlier kernel's results (pieces of a split): keep the tile, walk them all
-            tile = old[fd] // (tb.forloop_range * _old_parts(tb, fd, loads))
+            tile = old[fd] // (tb.forloop_range * _grid_parts(tb.grid_dim, fd, loads))
         else:
             tile = _largest(extent, caps.loop, extent // 2)
         if tile < 1 or extent % tile:
@@ -199,9 +196,10 @@ def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps) -> Kern
     return KernelSizes((grid[0], grid[1], grid[2]), frange)
 
 
-def _old_parts(tb: ThreadBlockGraph, fd: int, loads: Sequence[Any]) -> int:
+def _grid_parts(grid: Sequence[int], fd: int, loads: Sequence[Any]) -> int:
+    """How many pieces ``grid`` cuts dimension ``fd`` of the looped loads into."""
     parts = 1
-    for axis, g in enumerate(tb.grid_dim):
+    for axis, g in enumerate(grid):
         if any(imap[axis] == fd for imap, f, _, _ in loads if f == fd):
             parts *= g
     return parts
