@@ -47,8 +47,9 @@ SPLIT_LAG = 2
 SPLIT_MIN = 2
 #: per size, the split tasks of this many split shapes (the best by the shape heuristic) run
 #: between the one-kernel sizes; the others right after the one-kernel tasks. 0: with every
-#: split task early, gated_mlp's 40-task small search took 180 s instead of 7 s (the combine's
-#: goal distances per intermediate dominate), although split forms win on the GPU at small batches
+#: split task early, a 40-task small search of a two-matmul program took 180 s instead of 7 s
+#: (the combine's goal distances per intermediate dominate), although split forms win on the
+#: GPU at small batches
 SPLIT_EARLY = 0
 #: the second kernel of a split task combines the pieces: it is searched with at most this many
 #: operators (accumulating two partial results and finishing them takes 3 to 5)
