@@ -21,6 +21,7 @@ from egraph_mirage.cli import _parser, main
 from egraph_mirage.errors import GraphError
 from egraph_mirage.gpu.floor import Floor
 from egraph_mirage.gpu.torch_eval import torch_function
+from egraph_mirage.rank.forms import form_label
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {"benchmark", "batch", "device", "ours_us", "ours_graph_us", "baselines_us",
@@ -149,7 +150,13 @@ def test_rows_with_a_fake_timer(tmp_path: Path, one_size: list[Any]) -> None:
     assert head[:7] == ["program", "b", "floor", "ours", "ours+graph", "ref", "ref+graph"]
     assert "sdpa+graph" in head and head[-3:] == ["ref/ours", "ref/ours+graph",
                                                   "floor/ours+graph"]
-    assert len(table.splitlines()) == 5
+    lines = table.splitlines()
+    assert len(lines) == 11 and lines[5] == ""  # 4 rows, then the candidates' table
+    assert lines[6].split()[:5] == ["program", "b", "timed", "forms", "winner"]
+    for r in rows:  # one candidate each: its form, no correlation from one timing
+        assert r["winner_form"] == form_label(em.load(r["mugraph_file"]))
+        assert r["forms_timed"] == 1 and r["cost_model_rank_corr"] is None
+        assert r["form_us"] == {r["winner_form"]: r["candidates_us"][r["mugraph_file"]]}
 
 
 def test_a_row_without_search_results_still_times_baselines_and_reference() -> None:
@@ -354,7 +361,8 @@ def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
     assert r["ours_vs_reference"] == r["ours_vs_reference_graph"] == 0.5
 
     few = gb.candidates("rmsnorm_linear", 1, g, str(tmp_path), max_candidates=2)
-    assert few.files == files[:2] and few.notes == ["timed the first 2 of 3 μGraphs"]
+    assert few.files == files[:2] and few.notes == [
+        "timed 2 of 3 μGraphs, the best of each form first"]
     for f in files:  # a folder with best.json alone
         Path(f).unlink()
     assert gb.candidates("rmsnorm_linear", 1, g, str(tmp_path)).files == [

@@ -35,6 +35,7 @@ from .. import benchmarks
 from ..errors import EMError, GraphError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, load
+from ..rank.forms import form_label, rank_correlation, spread
 from . import reference
 from .gpu_report import best, fmt, format_table, markdown, plot, ratio, table_cells
 
@@ -49,7 +50,8 @@ KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "size_variant"
         "reference_us", "reference_graph_us", "baselines_us", "baselines_graph_us",
         "speedup_vs_best", "speedup_vs_best_graph", "ours_vs_reference",
         "ours_vs_reference_graph", "floor_us", "floor_fraction", "floor_fraction_graph",
-        "knobs", "reference_knobs", "notes")
+        "knobs", "reference_knobs", "winner_form", "forms_timed", "form_us",
+        "cost_model_rank_corr", "notes")
 #: where ``--from-search`` writes the search's folders when no ``--mugraph-dir`` is given
 DEFAULT_SEARCH_DIR = "egraph-mirage-out/search"
 #: the note of a row whose search gave nothing to time
@@ -136,8 +138,9 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     3. ``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: single μGraph files.
 
     None of them (or no ``mugraph_dir``): no candidate; the hand-written μGraphs are never
-    ours. ``max_candidates`` keeps the first that many of a folder (the search's best by its
-    cost model). Loads JSON only (no egglog, no JAX)."""
+    ours. ``max_candidates`` keeps that many of a folder: the best (by the search's cost model)
+    of each form first (``rank.forms.spread``), then the next best. Loads JSON only (no
+    egglog, no JAX)."""
     from ..search.outdir import mugraph_files
 
     notes: list[str] = []
@@ -152,7 +155,9 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
         if graphs:
             n = len(graphs) if max_candidates is None else max(1, max_candidates)
             if n < len(graphs):
-                notes.append(f"timed the first {n} of {len(graphs)} μGraphs")
+                notes.append(f"timed {n} of {len(graphs)} μGraphs, the best of each form first")
+                order = spread(list(range(len(graphs))), lambda i: graphs[i])[:n]
+                graphs, kept = [graphs[i] for i in order], [kept[i] for i in order]
             return Candidates(graphs[:n], kept[:n], notes)
         if files:
             notes.append(f"{files[0].parent}: no μGraph for batch {batch} (other shapes)")
@@ -228,6 +233,8 @@ class Measured:
     label: str | None = None  # the winner's label
     knobs: dict[str, Any] | None = None
     candidates_us: dict[str, float | None] = field(default_factory=dict)  # tuned time per label
+    #: every candidate's first timing (at ``QUICK_KNOBS`` where pre-ranked, else tuned) by label
+    first_us: dict[str, float | None] = field(default_factory=dict)
     kernel_us: dict[str, float] | None = None  # per kernel, where the timer profiles them
     notes: list[str] = field(default_factory=list)
 
@@ -271,11 +278,13 @@ def measure(graphs: Sequence[KernelGraph], labels: Sequence[str], who: str, b: B
     todo = list(graphs)
     if cfg.tune and len(todo) > cfg.tune_top:  # pre-rank at a few knob settings
         pre = rank(todo, lambda h: _tune_safely(h, QUICK_KNOBS))
+        out.first_us = {label[id(r.mugraph)]: r.us for r in pre}
         todo = [r.mugraph for r in pre[:cfg.tune_top] if r.us is not None] or todo
         out.notes.append(f"{who}: {len(graphs)} μGraphs pre-ranked at {QUICK_KNOBS}, the "
                          f"fastest {len(todo)} tuned")
     ranked = rank(todo, lambda h: _tune_safely(h, space))
     out.candidates_us = {label[id(r.mugraph)]: r.us for r in ranked}
+    out.first_us = out.first_us or dict(out.candidates_us)
     top = ranked[0]
     if top.us is None or top.tuned is None or top.tuned.fn is None:
         msgs = {f"{t.status}: {t.message or t.error}" for r in ranked if r.tuned
@@ -325,9 +334,34 @@ def _ours(name: str, batch: int, b: BenchContext, row: dict[str, Any],
     notes += m.notes
     if m.label is not None:
         i = labels.index(m.label)
-        row.update(mugraph_file=ex.files[i], size_variant=ex.variants[i])
+        row.update(mugraph_file=ex.files[i], size_variant=ex.variants[i],
+                   winner_form=form_label(ex.graphs[i]))
     row["candidates_us"] = m.candidates_us
+    row.update(calibration(ex.graphs, labels, m.first_us))
     return m
+
+
+def calibration(graphs: Sequence[KernelGraph], labels: Sequence[str],
+                first_us: dict[str, float | None]) -> dict[str, Any]:
+    """How well the cost model ranked the candidates that were timed: Spearman's rank
+    correlation of its estimates with their first timings (``cost_model_rank_corr``; 1.0: the
+    same order), the forms timed, and each form's best first timing (``form_us``)."""
+    from ..rank.cost_model import ProgramCost
+
+    cost = ProgramCost()
+    est, got = [], []
+    form_us: dict[str, float] = {}
+    for h, lab in zip(graphs, labels):
+        us = first_us.get(lab)
+        if us is None:
+            continue
+        est.append(cost.seconds(h) * 1e6)
+        got.append(us)
+        f = form_label(h)
+        form_us[f] = min(us, form_us.get(f, us))
+    corr = rank_correlation(est, got) if len(est) >= 3 else None
+    return {"cost_model_rank_corr": None if corr is None else round(corr, 3),
+            "forms_timed": len(form_us), "form_us": form_us}
 
 
 def _reference(name: str, b: BenchContext, row: dict[str, Any], notes: list[str]) -> Measured:

@@ -62,10 +62,33 @@ def table_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list
     return head, body
 
 
+def search_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Head and body of the second table, on ours' candidates: the form of the winner, how
+    many forms were timed, each form's best first timing and the cost model's rank
+    correlation with the first timings (``gpu_bench.calibration``). Empty where no row has
+    timed candidates."""
+    head = ["program", "b", "timed", "forms", "winner form", "rank corr", "best per form (µs)"]
+    body = []
+    for r in rows:
+        if not r.get("form_us"):  # nothing timed (or a row written before this table)
+            continue
+        per_form = ", ".join(f"{f}: {us:.1f}" for f, us in
+                             sorted((r.get("form_us") or {}).items(), key=lambda kv: kv[1]))
+        body.append([r["benchmark"], str(r["batch"]), str(r["candidates"]),
+                     str(r.get("forms_timed", "–")), r.get("winner_form") or "–",
+                     fmt(r.get("cost_model_rank_corr"), 2), per_form or "–"])
+    return head, body
+
+
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The rows as an aligned text table (µs; speedups over the best baseline, like for like)."""
+    """The rows as an aligned text table (µs; speedups over the best baseline, like for like),
+    followed by the search-results table (``search_cells``) where there is one."""
     head, body = table_cells(rows)
-    return "\n".join(aligned(head, body, left=2))
+    out = aligned(head, body, left=2)
+    s_head, s_body = search_cells(rows)
+    if s_body:
+        out += [""] + aligned(s_head, s_body, left=5)
+    return "\n".join(out)
 
 
 def markdown(rows: Sequence[Mapping[str, Any]], date: str, command: str,
@@ -87,6 +110,13 @@ def markdown(rows: Sequence[Mapping[str, Any]], date: str, command: str,
               "measured (the notes say why).", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    s_head, s_body = search_cells(rows)
+    if s_body:
+        lines += ["", "Ours' candidates: the winner's form (graph-defined kernels + library "
+                  "operators), the forms timed, the cost model's rank correlation with the "
+                  "first timings (Spearman; 1: the same order) and each form's best first "
+                  "timing.", "", "| " + " | ".join(s_head) + " |", "|" + "---|" * len(s_head)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in s_body]
     where: dict[str, list[str]] = {}  # a note shared by several rows is written once
     for r in rows:
         for n in r["notes"]:

@@ -121,9 +121,12 @@ def _names(graph: KernelGraph) -> dict[int, str]:
 
 
 def _host_call(t: Tensor, names: dict[int, str]) -> str:
-    """A library operator as a torch statement, computed in fp32."""
+    """A library operator as a torch statement, computed in fp32: on fp32 copies of its
+    operands, or on the operands as stored where the call accumulates in fp32 itself
+    (``TritonEmission.host_stored``, operands of one dtype)."""
     spec = lookup(t.op)  # type: ignore[arg-type]
-    args = [names[o.index] if o.dtype == DType.float32 else f"{names[o.index]}.float()"
+    stored = spec.triton.host_stored and len({o.dtype for o in t.operands}) == 1
+    args = [names[o.index] if stored or o.dtype == DType.float32 else f"{names[o.index]}.float()"
             for o in t.operands]
     try:
         expr = spec.triton.host(args, [o.dims for o in t.operands], t.params)
@@ -131,7 +134,7 @@ def _host_call(t: Tensor, names: dict[int, str]) -> str:
         raise
     except Exception as e:
         raise LowerError(f"library operator t{t.index} = {t.op}: {type(e).__name__}: {e}") from e
-    if t.dtype != DType.float32:
+    if t.dtype != DType.float32 and not (stored and t.dtype == t.operands[0].dtype):
         expr = f"({expr}).to({TORCH_DTYPE[t.dtype]})"
     return f"{names[t.index]} = {expr}"
 

@@ -72,6 +72,7 @@ class TritonEmission:
     dims: Callable[[Sequence[Shape], Params], TileDims]
     keeps_zero: bool
     dot_operands: tuple[int, ...] = ()
+    host_stored: bool = False
 
 
 @dataclass(frozen=True)

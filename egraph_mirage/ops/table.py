@@ -66,7 +66,8 @@ MATMUL = OpSpec(
     levels=GRAPH_LEVELS, commutative=False,
     triton=TritonEmission(tile=lambda args, ctx, p: ctx.dot(0, 1),
                           host=lambda args, shapes, p: f"torch.matmul({args[0]}, {args[1]})",
-                          dims=_matmul_dims, keeps_zero=True, dot_operands=(0, 1)),
+                          dims=_matmul_dims, keeps_zero=True, dot_operands=(0, 1),
+                          host_stored=True),
     doc="matrix product over the last two dimensions, batched over the leading ones",
 )
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import LowerError
 from ..graph import KernelGraph
 from .cost_model import ProgramCost
+from .forms import spread
 
 if TYPE_CHECKING:
     from ..gpu.tune import TuneResult
@@ -176,7 +177,8 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     never lost to the GPU.
 
     ``deadline`` (a ``clock()`` time, the end of the search's time budget) bounds the profiling:
-    results are then measured one at a time, best estimated first, until ``clock()`` reaches it.
+    results are then measured one at a time until ``clock()`` reaches it, in ``forms.spread``'s
+    order: the best estimated of each form (kernels, library operators) first, then the rest.
     The measured ones come first, by measured time, and the rest follow unmeasured in the cost
     model's order; the note says how many were measured. Without a deadline every result is
     measured, in one call to the profiler.
@@ -196,14 +198,15 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
         return ranked
     # one result per call under a deadline, so that the deadline is checked between results
     step = len(ranked) if deadline is None else 1
+    order = spread(ranked, lambda r: r.graph)
     found: list[Measurement] = []
     t0 = time.perf_counter()
     try:
         stats.profile_device = profiler.device_name
-        while len(found) < len(ranked):
+        while len(found) < len(order):
             if deadline is not None and clock() >= deadline:
                 break
-            batch = [r.graph for r in ranked[len(found):len(found) + step]]
+            batch = [r.graph for r in order[len(found):len(found) + step]]
             got = profiler.measure(program, batch)
             if len(got) != len(batch):
                 stats.profile_note = (f"the profiler returned {len(got)} measurements for "
@@ -225,7 +228,7 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
                               "results measured, ranked by the cost model")
         return ranked
     kept: list[SearchResult] = []
-    for r, m in zip(ranked, found):
+    for r, m in zip(order, found):
         if m.status == "ok" and m.us is not None:
             kept.append(replace(r, measured_us=float(m.us), knobs=dict(m.knobs or {})))
             continue
@@ -239,7 +242,8 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     stats.profile_note = (f"{len(kept)} of {len(found)} results timed on "
                           f"{stats.profile_device}; {stats.profile_failed} failed to lower or "
                           f"run, {stats.profile_wrong} failed the numeric check (dropped)")
-    rest = ranked[len(found):]
+    measured = {id(r) for r in order[:len(found)]}
+    rest = [r for r in ranked if id(r) not in measured]
     if rest:
         stats.profile_note = (f"time budget reached after profiling {len(found)} of "
                               f"{len(ranked)} results: the rest keep the cost model's order; "
