@@ -106,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
                     "files DIR/<name>_b<batch>[_*].json; each with its size variants is timed, "
                     "the fastest reported (without it or --from-search ours stays empty)")
     bg.add_argument("--max-candidates", type=int, default=None, metavar="K",
-                    help="time only the first K μGraphs of a folder, the search's best first")
+                    help="time only K μGraphs of a folder: the search's best of each form "
+                    "(kernels + library operators) first, then the next best")
     bg.add_argument("--size-variants", type=int, default=None, metavar="K",
                     help="at most K sizes of each search result, its own included (default "
                     "16, rank.sizes.DEFAULT_LIMIT; 1: the search's sizes only)")

@@ -79,7 +79,8 @@ class GpuBenchConfig:
     device: str = "cuda"
     seed: int = 0
     std: float = 0.1
-    #: time at most this many of a folder's μGraphs, the search's best first (None: all)
+    #: time at most this many of a folder's μGraphs, the search's best of each form first
+    #: (``rank.forms.spread``; None: all)
     max_candidates: int | None = None
     #: run the search first, writing ``mugraph_dir/<name>_b<batch>/`` (``search_into``)
     from_search: bool = False
