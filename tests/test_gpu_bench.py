@@ -371,11 +371,21 @@ def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
     folder.rename(tmp_path / "rmsnorm_linear")  # DIR/<name>/: a search at one batch
     assert len(gb.candidates("rmsnorm_linear", 1, g, str(tmp_path)).graphs) == 1
     g2 = em.benchmarks.get("rmsnorm_linear", batch=2, small=True)
-    other = gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))
-    assert other.graphs == [] and "no μGraph for batch 2" in other.notes[0]
-    (tmp_path / "rmsnorm_linear").rename(tmp_path / "rmsnorm_linear_b2")  # named: must fit
+    other = gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))  # one search, every batch
+    assert [_sig(h) for h in other.graphs] == [_sig(g2)]
+    assert other.files == [f"{tmp_path / 'rmsnorm_linear' / 'best.json'}@b2"]
+    assert "retargeted to batch 2" in other.notes[0]
+    assert em.verify(other.graphs[0], g2).equivalent
+    (tmp_path / "rmsnorm_linear").rename(tmp_path / "rmsnorm_linear_b1")  # another batch's
+    again = gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))
+    assert again.files == [f"{tmp_path / 'rmsnorm_linear_b1' / 'best.json'}@b2"]
+    (tmp_path / "rmsnorm_linear_b1").rename(tmp_path / "rmsnorm_linear_b2")  # named: must fit
     with pytest.raises(GraphError, match="differ"):
         gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))
+
+
+def _sig(g: em.KernelGraph) -> list[tuple[int, ...]]:
+    return [t.dims for t in g.inputs]
 
 
 def test_size_variants_of_each_search_result_are_ours(tmp_path: Path,

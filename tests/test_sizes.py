@@ -87,3 +87,48 @@ def test_the_search_takes_one_size_per_structure_unless_asked() -> None:
     assert {structure(ks, every.payload.config) for ks in every.first_shapes} == set(keys)
     with pytest.raises(SearchError, match="sizes_per_structure"):
         SearchConfig(sizes_per_structure=0)
+
+
+@pytest.mark.parametrize("name", sorted(reference.BUILDERS))
+def test_one_search_serves_every_batch(name: str) -> None:
+    """A form built for batch 1, retargeted to batch 8's shapes, computes the batch-8 program
+    (where its tiles fit: a dimension no grid axis cuts grows inside the tiles)."""
+    g1, g8 = benchmarks.get(name, batch=1, small=True), benchmarks.get(name, batch=8, small=True)
+    assert [t.dims for t in g1.inputs] != [t.dims for t in g8.inputs]
+    check = Verifier(g8, backend="numpy").check
+    fitted = 0
+    for h in reference.variants(name, g1):
+        try:
+            r = sizes.retarget(h, g8)
+        except EMError:
+            continue
+        assert [t.dims for t in r.inputs] == [t.dims for t in g8.inputs]
+        assert len(sizes.kernels(r)) == len(sizes.kernels(h))
+        assert check(r).equivalent, name
+        fitted += 1
+    assert fitted >= 1
+
+
+def test_retarget_names_the_input_that_differs() -> None:
+    g = benchmarks.get("lora", small=True)
+    h = reference.variants("lora", g)[0]
+    other = benchmarks.get("rmsnorm_linear", small=True)
+    with pytest.raises(MapError, match="inputs"):
+        sizes.retarget(h, other)
+    g16 = benchmarks.get("gated_mlp", batch=1, small=True)
+    with pytest.raises(MapError, match="input 1"):
+        sizes.retarget(reference.variants("gated_mlp", g16)[0],
+                       _with_dtype(g16, 1, "float32"))
+
+
+def _with_dtype(g, position: int, dtype: str):
+    """``g``'s inputs as a new program with one input's dtype changed (its body: the inputs'
+    sum is enough, only the inputs are read)."""
+    from egraph_mirage import new_kernel_graph
+    from egraph_mirage.dtypes import DType
+
+    h = new_kernel_graph()
+    xs = [h.new_input(t.dims, DType[dtype] if i == position else t.dtype)
+          for i, t in enumerate(g.inputs)]
+    h.mark_output(xs[0])
+    return h

@@ -35,6 +35,7 @@ from .. import benchmarks
 from ..errors import EMError, GraphError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, load
+from ..mugraph.sizes import retarget
 from ..rank.forms import form_label, rank_correlation, spread
 from . import reference
 from .gpu_report import best, fmt, format_table, markdown, plot, ratio, table_cells
@@ -111,12 +112,15 @@ def _signature(g: KernelGraph) -> list[tuple[Any, Any]]:
     return [(t.dims, t.dtype) for t in g.inputs]
 
 
-def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, strict: bool
-              ) -> tuple[list[KernelGraph], list[str]]:
-    """The files' μGraphs that take ``g``'s inputs; any other is an error where ``strict`` (the
-    file names the batch), else left out (a folder named after the program alone)."""
+def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, strict: bool,
+              notes: list[str]) -> tuple[list[KernelGraph], list[str]]:
+    """The files' μGraphs on ``g``'s inputs. Any other is an error where ``strict`` (the file
+    names the batch); else (a folder of the program alone, or of another batch) its structure
+    is retargeted to ``g``'s shapes (``mugraph.sizes.retarget``; verified later with the size
+    variants), labelled ``<file>@b<batch>``, or left out with a note where it does not fit."""
     graphs: list[KernelGraph] = []
     kept: list[str] = []
+    misfits = 0
     for f in files:
         h = load(f)
         if _signature(h) == _signature(g):
@@ -125,6 +129,15 @@ def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, stri
         elif strict:
             raise GraphError(f"{f}: the μGraph's inputs {_signature(h)} differ from {name} at "
                              f"batch {batch}: {_signature(g)}")
+        else:
+            try:
+                graphs.append(retarget(h, g))
+                kept.append(f"{f}@b{batch}")
+            except EMError:
+                misfits += 1
+    if misfits:
+        notes.append(f"{misfits} of {len(files)} μGraphs in {files[0].parent} do not fit "
+                     f"batch {batch}'s shapes")
     return graphs, kept
 
 
@@ -135,8 +148,10 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     1. ``DIR/<name>_b<batch>/``: an ``egraph-mirage optimize --out`` folder (``result_<k>.json``
        best first, else ``best.json``; ``search.outdir``); every μGraph must take ``g``'s inputs;
     2. ``DIR/<name>/``: the same, for a search run at one batch: μGraphs for other shapes are
-       left out (with a note when none is left);
-    3. ``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: single μGraph files.
+       retargeted to this batch's (``mugraph.sizes.retarget``: one search serves every batch;
+       the size variants verify them against ``g``);
+    3. ``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: single μGraph files;
+    4. ``DIR/<name>_b<k>/`` for another batch ``k`` (the smallest first), retargeted.
 
     None of them (or no ``mugraph_dir``): no candidate; the hand-written μGraphs are never
     ours. ``max_candidates`` keeps that many of a folder: the best (by the search's cost model)
@@ -150,9 +165,16 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     root = Path(mugraph_dir)
     flat = (sorted(root.glob(f"{name}_b{batch}.json"))
             + sorted(root.glob(f"{name}_b{batch}_*.json")))
+    others = sorted((p for p in root.glob(f"{name}_b*") if p.is_dir()
+                     and p.name[len(name) + 2:].isdigit() and p.name != f"{name}_b{batch}"),
+                    key=lambda p: int(p.name[len(name) + 2:]))
     for files, strict in ((mugraph_files(root / f"{name}_b{batch}"), True),
-                          (mugraph_files(root / name), False), (flat, True)):
-        graphs, kept = _load_all(files, name, batch, g, strict)
+                          (mugraph_files(root / name), False), (flat, True),
+                          *((mugraph_files(p), False) for p in others)):
+        graphs, kept = _load_all(files, name, batch, g, strict, notes)
+        if graphs and not strict and any(k.endswith(f"@b{batch}") for k in kept):
+            notes.append(f"{len(graphs)} μGraphs of the search in {files[0].parent}, retargeted "
+                         f"to batch {batch} where searched at another")
         if graphs:
             n = len(graphs) if max_candidates is None else max(1, max_candidates)
             if n < len(graphs):

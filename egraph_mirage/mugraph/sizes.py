@@ -90,11 +90,36 @@ def with_caps(g: KernelGraph, caps: Caps) -> KernelGraph:
     return _rebuild(g, lambda i, tb, sources: _choose(tb, sources, caps))
 
 
-def _rebuild(g: KernelGraph, pick: Any) -> KernelGraph:
+def retarget(g: KernelGraph, program: KernelGraph,
+             caps: Sequence[Caps] = DEFAULT_CAPS) -> KernelGraph:
+    """``g``'s structure on ``program``'s inputs (the same program at another batch size, say),
+    its tiles chosen under the first of ``caps`` that fits. Raises a ``MapError`` where the
+    inputs differ in number, rank or dtype, or the last ``EMError`` where no caps fit the new
+    shapes. The result is not verified: ``rank.sizes.size_variants(h, target=program)`` checks
+    it (and tries the other caps)."""
+    if len(g.inputs) != len(program.inputs):
+        raise MapError(f"retarget: the μGraph takes {len(g.inputs)} inputs, the program "
+                       f"{len(program.inputs)}")
+    for i, (a, b) in enumerate(zip(g.inputs, program.inputs)):
+        if len(a.dims) != len(b.dims) or a.dtype != b.dtype:
+            raise MapError(f"retarget: input {i} is {a.dims} {a.dtype.name} in the μGraph, "
+                           f"{b.dims} {b.dtype.name} in the program")
+    dims = [t.dims for t in program.inputs]
+    error: EMError = MapError("retarget: no caps given")
+    for c in caps:
+        try:
+            return _rebuild(g, lambda i, tb, sources, c=c: _choose(tb, sources, c), dims)
+        except EMError as exc:
+            error = exc
+    raise error
+
+
+def _rebuild(g: KernelGraph, pick: Any,
+             input_dims: Sequence[tuple[int, ...]] | None = None) -> KernelGraph:
     h = new_kernel_graph()
     new: dict[int, Tensor] = {}
-    for t in g.inputs:
-        new[t.index] = h.new_input(t.dims, t.dtype)
+    for i, t in enumerate(g.inputs):
+        new[t.index] = h.new_input(t.dims if input_dims is None else input_dims[i], t.dtype)
     built: dict[int, list[Tensor]] = {}
     order = {id(k): i for i, k in enumerate(kernels(g))}
     for t in g.operators:
