@@ -196,10 +196,11 @@ def _rules(prelude: bool, paths: Sequence[str] | None) -> int:
 
 
 def _list() -> int:
-    names = benchmarks.names()
+    names = benchmarks.names(unseen=True)
     width = max(map(len, names))
     for n in names:
-        print(f"{n.ljust(width)}  {benchmarks.describe(n)}")
+        extra = "  (outside the paper's eight)" if n in benchmarks.UNSEEN else ""
+        print(f"{n.ljust(width)}  {benchmarks.describe(n)}{extra}")
     return 0
 
 
