@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from functools import cache
 
 import numpy as np
@@ -14,6 +15,8 @@ from egraph_mirage.bench.verify_bench import FloatTruth, bench_target
 from egraph_mirage.mugraph import mutate
 
 NAMES = em.benchmarks.names()
+#: a program written on a graph and its inputs x, y
+Build = Callable[[em.KernelGraph, em.Tensor, em.Tensor], em.Tensor]
 #: non-equivalent mutants checked per benchmark in the mutation run
 MUTANTS = 500
 
@@ -145,6 +148,50 @@ def test_generic_functions_explain_rms_norm_scale_invariance() -> None:
     assert truth.error(h, generic=True) > 1e-3  # ... only because sqrt is homogeneous
     assert not em.verify(g, h)  # which the random-function model does not know (sound)
     assert truth.classify(g)[0] == "eq" and truth.error(g, generic=True) == 0.0
+
+
+@pytest.mark.parametrize("a, b, same", [
+    (lambda g, x, y: g.gelu(x), lambda g, x, y: g.gelu_tanh(x), True),  # an alias: one table
+    (lambda g, x, y: g.mul(y, g.rsqrt(x)), lambda g, x, y: g.div(y, g.sqrt(x)), True),
+    (lambda g, x, y: g.tanh(x),
+     lambda g, x, y: g.add_scalar(g.mul_scalar(g.sigmoid(g.mul_scalar(x, 2.0)), 2.0), -1.0), True),
+    (lambda g, x, y: g.gelu(x), lambda g, x, y: g.gelu_erf(x), False),  # two functions
+    (lambda g, x, y: g.silu(x), lambda g, x, y: g.mul(x, g.sigmoid(x)), False),
+])
+def test_generic_functions_are_read_from_the_op_table(a: Build, b: Build, same: bool) -> None:
+    """Under ``generic_functions`` an operator's float semantics is its finite-field model over
+    the reals, each random function replaced by a stand-in: operators that share a random
+    function (an alias, rsqrt and sqrt, tanh and sigmoid) agree, as they do in the verifier;
+    different random functions differ. The op table and accumulators are restored after."""
+    from egraph_mirage.bench.verify_bench import generic_functions
+    from egraph_mirage.mugraph import accumulators as accs
+    from egraph_mirage.ops import table as optable
+
+    def build(f: Build) -> em.KernelGraph:
+        g, (x, y) = _graph(2)
+        g.mark_output(f(g, g.square(x), y))  # sqrt and rsqrt of non-negative numbers
+        return g
+
+    g, h = build(a), build(b)
+    ops, kinds = dict(optable.OPS), dict(accs.ACCUMULATORS)
+    truth = FloatTruth(g)
+    generic = truth.error(h, generic=True)
+    assert (generic < 1e-12) if same else (generic > 1e-3)
+    assert bool(em.verify(g, h)) == same
+    assert optable.OPS == ops and all(optable.OPS[k] is v for k, v in ops.items())
+    assert all(accs.ACCUMULATORS[k] is v for k, v in kinds.items())
+    with generic_functions():
+        assert optable.OPS["gelu"].reference is not ops["gelu"].reference
+        assert optable.OPS["matmul"].reference is not ops["matmul"].reference
+    assert optable.OPS["gelu"] is ops["gelu"]
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_linear", "qknorm", "ntrans", "gqa"])
+def test_generic_functions_keep_handwritten_mugraphs_equal(name: str) -> None:
+    """rms_norm and the rms accumulator read the same stand-in for sqrt, and amax keeps the
+    real max that the running max uses: the hand-written μGraphs stay equal."""
+    g, h = program(name)
+    assert FloatTruth(g).error(h, generic=True) < 1e-12
 
 
 def test_verifier_backends_agree() -> None:

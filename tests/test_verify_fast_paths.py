@@ -11,7 +11,7 @@ import egraph_mirage as em
 from egraph_mirage.bench import reference as hw
 from egraph_mirage.ops import OPS
 from egraph_mirage.ops.field_ops import random_tables
-from egraph_mirage.verify import chunks
+from egraph_mirage.verify import chunks, slices
 from egraph_mirage.verify import field as ff
 from egraph_mirage.verify.blas import _openblas, one_blas_thread
 from egraph_mirage.verify.fold import folded_matmul, product_shape
@@ -192,3 +192,96 @@ def test_jit_reads_the_weights_in_place(name: str) -> None:
     moved = [int(np.prod([int(d) for d in dims.split(",") if d]))
              for dims in re.findall(r"= \w+\[([\d,]*)\]\{[^}]*\} (?:transpose|copy)\(", hlo)]
     assert re.search(r" dot\(", hlo) and weight not in moved
+
+
+def _layouts(rng: np.random.Generator) -> list[np.ndarray]:
+    """Arrays of residues mod q larger than a slice, as the vectorised layout makes them:
+    contiguous, transposed and sliced views, a reversed axis and broadcast axes."""
+    base = rng.integers(0, ff.Q, (3, 40, 5, 300)).astype(np.float64)
+    assert base.size > 2 * slices.SLICE
+    return [base, base.transpose(2, 0, 3, 1), base[:, ::2], base[..., ::-1],
+            np.broadcast_to(base[:, :1], base.shape), base[None].transpose(4, 1, 0, 2, 3),
+            np.broadcast_to(base[0, 0, 0], (50, 4, 300)).transpose(1, 0, 2), base[:, 3]]
+
+
+def test_slices_give_the_same_numbers_in_the_same_shape() -> None:
+    """``slices.mod`` and ``slices.lookup`` (memory order, a slice at a time) against the
+    plain numpy formulas, on every layout the vectorised evaluation produces."""
+    rng = np.random.default_rng(5)
+    table = ff.numpy_table(rng, ff.Q)
+    for x in _layouts(rng):
+        y = x * x + 3.0 * x  # below 2**53
+        got = slices.mod(y, ff.Q)
+        assert got.shape == y.shape and np.array_equal(got, y - np.floor(y / ff.Q) * ff.Q)
+        got = slices.lookup(table, x)
+        assert got.shape == x.shape and got.dtype == np.float64
+        assert np.array_equal(got, table[x.astype(np.int64)])
+    with pytest.raises(IndexError):  # an index outside the table raises, as np.take does
+        slices.lookup(table[:100], _layouts(rng)[1])
+
+
+def test_a_large_tile_keeps_its_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight-sized tile looked up in its memory order comes back as a view with the weight's
+    layout, so the product after it reads it in place (no copy of the weight)."""
+    from egraph_mirage.mugraph import partition as pt
+
+    monkeypatch.setattr(slices, "LOOKUP_FROM", slices.SLICE)  # a small weight takes the path
+    rng = np.random.default_rng(6)
+    w = rng.integers(0, ff.P, (256, 512)).astype(np.float64)
+    tile = pt.to_blocks(np, w, (8, 1, 1), 4, (1, -1, -1), 0)  # a transposed view of w
+    f = ff.Field(None, ff.exp_table(), {"silu/p": ff.numpy_table(rng, ff.P)}, xp=np)
+    got = f._lookup(f.table("silu"), tile)
+    assert np.shares_memory(got, got.base) and not got.flags.c_contiguous
+    assert got.strides == tile.strides
+    assert np.array_equal(got, f.table("silu")[tile.astype(np.int64)])
+
+
+def test_numpy_inverses_are_fermat() -> None:
+    """The numpy backend's inverses come from a table: the same residues as square and
+    multiply (the JAX path), 0 mapping to 0."""
+    jnp = ff._jnp()
+    rng = np.random.default_rng(7)
+    for m in (ff.P, ff.Q):
+        table = ff.inverse_table(m)
+        assert table[0] == 0 and not table.flags.writeable
+        x = np.concatenate([[0, 1, m - 1], rng.integers(0, m, 5000)]).astype(np.float64)
+        got = ff.Field(None, None, xp=np).inverse(x, m)
+        want = np.asarray(ff.Field(None, None, xp=jnp).inverse(jnp.asarray(x), m))
+        assert np.array_equal(got, want)
+        nonzero = x != 0
+        assert np.all(got[nonzero].astype(np.int64) * x[nonzero].astype(np.int64) % m == 1)
+
+
+def test_backends_agree_on_a_function_of_a_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate that applies a random function and a scalar to loaded weights larger than
+    a slice (the slowest kind under numpy before the slices): numpy and JAX give the same
+    outputs, and the verifier tells it from the gated MLP."""
+    monkeypatch.setattr(slices, "LOOKUP_FROM", slices.SLICE)  # small weights take the paths
+    monkeypatch.setattr(slices, "MOD_FROM", slices.SLICE)
+    calls: list[str] = []
+    for name in ("lookup", "mod"):
+        real = getattr(slices, name)
+        monkeypatch.setattr(slices, name, lambda *a, real=real, name=name:
+                            calls.append(name) or real(*a))
+    g = em.new_kernel_graph()
+    X, W1, W2 = g.new_input((1, 512)), g.new_input((512, 256)), g.new_input((512, 256))
+    g.mark_output(g.mul(g.silu(g.matmul(X, W1)), g.matmul(X, W2)))
+    assert 512 * 256 > slices.SLICE
+    tb = em.new_threadblock_graph(grid_dim=(4, 1, 1), forloop_range=8)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)
+    w1 = tb.new_input(W1, (1, -1, -1), forloop_dim=0)
+    w2 = tb.new_input(W2, (1, -1, -1), forloop_dim=0)
+    a = tb.forloop_accum(tb.matmul(x, tb.silu(w1)))
+    b = tb.forloop_accum(tb.matmul(x, tb.mul_scalar(w2, 2.0)))
+    tb.new_output(tb.mul(tb.silu(a), b), (1, -1, -1))
+    m = em.new_kernel_graph()
+    ins = [m.new_input(t.dims) for t in g.inputs]
+    (out,) = m.customized(ins, tb)
+    m.mark_output(out)
+    ff._jnp()
+    import jax.numpy as jnp
+
+    got, want = _field_run(m, np), _field_run(m, jnp)
+    assert got[1] == want[1] and all(np.array_equal(a, b) for a, b in zip(got[0], want[0]))
+    assert {"lookup", "mod"} <= set(calls)
+    assert not em.Verifier(g, backend="numpy").check(m).equivalent

@@ -11,10 +11,11 @@ negative number) the mutant is non-equivalent. A mutant with other output dims c
 
 * ``false_accepts``: the verifier says equivalent, the float check says not (must be 0);
 * ``false_rejects``: it rejects a float-equivalent mutant. ``known_incomplete``: of those, the
-  ones that differ once sqrt, silu, gelu and relu are other functions, i.e. equal only through a
-  property of those functions (``rms_norm(2x) = rms_norm(x)``) that the random-function model
-  does not know (sound, incomplete); ``rejected_undecidable``: those that raised ``VerifyError``;
-  ``unexplained_rejects``: the rest (a verifier bug if not 0);
+  ones that differ once the random functions of the verifier's model (sqrt, silu, gelu,
+  sigmoid, ...: read from the op table, ``generic_functions``) are other functions, i.e. equal
+  only through a property of those functions (``rms_norm(2x) = rms_norm(x)``) that the
+  random-function model does not know (sound, incomplete); ``rejected_undecidable``: those
+  that raised ``VerifyError``; ``unexplained_rejects``: the rest (a verifier bug if not 0);
 * ``undecidable``: ``VerifyError`` (outside the fragment: exp of exp), counted as a rejection;
   ``crashes``: any other exception from the verifier, counted as a rejection (a bug);
 * ``bound``: the largest stated false-accept bound (per-test bound ** tests) over the candidates
@@ -51,9 +52,9 @@ from ..mugraph import accumulators as accs
 from ..mugraph.mutate import MutationStats, mutants
 from ..mugraph.reference import run_reference
 from ..ops import table as optable
-from ..ops.field_ops import RandomFunction
 from ..verify import Verifier, VerifyError, VerifyResult
 from ..verify import field as ff
+from ..verify.real import RealField, real
 from . import reference
 from .table import aligned
 
@@ -118,58 +119,93 @@ class FloatTruth:
         return ("neq" if err > NEQ else "eq" if err < EQ else "ambiguous"), err
 
 
-def _generic_rms(x: np.ndarray, p: Mapping[str, Any]) -> np.ndarray:
-    from ..ops import shapes as sh
-
-    n = sh.normalized_size("rms_norm", x.shape, p["normalized_shape"])
-    flat = x.reshape(*x.shape[: x.ndim - sh._trailing_count(x.shape, n)], n)
-    return (flat / _G_SQRT(np.mean(flat * flat, axis=-1, keepdims=True))).reshape(x.shape)
-
+# --- generic functions: the verifier's model over the reals, with stand-ins -------------------
 
 def _G_SQRT(x: np.ndarray) -> np.ndarray:
     return 1.5 + 0.5 * np.sin(3.0 * x) + 0.1 * x
 
 
+#: stand-ins for some random functions (by the name of their table, ``RandomFunction.name``)
 _GENERIC = {"sqrt": _G_SQRT, "silu": lambda x: np.sin(x) + 0.3 * x,
             "gelu": lambda x: np.cos(x) * x + 0.1, "relu": lambda x: np.tanh(x) + 0.2 * x * x}
 
 
-def _generic(name: str) -> Any:
-    """The stand-in of random function ``name``: one above, else a smooth function chosen by
-    the name (operators added to the op table are covered without an edit here)."""
-    k = 1.0 + zlib.crc32(name.encode()) % 7 / 2.0
-    return _GENERIC.get(name, lambda x: np.sin(k * x) + 0.25 * x + 0.1)
+def stand_in(table: str) -> Any:
+    """The stand-in of random function ``table`` (a table name, ``field_ops.random_tables``):
+    one above, else a smooth function chosen by the name (random functions added to the op
+    table are covered without an edit here). Operators that share a table (``gelu`` and its
+    alias ``gelu_tanh``) share the stand-in, as they share the table in the verifier."""
+    k = 1.0 + zlib.crc32(table.encode()) % 7 / 2.0
+    return _GENERIC.get(table, lambda x: np.sin(k * x) + 0.25 * x + 0.1)
 
 
-def generic_names(ops: Mapping[str, Any]) -> list[str]:
-    """The operators whose finite-field semantics is a random function (``ff.table``)."""
-    return [name for name, spec in ops.items() if isinstance(spec.ff, RandomFunction)]
+def _native_tables() -> frozenset[str]:
+    """Random functions that stay native in the float evaluators: those of the running max of
+    online softmax (``accumulators.running_max_ff``), which ``run_blocks`` and the vectorised
+    evaluator take as the real max. An operator that uses them (``amax``) keeps its float
+    reference, so a max taken by the operator and one taken by a running max stay the same
+    (softmax does not depend on the max's value, so nothing is lost)."""
+    f = RealField(stand_in)
+    accs.running_max_ff(f, real(np.zeros((1, 1, 1, 2, 1, 2))))
+    return frozenset(f.read)
+
+
+def _modelled(model: Any, native: Any, native_tables: frozenset[str]) -> Any:
+    """A float function that is ``model(f, *args)`` over a ``RealField`` where that reads a
+    random function (none of ``native_tables``), else ``native(*args)`` (the entry's own float
+    semantics, independent of the verifier's)."""
+    def run(*args: Any) -> Any:
+        f = RealField(stand_in)
+        out = model(f, *args)
+        return out.p if f.read and not f.read & native_tables else native(*args)
+    return run
+
+
+def _generic_op(spec: Any, native: frozenset[str]) -> Any:
+    """``spec`` with the float semantics of its ``ff`` over the reals (``RealField``)."""
+    reference = _modelled(lambda f, xs, p: spec.ff(f, [real(x) for x in xs], p), spec.reference,
+                          native)
+    return dataclasses.replace(spec, reference=reference)
+
+
+def _generic_accumulator(acc: accs.Accumulator, native: frozenset[str]) -> accs.Accumulator:
+    """``acc`` with ``step`` and ``finish`` computed over the reals (its ``ff`` operations);
+    its vectorised reference follows from them."""
+    step = _modelled(lambda f, x, dimx, o=None: acc.step(real(x), dimx, accs.FieldOps(f)),
+                     acc.step, native)
+    finish = _modelled(lambda f, s, count, o=None: acc.finish(real(s), count,
+                                                              accs.FieldOps(f)),
+                       acc.finish, native)
+    return dataclasses.replace(acc, step=step, finish=finish, reference=None)
 
 
 @contextmanager
 def generic_functions(on: bool = True) -> Iterator[None]:
-    """While active, the float semantics use other functions for sqrt (also inside rms and
-    rms_norm) and every operator whose finite-field semantics is a random function (silu, gelu,
-    relu, ...): what the verifier's random functions assume of them."""
+    """While active, the float semantics of every operator and accumulator whose finite-field
+    semantics reads a random function (``sqrt``, ``silu``, ``gelu``, ``gelu_tanh``, ``rsqrt``,
+    ``tanh``, ``rms_norm``, the ``rms`` accumulator, ...: read from the op table, not from a
+    list of names) is that semantics over the reals, with each random function replaced by a
+    smooth stand-in (``stand_in``): what the verifier's random functions assume of them, and
+    nothing more. Operators without a random function, and graph-defined kernels, keep their
+    float reference."""
     if not on:
         yield
         return
-    ops, saved_ops, saved_rms = optable.OPS, dict(optable.OPS), accs.ACCUMULATORS["rms"]
+    ops, saved_ops = optable.OPS, dict(optable.OPS)
+    saved_accs = dict(accs.ACCUMULATORS)
+    native = _native_tables()
     try:
-        for name in generic_names(ops):
-            ops[name] = dataclasses.replace(ops[name], reference=lambda xs, p, fn=_generic(name):
-                                            fn(xs[0]))
-        ops["rms_norm"] = dataclasses.replace(
-            ops["rms_norm"], reference=lambda xs, p: (_generic_rms(xs[0], p) * xs[1]
-                                                      if len(xs) == 2 else _generic_rms(xs[0], p)))
-        accs.ACCUMULATORS["rms"] = dataclasses.replace(
-            saved_rms,
-            reference=lambda x, n, dimx: _G_SQRT(accs._sum_ref(x * x, n, dimx) / (n * x.shape[-1])),
-            finish=lambda s, count: _G_SQRT(s / count))
+        for name, spec in saved_ops.items():
+            if not spec.graph_defined:
+                ops[name] = _generic_op(spec, native)
+        for name, acc in saved_accs.items():
+            accs.ACCUMULATORS[name] = _generic_accumulator(acc, native)
         yield
     finally:
+        ops.clear()
         ops.update(saved_ops)
-        accs.ACCUMULATORS["rms"] = saved_rms
+        accs.ACCUMULATORS.clear()
+        accs.ACCUMULATORS.update(saved_accs)
 
 
 def describe(g: KernelGraph) -> str:
@@ -341,6 +377,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
             for r in rows]
     return "\n".join(aligned(head, body) + [
         "mutants: float-non-equivalent mutants checked; equiv: float-equivalent ones; known: "
-        "false rejects equal only through a property of sqrt/silu/gelu/relu (sound); rej undec: "
+        "false rejects equal only through a property of a random function (sqrt, silu, gelu, ...: "
+        "sound); rej undec: "
         "false rejects by VerifyError; unexpl.: other false rejects; bound: largest stated "
         "false-accept bound per candidate"])
