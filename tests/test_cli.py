@@ -70,8 +70,11 @@ def test_oracle_queries(capsys: pytest.CaptureFixture[str]) -> None:
 def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "list")
     assert code == 0
-    assert [l.split()[0] for l in out.strip().splitlines()] == benchmarks.names()
+    lines = out.strip().splitlines()
+    assert [l.split()[0] for l in lines] == benchmarks.names(unseen=True)
     assert benchmarks.describe("lora") in out
+    outside = [l.split()[0] for l in lines if "outside the paper's eight" in l]
+    assert outside == list(benchmarks.UNSEEN)
 
 
 @pytest.mark.parametrize("argv,needle", [
