@@ -65,6 +65,9 @@ class TritonEmission:
     - ``dot_operands``: the operands the tile expression hands to ``tl.dot`` (the tensor cores
       may read them from shared memory; the lowering gives such an operand its own load where
       the same tile also feeds other operators, ``kernel_codegen``).
+    - ``host_stored``: the library call takes half-precision operands as stored and accumulates
+      in fp32 itself (a matmul: cuBLAS does), so the host does not convert them to fp32 copies
+      first (a copy of each operand, then an fp32 matmul: several times slower).
     """
 
     tile: Callable[[Sequence[str], Any, Params], str]
