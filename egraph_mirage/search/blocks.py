@@ -22,7 +22,8 @@ from ..mugraph.threadblock import EPILOGUE, INVARIANT, LOOP_SIDE
 from ..ops import BLOCK, OPS
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe, result_classes
-from .reach import CLASS_REF, ReachIndex, ref
+from .pairing import Pairing, joinable
+from .reach import ReachIndex, ref
 from .tiling import KernelShape
 
 Dims = tuple[int, ...]
@@ -78,13 +79,7 @@ class BlockSearch:
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
         ``max_block_ops``), fewest first (iterative deepening)."""
-        tiles = []
-        for i, ld in enumerate(self.shape.loaders):
-            side = LOOP_SIDE if ld.fdim != -1 else INVARIANT
-            cls = ld.tensor.cls
-            ident = (ld.tensor.key, side, ld.tile)
-            tiles.append(Tile(ident, cls, ld.tile, ld.tensor.dtype.itemsize, side,
-                              ld.tile_classes, "input", (), (("position", i),)))
+        tiles = self.inputs()
         if self.goal is not None:
             self._dist = self._distances(tiles)
             if self._dist is not None and any(t.key not in self._dist for t in tiles):
@@ -104,6 +99,16 @@ class BlockSearch:
                 if sig not in done:
                     done.add(sig)
                     yield found
+
+    def inputs(self) -> list[Tile]:
+        """The loaded tiles the walk starts from."""
+        tiles = []
+        for i, ld in enumerate(self.shape.loaders):
+            side = LOOP_SIDE if ld.fdim != -1 else INVARIANT
+            tiles.append(Tile((ld.tensor.key, side, ld.tile), ld.tensor.cls, ld.tile,
+                              ld.tensor.dtype.itemsize, side, ld.tile_classes, "input", (),
+                              (("position", i),)))
+        return tiles
 
     # --- the walk ---------------------------------------------------------------------------
     def _dfs(self, tiles: list[Tile], consumed: set[int], ops: int, seen: set[Any],
@@ -175,9 +180,10 @@ class BlockSearch:
         closed: list[Tile] = list(inputs)
         index = {t.key: i for i, t in enumerate(closed)}
         users: dict[Any, set[Any]] = {}  # tile key -> keys of tiles made from it
+        pairing = Pairing(closed, self.reach, self._candidates, self.memo)
         k = 0
         while k < len(closed) and len(closed) <= _CLOSURE_MAX and not self.stop():
-            for t in self._moves_with(closed, k):
+            for t in self._moves_with(closed, k, pairing.combos(k)):
                 if t.key not in index:
                     index[t.key] = len(closed)
                     closed.append(t)
@@ -213,11 +219,15 @@ class BlockSearch:
     def _smem(tiles: Sequence[Tile]) -> int:
         return sum(_bytes(t) for t in tiles)
 
-    def _moves_with(self, tiles: list[Tile], k: int) -> Iterator[Tile]:
-        """Valid new tiles whose operands include tile ``k`` (and otherwise tiles before it)."""
+    def _moves_with(self, tiles: list[Tile], k: int,
+                    combos: Sequence[tuple[int, ...]] | None = None) -> Iterator[Tile]:
+        """Valid new tiles whose operands include tile ``k`` (and otherwise tiles before it).
+        ``combos``: the operand tuples to try (default: all of them; ``Pairing`` leaves out
+        pairs that no operator joins)."""
         t = tiles[k]
         use_oracle = self.config.use_oracle
-        combos = [(k,)] + [(i, k) for i in range(k + 1)] + [(k, i) for i in range(k)]
+        if combos is None or not use_oracle:
+            combos = [(k,)] + [(i, k) for i in range(k + 1)] + [(k, i) for i in range(k)]
         for args in combos:
             operands = [tiles[i] for i in args]
             if self.shape.frange == 1 and any(_identity(o) for o in operands):
@@ -228,11 +238,6 @@ class BlockSearch:
             side = sides.pop() if sides else INVARIANT
             # (i, k) with i <= k takes every operator, (k, i) only the non-commutative ones
             swapped = len(args) == 2 and args[0] == k and args[1] != k
-            if (len(args) == 2 and use_oracle and operands[0].cls is not None
-                    and operands[1].cls is not None
-                    and not self.reach.siblings(operands[0].cls, operands[1].cls)
-                    and not self._candidates(operands, swapped, True)):
-                continue  # no e-node joins them, and every operator here would
             shifts = {o.shift for o in operands if o.shift is not None}
             if len(shifts) > 1:
                 continue  # two running maxes: no accumulator can rescale by both
@@ -269,66 +274,51 @@ class BlockSearch:
             hit = []
             sides = {o.side for o in operands} - {INVARIANT}
             side = sides.pop() if sides else INVARIANT
-            apart = (len(operands) == 2 and self.config.use_oracle
-                     and operands[0].cls is not None and operands[1].cls is not None
-                     and not self.reach.siblings(operands[0].cls, operands[1].cls))
-            for name, params in self._candidates(operands, swapped, apart):
+            dims = tuple(t.dims for t in operands)
+            classes = tuple(t.cls for t in operands)
+            check = (len(operands) == 2 and self.config.use_oracle
+                     and None not in classes)
+            for name, params in self._candidates(dims, swapped):
+                if check and not joinable(self.reach, name, dims, params, classes, self.memo):
+                    self.counters.pruned_oracle += 1
+                    continue  # the operands' handles share no e-node: no class
                 tile = self._apply_new(name, (), operands, params, side)
                 if tile is not None:
                     hit.append(tile)
             self.memo[memo_key] = hit
         return hit
 
-    def _candidates(self, operands: list[Tile], swapped: bool, apart: bool
+    def _candidates(self, dims: tuple[Dims, ...], swapped: bool
                     ) -> list[tuple[str, dict[str, Any]]]:
-        """Operators (with parameters) that take operands of these dims: memoised by dims.
-        ``apart``: the operands' classes share no e-node, so operators that would join them
-        under one are left out."""
-        dims = tuple(t.dims for t in operands)
-        memo_key = ("candidates", dims, swapped, apart)
+        """Operators (with parameters) that take operands of these dims: memoised by dims."""
+        memo_key = ("candidates", dims, swapped)
         if memo_key not in self.memo:
             out = []
             for name, spec in OPS.items():  # read now: the table may have grown since import
                 if BLOCK not in spec.levels:
                     continue
                 lo, hi = spec.num_inputs
-                if not lo <= len(operands) <= min(hi, 2) or (swapped and spec.commutative):
+                if not lo <= len(dims) <= min(hi, 2) or (swapped and spec.commutative):
                     continue
-                for params in self._params(spec.params, operands):
+                for params in self._params(spec.params, dims):
                     try:
                         spec.shape(name, list(dims), params)
                     except EMError:
                         continue
-                    if not (apart and self._joins(name, operands, params)):
-                        out.append((name, params))
+                    out.append((name, params))
             self.memo[memo_key] = out
         return self.memo[memo_key]
 
-    def _joins(self, name: str, operands: list[Tile], params: dict[str, Any]) -> bool:
-        """Whether operator ``name``'s expression puts its two operands directly under one
-        e-node (as add, mul, div, matmul and concat do), found from the expression itself."""
-        dims = tuple(t.dims for t in operands)
-        memo_key = ("joins", name, dims, tuple(sorted(params.items())))
-        if memo_key not in self.memo:
-            a, b = ref(-1), ref(-2)
-            try:
-                term = OPS[name].expr([a, b], list(dims), params)
-            except EMError:
-                term = None
-            self.memo[memo_key] = term is not None and _joined(term, a, b)
-        return self.memo[memo_key]
-
-    def _params(self, names: Sequence[str], operands: list[Tile]) -> Iterator[dict[str, Any]]:
+    def _params(self, names: Sequence[str], dims: tuple[Dims, ...]) -> Iterator[dict[str, Any]]:
         if not names:
             yield {}
             return
         choices: list[list[Any]] = []
         for p in names:
             if p == "dim":
-                choices.append([d for d in range(len(operands[0].dims))
-                                if operands[0].dims[d] > 1])
+                choices.append([d for d in range(len(dims[0])) if dims[0][d] > 1])
             elif p == "normalized_shape":
-                choices.append([(operands[0].dims[-1],)])
+                choices.append([(dims[0][-1],)])
             elif p == "scalar":
                 choices.append(list(self.scalars))
             else:
@@ -434,32 +424,6 @@ class BlockSearch:
         if cls is not None:
             return cls, cls
         return None, (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
-
-
-def _joined(term: Any, a: Any, b: Any) -> bool:
-    """Whether some node of ``term`` has leaves ``a`` and ``b`` among its arguments, each maybe
-    times constants (``ReachIndex.siblings`` looks through the same wrapping)."""
-    if not isinstance(term, Term):
-        return False
-    near = [_held(x) for x in term.args]
-    if any(a in xs for xs in near) and any(b in ys for ys in near):
-        return True
-    return any(_joined(x, a, b) for x in term.args)
-
-
-def _held(t: Any) -> set[Any]:
-    """``t`` and, when ``t`` is an operator over one non-constant argument and constants, that
-    argument."""
-    out = {t}
-    if isinstance(t, Term):
-        live = [x for x in t.args if isinstance(x, Term) and _has_ref(x)]
-        if len(live) == 1 and len(t.args) > 1:
-            out.add(live[0])
-    return out
-
-
-def _has_ref(t: Term) -> bool:
-    return t.op == CLASS_REF or any(isinstance(x, Term) and _has_ref(x) for x in t.args)
 
 
 def _identity(t: Tile) -> bool:

@@ -9,7 +9,6 @@ frozen e-graph, so a new tensor costs a few lookups whatever the size of its ful
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from ..expr import Term
 from ..oracle import Oracle
@@ -50,40 +49,6 @@ class ReachIndex:
             else:
                 kids.append(a)
         return self.nodes.get((term.op, tuple(kids)))
-
-    @cached_property
-    def _siblings(self) -> frozenset[tuple[int, int]]:
-        classes = set(self.nodes.values())
-
-        def children(kids: tuple) -> list[int]:
-            return [k for k in kids if isinstance(k, int) and k in classes]
-
-        # classes of constants only (no e-node with a class child): Num, Const
-        constant = classes - {c for (_, kids), c in self.nodes.items() if children(kids)}
-        # per class, the classes it holds times constants: c = f(z, constants)
-        wrapped: dict[int, set[int]] = {}
-        for (_, kids), c in self.nodes.items():
-            live = [k for k in children(kids) if k not in constant]
-            if len(live) == 1 and len(children(kids)) > 1:
-                wrapped.setdefault(c, set()).add(live[0])
-        pairs = set()
-        for (_, kids), c in self.nodes.items():
-            if c not in self.reachable:
-                continue
-            cs = [k for k in children(kids) if k in self.reachable]
-            pairs.update((a, b) for a in cs for b in cs)
-            near = [{k, *wrapped.get(k, ())} for k in cs]
-            for x, xs in enumerate(near):
-                for y, ys in enumerate(near):
-                    if x != y:
-                        pairs.update((a, b) for a in xs for b in ys)
-        return frozenset(pairs)
-
-    def siblings(self, a: int, b: int) -> bool:
-        """Whether some reachable e-node has both classes among its children, each maybe
-        times a constant (``(Add a (Mul b (Const "-1.0")))`` for ``sub``): an operator whose
-        expression puts its two operands (so wrapped) under one e-node needs such a node."""
-        return (a, b) in self._siblings
 
     def is_reachable(self, c: int | None) -> bool:
         return c is not None and c in self.reachable

@@ -1,0 +1,215 @@
+"""Which earlier tiles a binary operator may pair with a tile, found through the e-graph.
+
+The goal-distance closure applies every operator to every pair of tiles a kernel shape can make;
+trying each pair costs time quadratic in the tiles (thousands of them). Most pairs make nothing:
+an operator's abstract expression ``T(a, b)`` has a lowest node ``op(.., L(a), .., R(b), ..)``
+that holds both operands, and ``T(a, b)`` has a class only if ``L(a)`` and ``R(b)`` have classes
+that some reachable ``op`` e-node of the saturated e-graph holds at those positions
+(``children_at``). So each tile gets, per operator and side, the class of its ``L`` or ``R`` (its
+*handle*); tiles are indexed by handle, and the partners of a tile are read from the index at the
+classes such e-nodes hold beside its handle. The pairs left out are pairs whose every operator
+has no class: the closure is the same, and ``joinable`` prunes the same way in the walk.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import EMError
+from ..expr import Term
+from ..ops import OPS
+from .reach import ReachIndex, ref
+
+if TYPE_CHECKING:
+    from .blocks import Tile
+
+Dims = tuple[int, ...]
+Candidates = Callable[[tuple[Dims, Dims], bool], list[tuple[str, dict[str, Any]]]]
+#: the leaves that stand for the first and the second operand in a handle
+_A, _B = ref(-1), ref(-2)
+
+
+@dataclass(frozen=True)
+class Join:
+    """The lowest node of an operator's expression that holds both operands: its operator, the
+    positions of its children over ``a`` only and over ``b`` only, and those children."""
+
+    op: str
+    at: tuple[int, int]
+    handles: tuple[Term, Term]
+
+
+def split(term: Any, a: Term, b: Term) -> Join | None:
+    """Where ``term`` joins the leaves ``a`` and ``b``; None when it lacks one of them."""
+    node = term
+    while isinstance(node, Term):
+        inner = [x for x in node.args if _holds(x, a) and _holds(x, b)]
+        if inner:
+            node = inner[0]
+            continue
+        left = next((i for i, x in enumerate(node.args) if _holds(x, a)), None)
+        right = next((i for i, x in enumerate(node.args) if _holds(x, b)), None)
+        if left is None or right is None:
+            return None
+        return Join(node.op, (left, right), (node.args[left], node.args[right]))
+    return None
+
+
+def children_at(reach: ReachIndex, op: str, at: tuple[int, int], memo: dict
+                ) -> dict[int, frozenset[int]]:
+    """Per class ``c``, the classes ``d`` such that a reachable ``op`` e-node has ``c`` at
+    position ``at[0]`` and ``d`` at position ``at[1]``. Memoised in ``memo``."""
+    key = ("children_at", op, at)
+    if key not in memo:
+        out: dict[int, set[int]] = {}
+        p, q = at
+        for (name, kids), c in reach.nodes.items():
+            if name == op and len(kids) > max(p, q) and c in reach.reachable:
+                out.setdefault(kids[p], set()).add(kids[q])
+        memo[key] = {c: frozenset(ds) for c, ds in out.items()}
+    return memo[key]
+
+
+def handles(name: str, dims: tuple[Dims, Dims], params: dict[str, Any], memo: dict
+            ) -> Join | str | None:
+    """Where operator ``name``'s expression over the leaves ``ref(-1)`` and ``ref(-2)`` joins
+    them: "any" when no node holds both, None when it does not apply to these dims. Memoised in
+    ``memo``."""
+    key = ("handles", name, dims, tuple(sorted(params.items())))
+    if key not in memo:
+        try:
+            term = OPS[name].expr([_A, _B], list(dims), params)
+        except EMError:
+            memo[key] = None
+        else:
+            memo[key] = split(term, _A, _B) or "any"
+    return memo[key]
+
+
+def handle_class(reach: ReachIndex, cls: int | None, handle: Term, side: int, memo: dict
+                 ) -> int | None:
+    """The class of ``handle`` with operand ``side``'s leaf standing for class ``cls``."""
+    if cls is None:
+        return None
+    key = ("handle", handle, side, cls)
+    if key not in memo:
+        memo[key] = reach.classify(_subst(handle, (_A, _B)[side], ref(cls)))
+    return memo[key]
+
+
+def joinable(reach: ReachIndex, name: str, dims: tuple[Dims, Dims], params: dict[str, Any],
+             classes: tuple[int, int], memo: dict) -> bool:
+    """Whether operator ``name`` may give operands of these classes a class: its handles have
+    classes that a reachable e-node of the joining operator holds at the joining positions."""
+    h = handles(name, dims, params, memo)
+    if h is None:
+        return False
+    if h == "any":
+        return True
+    a = handle_class(reach, classes[0], h.handles[0], 0, memo)
+    b = handle_class(reach, classes[1], h.handles[1], 1, memo) if a is not None else None
+    return b is not None and b in children_at(reach, h.op, h.at, memo).get(a, ())
+
+
+def _holds(t: Any, leaf: Term) -> bool:
+    return t == leaf or (isinstance(t, Term) and any(_holds(x, leaf) for x in t.args))
+
+
+def _subst(t: Any, old: Term, new: Term) -> Any:
+    if t == old:
+        return new
+    if not isinstance(t, Term):
+        return t
+    return Term(t.op, tuple(_subst(x, old, new) for x in t.args))
+
+
+class Pairing:
+    """Partners of each tile of a growing list (the closure's), by handle.
+
+    ``combos(k)`` gives the operand index tuples of the moves that take tile ``k`` and otherwise
+    only tiles before it, in the order ``BlockSearch._moves_with`` tries them, less the pairs
+    that no operator can join."""
+
+    def __init__(self, tiles: list[Tile], reach: ReachIndex, candidates: Candidates,
+                 memo: dict) -> None:
+        self.tiles = tiles
+        self.reach = reach
+        self.candidates = candidates
+        self.memo = memo
+        self._by_dims: dict[Dims, list[int]] = {}
+        self._registered = 0
+        #: (handle, side, the member list of one dims) -> [handle class -> tile indices, how
+        #: many of the members are indexed]
+        self._index: dict[Any, tuple[dict[int, list[int]], list[int]]] = {}
+
+    def combos(self, k: int) -> list[tuple[int, ...]]:
+        self._register()
+        t = self.tiles[k]
+        before: set[int] = set()  # partners i < k in (i, k)
+        after: set[int] = set()  # partners i < k in (k, i)
+        for dims, members in self._by_dims.items():
+            if members[0] >= k:
+                continue
+            before |= self._partners(k, (dims, t.dims), 1, False)
+            after |= self._partners(k, (t.dims, dims), 0, True)
+        return ([(k,)] + [(i, k) for i in sorted(before)] + [(k, k)]
+                + [(k, i) for i in sorted(after)])
+
+    def _register(self) -> None:
+        while self._registered < len(self.tiles):
+            i = self._registered
+            self._by_dims.setdefault(self.tiles[i].dims, []).append(i)
+            self._registered += 1
+
+    def _partners(self, k: int, dims: tuple[Dims, Dims], own: int, swapped: bool) -> set[int]:
+        """Indices below ``k`` that tile ``k`` (operand ``own``) may pair with."""
+        other = 1 - own
+        members = self._by_dims[dims[other]]
+        plan = self._plan(dims, own, swapped)
+        if plan == "any":  # some operator joins the operands under no node: all may pair
+            return set(members[: bisect_left(members, k)])
+        out: set[int] = set()
+        cls = self.tiles[k].cls
+        for mine, theirs, op, at in plan:
+            c = handle_class(self.reach, cls, mine, own, self.memo)
+            if c is None:
+                continue
+            index = self._indexed(theirs, other, members)
+            for d in children_at(self.reach, op, at, self.memo).get(c, ()):
+                hits = index.get(d)
+                if hits:
+                    out.update(hits[: bisect_left(hits, k)])
+        return out
+
+    def _plan(self, dims: tuple[Dims, Dims], own: int, swapped: bool
+              ) -> list[tuple[Term, Term, str, tuple[int, int]]] | str:
+        """The distinct (own handle, other handle, joining operator, positions) of the operators
+        that take operands of these dims; "any" when one of them joins under no node."""
+        key = ("plan", dims, own, swapped)
+        if key not in self.memo:
+            plan: dict[Any, None] = {}
+            for name, params in self.candidates(dims, swapped):
+                h = handles(name, dims, params, self.memo)
+                if h is None:  # the operator does not apply to these dims
+                    continue
+                if h == "any":
+                    plan = {"any": None}
+                    break
+                plan[(h.handles[own], h.handles[1 - own], h.op, (h.at[own], h.at[1 - own]))] = None
+            self.memo[key] = "any" if "any" in plan else list(plan)
+        return self.memo[key]
+
+    def _indexed(self, handle: Term, side: int, members: list[int]) -> dict[int, list[int]]:
+        """Tiles of ``members`` (one dims) by the class of their ``handle`` as operand
+        ``side``, brought up to date."""
+        key = (handle, side, id(members))
+        index, count = self._index.setdefault(key, ({}, [0]))
+        for i in members[count[0]:]:
+            c = handle_class(self.reach, self.tiles[i].cls, handle, side, self.memo)
+            if c is not None:
+                index.setdefault(c, []).append(i)
+        count[0] = len(members)
+        return index
