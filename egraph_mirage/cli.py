@@ -5,6 +5,7 @@
     egraph-mirage bench oracle [--json] [--small] [--targets NAME ...] [--seconds S] [--repeats N]
     egraph-mirage bench verify [--json] [--small] [--targets NAME ...] [--mutants N] [--seed S]
     egraph-mirage bench search [--json] [--small] [--programs NAME ...] [--budget S] [--no-oracle]
+                               [--max-tasks N] [--winners ROWS.json] [--extra-rules PATH ...]
     egraph-mirage optimize NAME|FILE [--batch B] [--small] [--budget S] [--max-tasks N]
                            [--out DIR] [--profile] [--rules PATH] [--extra-rules PATH ...]
     egraph-mirage bench gpu [--json] [--batch B ...] [--programs NAME ...] [--mugraph-dir DIR]
@@ -94,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--out", metavar="DIR",
                     help="also write each program's results to DIR/<name>_b<batch>/ (the "
                     "layout `optimize --out` writes and `bench gpu --mugraph-dir` reads)")
+    bs.add_argument("--max-tasks", type=int, default=None, metavar="N",
+                    help="each search's work budget in tasks (with --budget, whichever ends "
+                    "first)")
+    bs.add_argument("--winners", metavar="ROWS.json",
+                    help="`bench gpu --json` rows: report when each program's GPU-winning "
+                    "structure was found (seconds and tasks)")
+    bs.add_argument("--extra-rules", nargs="+", metavar="FILE",
+                    help="rule files added to rules/ for every search")
     bg = bsub.add_parser("gpu", help="the search's best μGraphs against PyTorch baselines and "
                          "the hand-written reference on a CUDA GPU")
     bg.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -217,15 +226,22 @@ def _bench_oracle(args: argparse.Namespace) -> int:
 
 
 def _bench_search(args: argparse.Namespace) -> int:
-    from .bench.search_bench import bench_search, format_table
+    from .bench.search_bench import bench_search, format_table, load_winners
 
     if math.isnan(args.budget) or args.budget <= 0:
         print(f"error: --budget must be a positive number of seconds, got {args.budget}",
               file=sys.stderr)
         return 2
+    try:
+        winners = load_winners(args.winners) if args.winners else None
+    except ValueError as e:
+        print(f"error: --winners: {e}", file=sys.stderr)
+        return 2
     rows = bench_search(args.programs, small=args.small, batch=args.batch, budget=args.budget,
                         workers=args.workers, use_oracle=not args.no_oracle,
-                        max_block_ops=args.max_block_ops, out=args.out,
+                        max_tasks=args.max_tasks, max_block_ops=args.max_block_ops,
+                        out=args.out, winners=winners,
+                        extra_rules=args.extra_rules,
                         on_row=lambda r: print(json.dumps(r), file=sys.stderr, flush=True))
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0

@@ -46,7 +46,7 @@ def _closures(name: str, shapes: int, brute: bool, monkeypatch: pytest.MonkeyPat
         out = []
         for shape in ctx.final_shapes[:shapes]:
             search = run._search(shape, lambda tiles, sinks: True, 1, payload.reach.roots[0])
-            out.append(search._distances(search.inputs()))
+            out.append(search._distances(search.inputs(), payload.config.max_block_ops))
         return out
 
 

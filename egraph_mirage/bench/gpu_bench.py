@@ -51,8 +51,8 @@ KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "size_variant"
         "reference_us", "reference_graph_us", "baselines_us", "baselines_graph_us",
         "speedup_vs_best", "speedup_vs_best_graph", "ours_vs_reference",
         "ours_vs_reference_graph", "floor_us", "floor_fraction", "floor_fraction_graph",
-        "knobs", "reference_knobs", "winner_form", "forms_timed", "form_us",
-        "cost_model_rank_corr", "notes")
+        "knobs", "reference_knobs", "winner_form", "winner_mugraph", "forms_timed",
+        "form_us", "cost_model_rank_corr", "notes")
 #: where ``--from-search`` writes the search's folders when no ``--mugraph-dir`` is given
 DEFAULT_SEARCH_DIR = "egraph-mirage-out/search"
 #: the note of a row whose search gave nothing to time
@@ -358,7 +358,7 @@ def _ours(name: str, batch: int, b: BenchContext, row: dict[str, Any],
     if m.label is not None:
         i = labels.index(m.label)
         row.update(mugraph_file=ex.files[i], size_variant=ex.variants[i],
-                   winner_form=form_label(ex.graphs[i]))
+                   winner_form=form_label(ex.graphs[i]), winner_mugraph=dumps(ex.graphs[i]))
     row["candidates_us"] = m.candidates_us
     row.update(calibration(ex.graphs, labels, m.first_us))
     return m

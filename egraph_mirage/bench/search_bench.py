@@ -17,7 +17,12 @@ with the default ``SearchConfig`` and reports per program:
   that many kernels, and no intermediate as large as the program's largest) and whether the
   best-ranked result meets it; ``goal_found`` / ``seconds_to_goal``: whether some result meets it,
   and when the first of them was found (the ranking may prefer another: the cost model can judge
-  writing the scores cheaper than a fused kernel with few blocks).
+  writing the scores cheaper than a fused kernel with few blocks);
+* ``tasks_to_first``: tasks done when the first result was found;
+* with ``winners`` (per program, the μGraph that won on the GPU: ``load_winners`` reads them from
+  the rows of ``bench gpu --json``): ``winner_found``, ``seconds_to_winner`` and
+  ``tasks_to_winner``, for the first result of the winner's *structure* (``structure_of``: sizes
+  erased, so a winner timed at another batch or retuned still counts).
 
 ``use_oracle=False`` (``--no-oracle``) switches e-graph pruning off to show what it buys: every
 complete block graph with one output is then verified.
@@ -25,6 +30,7 @@ complete block graph with one output is then verified.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import benchmarks
+from ..errors import EMError
 from ..graph import KernelGraph
+from ..mugraph.serialize import loads
+from ..mugraph.sizes import structure_of
 from ..search import SearchConfig, superoptimize
 from ..search.outdir import write_results
 from .table import aligned
@@ -51,13 +60,18 @@ def largest_intermediate(g: KernelGraph) -> int:
 
 
 def bench_search(names: Sequence[str] | None = None, *, small: bool = False, batch: int = 1,
-                 budget: float | None = 600.0, workers: Any = None, use_oracle: bool = True,
+                 budget: float | None = 600.0, max_tasks: int | None = None,
+                 workers: Any = None, use_oracle: bool = True,
                  max_block_ops: int | None = None,
                  on_row: Callable[[dict[str, Any]], None] | None = None,
-                 out: str | Path | None = None) -> list[dict[str, Any]]:
+                 out: str | Path | None = None,
+                 winners: Mapping[str, KernelGraph] | None = None,
+                 extra_rules: Sequence[str | Path] | None = None) -> list[dict[str, Any]]:
     """One row per program; see the module docstring for the keys. ``on_row`` sees each row as
     soon as its program is done. ``out``: each program's results are also written to
-    ``out/<name>_b<batch>/`` in ``optimize``'s layout (what ``bench gpu --mugraph-dir`` reads)."""
+    ``out/<name>_b<batch>/`` in ``optimize``'s layout (what ``bench gpu --mugraph-dir`` reads).
+    ``max_tasks``: each search's work budget (with ``budget``, whichever ends first).
+    ``extra_rules``: rule files added to ``rules/`` for every search."""
     from ..rank.measured import keep_jax_off_the_gpu
 
     keep_jax_off_the_gpu()  # a search on a GPU host: every worker's JAX would take its memory
@@ -69,7 +83,8 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
             overrides["max_block_ops"] = max_block_ops
         config = SearchConfig(**overrides)
         t0 = time.perf_counter()
-        results = superoptimize(g, config, time_budget=budget, workers=workers, progress=False)
+        results = superoptimize(g, config, time_budget=budget, max_tasks=max_tasks,
+                                workers=workers, progress=False, extra_rules=extra_rules)
         total = time.perf_counter() - t0
         if out is not None:
             write_results(Path(out) / f"{name}_b{batch}", results,
@@ -85,6 +100,8 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
 
         met = best is not None and meets(best)
         to_goal = min((r.found_after for r in results if meets(r)), default=None)
+        first = min(results, key=lambda r: r.found_after, default=None)
+        won = _first_of(results, winners.get(name)) if winners else None
         rows.append({
             "benchmark": name, "batch": batch, "small": small, "use_oracle": use_oracle,
             "seconds_to_first": st.seconds_to_first, "seconds_to_best": st.seconds_to_best,
@@ -100,10 +117,44 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
             "best_numeric_error": best.numeric_error if best is not None else None,
             "goal_max_kernels": goal, "met": bool(met),
             "goal_found": to_goal is not None, "seconds_to_goal": to_goal,
+            "tasks_to_first": first.found_at_task if first is not None else None,
+            "winner_found": None if not winners or name not in winners else won is not None,
+            "seconds_to_winner": won.found_after if won is not None else None,
+            "tasks_to_winner": won.found_at_task if won is not None else None,
         })
         if on_row is not None:
             on_row(rows[-1])
     return rows
+
+
+def _first_of(results: Sequence[Any], winner: KernelGraph | None) -> Any:
+    """The earliest found of ``results`` with ``winner``'s structure (None: none has it)."""
+    if winner is None:
+        return None
+    want = structure_of(winner)
+    hits = [r for r in results if structure_of(r.graph) == want]
+    return min(hits, key=lambda r: r.found_after, default=None)
+
+
+def load_winners(path: str | Path) -> dict[str, KernelGraph]:
+    """Per program, the μGraph that won on the GPU, from a JSON list of ``bench gpu`` rows
+    (``winner_mugraph``); the batch-1 row where a program has several. A ``ValueError`` names
+    the file when it is not such a list."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read GPU rows ({e})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{path}: expected a JSON list of `bench gpu` rows")
+    out: dict[str, KernelGraph] = {}
+    for r in sorted(rows, key=lambda r: r.get("batch") != 1):
+        name, text = r.get("benchmark"), r.get("winner_mugraph")
+        if name and text and name not in out:
+            try:
+                out[name] = loads(text)
+            except (EMError, ValueError) as e:
+                raise ValueError(f"{path}: the winner of {name} is not a μGraph ({e})") from None
+    return out
 
 
 def _secs(v: float | None) -> str:
@@ -114,7 +165,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as an aligned text table."""
     head = ("program", "first s", "best s", "total s", "done", "states", "pruned (e-graph)",
             "verified", "found", "kernels", "largest written", "goal", "best meets it",
-            "first meeting it s")
+            "first meeting it s", "GPU winner s (tasks)")
     body = []
     for r in rows:
         big = r["best_largest_intermediate"]
@@ -127,5 +178,14 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
                      "-" if r["best_num_kernels"] is None else str(r["best_num_kernels"]),
                      "-" if big is None else f"{big:,} / {r['program_largest_intermediate']:,}",
                      "-" if r["goal_max_kernels"] is None else f"<= {r['goal_max_kernels']}",
-                     "yes" if r["met"] else "NO", _secs(r.get("seconds_to_goal"))))
+                     "yes" if r["met"] else "NO", _secs(r.get("seconds_to_goal")),
+                     _winner(r)))
     return "\n".join(aligned(head, body))
+
+
+def _winner(r: Mapping[str, Any]) -> str:
+    if r.get("winner_found") is None:
+        return "-"
+    if not r["winner_found"]:
+        return "not found"
+    return f"{r['seconds_to_winner']:.1f} ({r['tasks_to_winner']})"

@@ -80,15 +80,15 @@ class BlockSearch:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
         ``max_block_ops``), fewest first (iterative deepening)."""
         tiles = self.inputs()
+        lo, hi = (1, self.config.max_block_ops) if ops is None else ops
         if self.goal is not None:
-            self._dist = self._distances(tiles)
+            self._dist = self._distances(tiles, hi)
             if self._dist is not None and any(t.key not in self._dist for t in tiles):
                 return  # some loaded tile can never reach the output
         moves: list[Tile] = []
         for k in range(len(tiles)):
             moves.extend(self._useful(self._moves_with(tiles[: k + 1], k)))
         done: set[Any] = set()
-        lo, hi = (1, self.config.max_block_ops) if ops is None else ops
         for limit in range(lo, hi + 1):
             self._limit = limit
             for found in self._dfs(tiles, set(), 0, set(), moves, self._smem(tiles)):
@@ -167,31 +167,38 @@ class BlockSearch:
         dist = self._dist
         return (m for m in moves if m.key in dist)
 
-    def _distances(self, inputs: list[Tile]) -> dict[Any, int] | None:
+    def _distances(self, inputs: list[Tile], most: int) -> dict[Any, int] | None:
         """Fewest operators from each tile this kernel shape can make to a tile of class
-        ``goal`` after the loop: tiles not in the map can never be part of a complete block
-        graph. The tiles are closed under every move (shared memory aside), so the distances
-        are lower bounds and pruning with them loses no block graph. None (no pruning) when
-        there are more than ``_CLOSURE_MAX`` tiles or the search was stopped. Memoised."""
+        ``goal`` after the loop, in block graphs of at most ``most`` operators: tiles not in the
+        map can never be part of one. The closure is breadth-first: a tile's *level* is the
+        fewest operators that make it (1 + its operands' largest), tiles come in level order,
+        and those of level ``most`` are not expanded (a block graph that used one would need
+        more). It is closed under every move (shared memory aside) up to that level, so the
+        distances are lower bounds and pruning with them loses no block graph. None (no
+        pruning) when there are more than ``_CLOSURE_MAX`` tiles or the search was stopped.
+        Memoised."""
         memo_key = ("dist", tuple((t.key, t.dcls) for t in inputs), self.shape.frange,
-                    self.reduction_dimx(self.shape), self.goal)
+                    self.reduction_dimx(self.shape), self.goal, most)
         if memo_key in self.memo:
             return self.memo[memo_key]
         closed: list[Tile] = list(inputs)
         index = {t.key: i for i, t in enumerate(closed)}
         users: dict[Any, set[Any]] = {}  # tile key -> keys of tiles made from it
         pairing = Pairing(closed, self.reach, self._candidates, self.memo)
+        levels = [0] * len(closed)
         k = 0
-        while k < len(closed) and len(closed) <= _CLOSURE_MAX and not self.stop():
+        while (k < len(closed) and levels[k] < most and len(closed) <= _CLOSURE_MAX
+               and not self.stop()):
             for t in self._moves_with(closed, k, pairing.combos(k)):
-                if t.key not in index:
+                if t.key not in index:  # operands come before k: its level is k's + 1
                     index[t.key] = len(closed)
                     closed.append(t)
+                    levels.append(levels[k] + 1)
                 for a in t.args:
                     users.setdefault(closed[a].key, set()).add(t.key)
             k += 1
         dist: dict[Any, int] | None
-        if k < len(closed):  # too many tiles to close over (or stopped): no pruning
+        if k < len(closed) and levels[k] < most:  # too many tiles (or stopped): no pruning
             if self.stop():
                 return None
             dist = None

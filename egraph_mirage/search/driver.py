@@ -217,7 +217,8 @@ def _stage_search(run: Run) -> None:
         for text, kernels, est, bound, tests, err, _ in res.found:
             if text not in results:
                 r = SearchResult(loads(text), kernels, est, bound, tests, err,
-                                 time.perf_counter() - run.t_start)
+                                 time.perf_counter() - run.t_start,
+                                 found_at_task=stats.tasks_done)
                 results[text] = r
                 if stats.seconds_to_first is None:
                     stats.seconds_to_first = r.found_after

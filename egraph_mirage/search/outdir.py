@@ -60,7 +60,8 @@ def write_results(folder: str | Path, results: SearchResults,
     rows = [{"file": f"result_{k}.json", "num_kernels": r.num_kernels,
              "estimated_us": r.estimated_seconds * 1e6, "measured_us": r.measured_us,
              "knobs": r.knobs, "verify_bound": r.verify_bound, "verify_tests": r.verify_tests,
-             "numeric_error": r.numeric_error, "found_after": r.found_after}
+             "numeric_error": r.numeric_error, "found_after": r.found_after,
+             "found_at_task": r.found_at_task}
             for k, r in enumerate(results)]
     summary = {"program": dict(program or {}), "ranked_by": results.stats.ranked_by,
                "results": rows, "stats": results.stats.as_dict()}

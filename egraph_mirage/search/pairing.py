@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from .blocks import Tile
 
 Dims = tuple[int, ...]
+#: per operator joining pattern: (own handle, other handle, joining operator, positions)
+Plan = list[tuple[Term, Term, str, tuple[int, int]]]
 Candidates = Callable[[tuple[Dims, Dims], bool], list[tuple[str, dict[str, Any]]]]
 #: the leaves that stand for the first and the second operand in a handle
 _A, _B = ref(-1), ref(-2)
@@ -141,20 +143,29 @@ class Pairing:
         self.memo = memo
         self._by_dims: dict[Dims, list[int]] = {}
         self._registered = 0
-        #: (handle, side, the member list of one dims) -> [handle class -> tile indices, how
-        #: many of the members are indexed]
+        #: (handle, side, dims) -> [handle class -> tile indices, how many of the tiles of
+        #: those dims are indexed]
         self._index: dict[Any, tuple[dict[int, list[int]], list[int]]] = {}
+        #: (dims of both operands, side of the new tile, swapped) -> its ``_plan``
+        self._plans: dict[Any, Plan | str] = {}
 
     def combos(self, k: int) -> list[tuple[int, ...]]:
         self._register()
         t = self.tiles[k]
         before: set[int] = set()  # partners i < k in (i, k)
         after: set[int] = set()  # partners i < k in (k, i)
+        plans = self._plans
         for dims, members in self._by_dims.items():
             if members[0] >= k:
                 continue
-            before |= self._partners(k, (dims, t.dims), 1, False)
-            after |= self._partners(k, (t.dims, dims), 0, True)
+            for own, swapped, pair, out in ((1, False, (dims, t.dims), before),
+                                            (0, True, (t.dims, dims), after)):
+                key = (pair, own, swapped)
+                plan = plans.get(key)
+                if plan is None:
+                    plan = plans[key] = self._plan(pair, own, swapped)
+                if plan:
+                    self._partners(k, dims, members, own, plan, out)
         return ([(k,)] + [(i, k) for i in sorted(before)] + [(k, k)]
                 + [(k, i) for i in sorted(after)])
 
@@ -164,28 +175,29 @@ class Pairing:
             self._by_dims.setdefault(self.tiles[i].dims, []).append(i)
             self._registered += 1
 
-    def _partners(self, k: int, dims: tuple[Dims, Dims], own: int, swapped: bool) -> set[int]:
-        """Indices below ``k`` that tile ``k`` (operand ``own``) may pair with."""
-        other = 1 - own
-        members = self._by_dims[dims[other]]
-        plan = self._plan(dims, own, swapped)
+    def _partners(self, k: int, dims: Dims, members: list[int], own: int, plan: Plan | str,
+                  out: set[int]) -> None:
+        """Adds to ``out`` the indices below ``k`` among ``members`` (the tiles of ``dims``)
+        that tile ``k`` (operand ``own``) may pair with under ``plan``."""
         if plan == "any":  # some operator joins the operands under no node: all may pair
-            return set(members[: bisect_left(members, k)])
-        out: set[int] = set()
+            out.update(members[: bisect_left(members, k)])
+            return
         cls = self.tiles[k].cls
+        other = 1 - own
         for mine, theirs, op, at in plan:
             c = handle_class(self.reach, cls, mine, own, self.memo)
             if c is None:
                 continue
-            index = self._indexed(theirs, other, members)
-            for d in children_at(self.reach, op, at, self.memo).get(c, ()):
+            ds = children_at(self.reach, op, at, self.memo).get(c)
+            if not ds:
+                continue
+            index = self._indexed(theirs, other, dims, members)
+            for d in ds:
                 hits = index.get(d)
                 if hits:
                     out.update(hits[: bisect_left(hits, k)])
-        return out
 
-    def _plan(self, dims: tuple[Dims, Dims], own: int, swapped: bool
-              ) -> list[tuple[Term, Term, str, tuple[int, int]]] | str:
+    def _plan(self, dims: tuple[Dims, Dims], own: int, swapped: bool) -> Plan | str:
         """The distinct (own handle, other handle, joining operator, positions) of the operators
         that take operands of these dims; "any" when one of them joins under no node."""
         key = ("plan", dims, own, swapped)
@@ -202,10 +214,11 @@ class Pairing:
             self.memo[key] = "any" if "any" in plan else list(plan)
         return self.memo[key]
 
-    def _indexed(self, handle: Term, side: int, members: list[int]) -> dict[int, list[int]]:
-        """Tiles of ``members`` (one dims) by the class of their ``handle`` as operand
+    def _indexed(self, handle: Term, side: int, dims: Dims, members: list[int]
+                 ) -> dict[int, list[int]]:
+        """The tiles of ``dims`` (``members``) by the class of their ``handle`` as operand
         ``side``, brought up to date."""
-        key = (handle, side, id(members))
+        key = (handle, side, dims)
         index, count = self._index.setdefault(key, ({}, [0]))
         for i in members[count[0]:]:
             c = handle_class(self.reach, self.tiles[i].cls, handle, side, self.memo)

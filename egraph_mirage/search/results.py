@@ -76,6 +76,8 @@ class SearchResult:
     #: ``profile=True`` on a GPU: the tuned time in µs (CUDA-graph replay) and the knobs used
     measured_us: float | None = None
     knobs: dict[str, Any] | None = None
+    #: tasks done (the one that found it included) when it was found; None: not recorded
+    found_at_task: int | None = None
 
     def to_json(self) -> str:
         return dumps(self.graph)

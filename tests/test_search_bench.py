@@ -1,0 +1,85 @@
+"""`bench search` reports when the search reached the structure that won on the GPU.
+
+The GPU's winner comes from `bench gpu` rows (``winner_mugraph``); the search benchmark compares
+structures (sizes erased), so a winner timed at another batch still counts. The searches here are
+bounded by tasks, not seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import egraph_mirage as em
+from egraph_mirage.bench.search_bench import bench_search, format_table, load_winners
+from egraph_mirage.cli import main
+from egraph_mirage.mugraph.serialize import dumps
+from egraph_mirage.mugraph.sizes import retarget, structure_of
+from egraph_mirage.search import SearchConfig, superoptimize
+
+#: lora's small search finds its first μGraph at task 19 (its tasks of 7 and more operators take
+#: seconds each)
+TASKS = 24
+
+
+@pytest.fixture(scope="module")
+def lora_results():
+    g = em.benchmarks.get("lora", small=True)
+    return superoptimize(g, SearchConfig(), max_tasks=TASKS, workers=1, progress=False)
+
+
+def test_results_record_the_task_they_were_found_in(lora_results) -> None:
+    assert lora_results
+    tasks = [r.found_at_task for r in lora_results]
+    assert all(isinstance(t, int) and 1 <= t <= TASKS for t in tasks)
+    by_time = sorted(lora_results, key=lambda r: r.found_after)
+    assert [r.found_at_task for r in by_time] == sorted(r.found_at_task for r in by_time)
+
+
+def test_the_winners_structure_is_found_and_timed(lora_results, tmp_path) -> None:
+    last = max(lora_results, key=lambda r: r.found_after)
+    first_of_it = min((r for r in lora_results
+                       if structure_of(r.graph) == structure_of(last.graph)),
+                      key=lambda r: r.found_after)
+    # a winner timed at batch 2: another size, the same structure
+    big = em.benchmarks.get("lora", small=True, batch=2)
+    winner = retarget(last.graph, big)
+    assert structure_of(winner) == structure_of(last.graph)
+    rows = [{"benchmark": "lora", "batch": 2, "winner_mugraph": dumps(winner)},
+            {"benchmark": "ntrans", "batch": 1, "winner_mugraph": None}]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    winners = load_winners(path)
+    assert set(winners) == {"lora"}
+
+    row, = bench_search(["lora"], small=True, max_tasks=TASKS, budget=None, workers=1,
+                        winners=winners)
+    assert row["winner_found"] is True
+    assert row["tasks_to_winner"] == first_of_it.found_at_task
+    assert row["tasks_to_first"] <= row["tasks_to_winner"]
+    assert 0 < row["seconds_to_winner"] <= row["seconds_total"]
+    assert f"({row['tasks_to_winner']})" in format_table([row])
+
+
+def test_a_structure_the_search_never_made_is_reported_as_not_found(tmp_path) -> None:
+    other = em.benchmarks.get("ntrans", small=True)  # the input program: library operators only
+    row, = bench_search(["lora"], small=True, max_tasks=TASKS, budget=None, workers=1,
+                        winners={"lora": other})
+    assert row["winner_found"] is False and row["seconds_to_winner"] is None
+    assert "not found" in format_table([row])
+    row, = bench_search(["lora"], small=True, max_tasks=1, budget=None, workers=1)
+    assert row["winner_found"] is None and row["tasks_to_winner"] is None
+
+
+def test_winners_from_a_file_that_is_not_gpu_rows_are_a_usage_error(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "rows.json"
+    bad.write_text('{"benchmark": "lora"}')
+    with pytest.raises(ValueError, match="rows.json"):
+        load_winners(bad)
+    code = main(["bench", "search", "--small", "--programs", "lora", "--max-tasks", "1",
+                 "--winners", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --winners") and "Traceback" not in err
+    with pytest.raises(ValueError, match="missing.json"):
+        load_winners(tmp_path / "missing.json")
