@@ -4,7 +4,7 @@
 # hand-written reference on its GPU, one program at a time (each program's rows are written as
 # soon as they are measured). Carry `.whl` (egglog 13.2 cp312 and its import deps:
 # ../shared/notes/gpu.md). Usage: scripts/gpu_discovery.sh OUT BUDGET PROGRAM...
-# Environment: MAX_CANDIDATES (8), SIZE_VARIANTS (4), BATCHES ("1"), GPU_TIMEOUT (s per program,
+# Environment: MAX_CANDIDATES (8), SIZE_VARIANTS (4), TUNE_TOP (3), BATCHES ("1"), GPU_TIMEOUT (s per program,
 # 240), EXTRA_RULES (rule files or folders loaded after the shipped rules, e.g.
 # rules/optional/online_softmax.egg), NO_REFERENCE (set: leave out the hand-written reference).
 set -u
@@ -24,7 +24,7 @@ tail -$(( $# + 3 )) "$out/search_b$b.txt"
 for p in "$@"; do
   timeout "${GPU_TIMEOUT:-240}" python3 -m egraph_mirage bench gpu --batch ${BATCHES:-1} \
     --programs "$p" --mugraph-dir "$out/search" --max-candidates "${MAX_CANDIDATES:-8}" \
-    --size-variants "${SIZE_VARIANTS:-4}" --tune-top 3 ${NO_REFERENCE:+--no-reference} --markdown "$out/gpu_$p.md" --json \
+    --size-variants "${SIZE_VARIANTS:-4}" --tune-top "${TUNE_TOP:-3}" ${NO_REFERENCE:+--no-reference} --markdown "$out/gpu_$p.md" --json \
     > "$out/gpu_rows_$p.json" 2> "$out/gpu_$p.err" || tail -3 "$out/gpu_$p.err"
 done
 python3 - "$out" <<'PY'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -375,3 +376,41 @@ def test_rank_by_time_and_by_bytes() -> None:
 
     timed = rank([one, two], tuner)
     assert timed[0].mugraph is two and timed[0].us == 3.0 and timed[1].us == 7.0
+
+
+def test_staged_tuning_tries_the_lowering_knobs_then_the_graphs_own() -> None:
+    """``tune_staged``: 12 settings of warps x stages with the μGraph's own knobs at their first
+    value, then its own knobs in full at the best of those; the faster of the two rounds wins."""
+    from egraph_mirage.gpu.tune import Trial, TuneResult, tune_staged
+
+    g = em.new_kernel_graph()
+    X, W = g.new_input((4, 256), em.float16), g.new_input((256, 256), em.float16)
+    g.mark_output(g.matmul(g.rms_norm(X, (256,)), W))
+    h = reference.rmsnorm_linear_split_k(g, reference.Tiles(grid=128))
+    own = em.lower.graph_knobs(h)
+    assert len(own) >= 2
+    spaces = []
+
+    def tuner(mugraph: Any, space: dict) -> TuneResult:
+        spaces.append(space)
+        settings = [dict(zip(space, combo)) for combo in itertools.product(*space.values())]
+        # fastest: 4 warps, 3 stages, and every own knob at its last value
+        trials = [Trial(k, "ok", us=10.0 - (k["num_warps"] == 4) - (k["num_stages"] == 3)
+                        - sum(k.get(o) == v[-1] for o, v in own.items()))
+                  for k in settings]
+        best = min(trials, key=lambda t: t.us)
+        return TuneResult(trials, best, None)
+
+    r = tune_staged(h, tuner)
+    first, second = spaces
+    assert math.prod(map(len, first.values())) == 12
+    assert all(first[o] == (v[0],) for o, v in own.items())
+    assert second["num_warps"] == (4,) and second["num_stages"] == (3,)
+    assert all(second[o] == tuple(v) for o, v in own.items())
+    assert r.best is not None and all(r.best.knobs[o] == v[-1] for o, v in own.items())
+    assert len(r.trials) == 12 + math.prod(len(v) for v in own.values())
+    # a μGraph without knobs of its own: one round
+    spaces.clear()
+    tune_staged(reference.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear",
+                                                                    small=True)), tuner)
+    assert len(spaces) == 1

@@ -75,11 +75,11 @@ def test_winners_from_a_file_that_is_not_gpu_rows_are_a_usage_error(
         tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "rows.json"
     bad.write_text('{"benchmark": "lora"}')
-    with pytest.raises(ValueError, match="rows.json"):
+    with pytest.raises(ValueError, match=r"rows\.json"):
         load_winners(bad)
     code = main(["bench", "search", "--small", "--programs", "lora", "--max-tasks", "1",
                  "--winners", str(bad)])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: --winners") and "Traceback" not in err
-    with pytest.raises(ValueError, match="missing.json"):
+    with pytest.raises(ValueError, match=r"missing\.json"):
         load_winners(tmp_path / "missing.json")

@@ -282,12 +282,20 @@ def measure(graphs: Sequence[KernelGraph], labels: Sequence[str], who: str, b: B
     """Tune every μGraph (many: pre-ranked at ``QUICK_KNOBS``, the fastest ``tune_top`` tuned),
     check the fastest again on fresh inputs and time it; notes start with ``who``."""
     from ..gpu.timing import random_inputs
-    from ..gpu.tune import Trial, TuneCache, TuneResult, check, tolerance, tune
+    from ..gpu.tune import (
+        Trial,
+        TuneCache,
+        TuneResult,
+        check,
+        staged_spaces,
+        tolerance,
+        tune,
+        tune_staged,
+    )
     from ..rank.measured import rank
 
     cfg, g, out = b.cfg, b.g, Measured()
     cache = TuneCache(cfg.cache_dir)
-    space = None if cfg.tune else {}
 
     def _tune_safely(h: KernelGraph, space: Any) -> Any:
         try:
@@ -300,12 +308,14 @@ def measure(graphs: Sequence[KernelGraph], labels: Sequence[str], who: str, b: B
     label = {id(h): s for h, s in zip(graphs, labels)}
     todo = list(graphs)
     if cfg.tune and len(todo) > cfg.tune_top:  # pre-rank at a few knob settings
-        pre = rank(todo, lambda h: _tune_safely(h, QUICK_KNOBS))
+        pre = rank(todo, lambda h: _tune_safely(h, staged_spaces(h, QUICK_KNOBS)[0]))
         out.first_us = {label[id(r.mugraph)]: r.us for r in pre}
         todo = [r.mugraph for r in pre[:cfg.tune_top] if r.us is not None] or todo
         out.notes.append(f"{who}: {len(graphs)} μGraphs pre-ranked at {QUICK_KNOBS}, the "
                          f"fastest {len(todo)} tuned")
-    ranked = rank(todo, lambda h: _tune_safely(h, space))
+    # tuned: the lowering's knobs first, then the μGraph's own at the best of them
+    ranked = rank(todo, (lambda h: tune_staged(h, _tune_safely)) if cfg.tune
+                  else (lambda h: _tune_safely(h, {})))
     out.candidates_us = {label[id(r.mugraph)]: r.us for r in ranked}
     out.first_us = out.first_us or dict(out.candidates_us)
     top = ranked[0]
