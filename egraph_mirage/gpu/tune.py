@@ -238,11 +238,11 @@ Space = dict[str, tuple[Any, ...]]
 
 
 def staged_spaces(mugraph: KernelGraph, base: Mapping[str, Sequence[Any]] | None = None
-                  ) -> tuple[Space, Callable[[Knobs], Space]]:
+                  ) -> tuple[Space, Callable[[Knobs], Space] | None]:
     """Two rounds instead of the whole product: ``base`` (default: the lowering's ``KNOBS``)
     with each of ``mugraph``'s own knobs (``graph_knobs``) held at its first value, then those
-    knobs in full at the best ``base`` setting of the first round (a function of it). 12 + 8
-    settings instead of 96 where a μGraph has three knobs of its own."""
+    knobs in full at the best ``base`` setting of the first round (a function of it; None where
+    the μGraph has no knobs of its own). 12 + 8 settings instead of 96 where it has three."""
     own = graph_knobs(mugraph)
     first = {k: tuple(v) for k, v in (base or KNOBS or DEFAULT_KNOBS).items()}
     first |= {k: (v[0],) for k, v in own.items()}
@@ -250,7 +250,7 @@ def staged_spaces(mugraph: KernelGraph, base: Mapping[str, Sequence[Any]] | None
     def second(best: Knobs) -> Space:
         return {k: (best[k],) for k in first if k in best and k not in own} | dict(own)
 
-    return first, second
+    return first, (second if own else None)
 
 
 def tune_staged(mugraph: KernelGraph, tuner: Callable[[KernelGraph, Any], TuneResult],
@@ -259,7 +259,7 @@ def tune_staged(mugraph: KernelGraph, tuner: Callable[[KernelGraph, Any], TuneRe
     has knobs of its own and the first round found a setting) the second; the faster best."""
     first, second = staged_spaces(mugraph, base)
     r1 = tuner(mugraph, first)
-    if r1.best is None or not graph_knobs(mugraph):
+    if r1.best is None or second is None:
         return r1
     r2 = tuner(mugraph, second(r1.best.knobs))
     best = r1 if r2.us is None or (r1.us is not None and r1.us <= r2.us) else r2

@@ -146,24 +146,18 @@ class Pairing:
         #: (handle, side, dims) -> [handle class -> tile indices, how many of the tiles of
         #: those dims are indexed]
         self._index: dict[Any, tuple[dict[int, list[int]], list[int]]] = {}
-        #: (dims of both operands, side of the new tile, swapped) -> its ``_plan``
-        self._plans: dict[Any, Plan | str] = {}
 
     def combos(self, k: int) -> list[tuple[int, ...]]:
         self._register()
         t = self.tiles[k]
         before: set[int] = set()  # partners i < k in (i, k)
         after: set[int] = set()  # partners i < k in (k, i)
-        plans = self._plans
         for dims, members in self._by_dims.items():
             if members[0] >= k:
                 continue
             for own, swapped, pair, out in ((1, False, (dims, t.dims), before),
                                             (0, True, (t.dims, dims), after)):
-                key = (pair, own, swapped)
-                plan = plans.get(key)
-                if plan is None:
-                    plan = plans[key] = self._plan(pair, own, swapped)
+                plan = self._plan(pair, own, swapped)
                 if plan:
                     self._partners(k, dims, members, own, plan, out)
         return ([(k,)] + [(i, k) for i in sorted(before)] + [(k, k)]
