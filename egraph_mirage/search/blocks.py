@@ -2,8 +2,8 @@
 
 States are *sets* of tiles: a new operator (or a for-loop accumulator) is applied to tiles at
 hand, its tile gets the e-class of its abstract expression, and the branch is cut unless that class
-is reachable in the target's e-graph. Two tiles of one class on one side of the loop are the same
-tile, and a set of tiles already seen is not explored again, so no block graph is built twice in
+is reachable in the target's e-graph. Two tiles of one class on one side of the loop, with the
+same dims and dimension classes, are the same tile, and a set of tiles already seen is not explored again, so no block graph is built twice in
 any order. A state is complete when every tile nobody consumes (a *sink*) lies after the loop;
 the sinks are the block graph's outputs.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import EMError
@@ -33,7 +33,10 @@ _CLOSURE_MAX = 20000
 
 @dataclass(frozen=True)
 class Tile:
-    key: Any  # e-class (or structural key without the oracle) with side and dims
+    #: e-class (or structural key without the oracle) with side, dims and dimension classes:
+    #: abstract expressions forget the order of a matmul's operands, so ``V @ E`` and ``E @ V``
+    #: of square tiles share a class; their dimension classes tell them apart
+    key: Any
     cls: int | None
     dims: Dims
     itemsize: int
@@ -45,6 +48,8 @@ class Tile:
     #: the key of the running max this loop-side tile moves with (None: no running max): it
     #: may only be accumulated rescaled by that max (online softmax)
     shift: Any = None
+    #: whether the tile is (made from) a tensor of the previous kernel (``BlockSearch.fresh``)
+    anchored: bool = True
 
 
 @dataclass
@@ -75,6 +80,11 @@ class BlockSearch:
     memo: dict = field(default_factory=dict)
     #: per tile key, the fewest operators from it to a tile of class ``goal`` (when set)
     _dist: dict[Any, int] | None = None
+    #: tensors from this position on (``DTensor.ref``) are the previous kernel's outputs; when
+    #: set, every binary operator takes at least one operand made from them (a kernel that
+    #: combines partial results may still normalise an input, but pairs of the other tensors
+    #: alone, a matmul of two inputs, belong in the kernel that made the partials)
+    fresh: int | None = None
 
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
@@ -83,8 +93,10 @@ class BlockSearch:
         lo, hi = (1, self.config.max_block_ops) if ops is None else ops
         if self.goal is not None:
             self._dist = self._distances(tiles, hi)
-            if self._dist is not None and any(t.key not in self._dist for t in tiles):
-                return  # some loaded tile can never reach the output
+            if self._dist is not None and any(t.key not in self._dist for t in tiles
+                                              if t.anchored):
+                return  # some loaded tile can never reach the output (with ``fresh``: some
+                # tile of the previous kernel's; the others may go unused)
         moves: list[Tile] = []
         for k in range(len(tiles)):
             moves.extend(self._useful(self._moves_with(tiles[: k + 1], k)))
@@ -105,9 +117,10 @@ class BlockSearch:
         tiles = []
         for i, ld in enumerate(self.shape.loaders):
             side = LOOP_SIDE if ld.fdim != -1 else INVARIANT
-            tiles.append(Tile((ld.tensor.key, side, ld.tile), ld.tensor.cls, ld.tile,
+            tiles.append(Tile((ld.tensor.key, side, ld.tile, ld.tile_classes), ld.tensor.cls, ld.tile,
                               ld.tensor.dtype.itemsize, side, ld.tile_classes, "input", (),
-                              (("position", i),)))
+                              (("position", i),),
+                              anchored=self.fresh is None or ld.tensor.ref >= self.fresh))
         return tiles
 
     # --- the walk ---------------------------------------------------------------------------
@@ -177,7 +190,7 @@ class BlockSearch:
         distances are lower bounds and pruning with them loses no block graph. None (no
         pruning) when there are more than ``_CLOSURE_MAX`` tiles or the search was stopped.
         Memoised."""
-        memo_key = ("dist", tuple((t.key, t.dcls) for t in inputs), self.shape.frange,
+        memo_key = ("dist", tuple((t.key, t.dcls, t.anchored) for t in inputs), self.shape.frange,
                     self.reduction_dimx(self.shape), self.goal, most)
         if memo_key in self.memo:
             return self.memo[memo_key]
@@ -237,6 +250,9 @@ class BlockSearch:
             combos = [(k,)] + [(i, k) for i in range(k + 1)] + [(k, i) for i in range(k)]
         for args in combos:
             operands = [tiles[i] for i in args]
+            anchored = any(o.anchored for o in operands)
+            if len(operands) == 2 and not anchored:
+                continue
             if self.shape.frange == 1 and any(_identity(o) for o in operands):
                 continue  # f(acc(x)) is acc(f(x)) and f(acc(x), y) is f(x, y): one form each
             sides = {o.side for o in operands} - {INVARIANT}
@@ -251,9 +267,17 @@ class BlockSearch:
             shift = shifts.pop() if shifts else None
             for hit in self._results(operands, swapped):
                 yield Tile(hit.key, hit.cls, hit.dims, hit.itemsize, side, hit.dcls, hit.op,
-                           args, hit.params, shift)
+                           args, hit.params, shift, anchored)
         if t.side == EPILOGUE or (t.side == INVARIANT and self.shape.frange > 1):
             return
+        if not t.anchored:
+            yield from (replace(u, anchored=False) for u in self._accumulations(tiles, k))
+        else:
+            yield from self._accumulations(tiles, k)
+
+    def _accumulations(self, tiles: list[Tile], k: int) -> Iterator[Tile]:
+        """The accumulators (and running max) of loop-side or invariant tile ``k``."""
+        t = tiles[k]
         if t.shift is not None:  # online softmax: accumulate rescaled by the running max
             m = next(i for i, u in enumerate(tiles) if u.key == t.shift)
             for acc in ACCUMULATORS.values():
@@ -352,7 +376,7 @@ class BlockSearch:
             return None
         dcls = result_classes(links, [t.dcls for t in operands], len(dims))
         itemsize = max(t.itemsize for t in operands)
-        return Tile((ident, side, dims), cls, dims, itemsize, side, dcls, name, args,
+        return Tile((ident, side, dims, dcls), cls, dims, itemsize, side, dcls, name, args,
                     tuple(sorted(params.items())))
 
     def _accumulate(self, i: int, t: Tile, acc: Any, rescale: tuple[int, Tile] | None = None
@@ -391,8 +415,9 @@ class BlockSearch:
                 self.counters.pruned_oracle += 1
                 hit = None
             else:
-                key = (ident, LOOP_SIDE, dims)
-                hit = Tile(key, cls, dims, t.itemsize, LOOP_SIDE, (*t.dcls[:-1], None), "max",
+                dcls = (*t.dcls[:-1], None)
+                key = (ident, LOOP_SIDE, dims, dcls)
+                hit = Tile(key, cls, dims, t.itemsize, LOOP_SIDE, dcls, "max",
                            (), (), key)
             self.memo[memo_key] = hit
         hit = self.memo[memo_key]
@@ -412,7 +437,7 @@ class BlockSearch:
             self.counters.pruned_oracle += 1
             return None
         dcls = t.dcls if dims == t.dims else (*t.dcls[:-1], None)
-        return Tile((ident, EPILOGUE, dims), cls, dims, t.itemsize, EPILOGUE, dcls, "accum", (i,),
+        return Tile((ident, EPILOGUE, dims, dcls), cls, dims, t.itemsize, EPILOGUE, dcls, "accum", (i,),
                     (("acc", acc.name),))
 
     def _dimx(self, t: Tile) -> int:

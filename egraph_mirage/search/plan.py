@@ -47,8 +47,12 @@ def output_maps(tile: Tile, shape: KernelShape, config_omaps: Sequence[tuple[int
 
     A grid axis that split a class the tile still has writes along that dimension; an axis that
     split a class the tile no longer has (a split reduction) concatenates its partial results
-    along any other dimension, which then gets a class of its own.
+    along any other dimension, which then gets a class of its own. An axis that leaves each block
+    one index of its class (a tile of 1, whose class the tile no longer names) writes along a
+    dimension of size 1, which gets that class back.
     """
+    unit = {c for ld in shape.loaders for c, t in zip(ld.tensor.dcls, ld.tile)
+            if t == 1 and c is not None}
     forced: dict[int, int] = {}
     free: list[int] = []
     for a, g in enumerate(shape.grid):
@@ -74,7 +78,9 @@ def output_maps(tile: Tile, shape: KernelShape, config_omaps: Sequence[tuple[int
             continue
         dcls = list(tile.dcls)
         for a, d in zip(free, chosen):
-            dcls[d] = ("split", tuple(shape.axis_classes), a, shape.grid)
+            c = shape.axis_classes[a]
+            dcls[d] = (c if c in unit and tile.dims[d] == 1 else
+                       ("split", tuple(shape.axis_classes), a, shape.grid))
         yield tuple(omap), tuple(dims), tuple(dcls)  # type: ignore[misc]
 
 

@@ -40,17 +40,12 @@ FINAL, INTERMEDIATE, LIBRARY, SPLIT = "final", "intermediate", "library", "split
 #: block graphs of two-kernel plans: first kernels up to this many operators, then the larger ones
 SHALLOW = 5
 #: a split task whose first kernel has ``k`` operators runs after the one-kernel tasks of
-#: ``k + SPLIT_LAG``: its second kernel at least accumulates the pieces and finishes
-SPLIT_LAG = 2
+#: ``k + SPLIT_LAG`` (for the split shapes whose blocks walk their piece with the loop; the
+#: others follow the one-kernel tasks)
+SPLIT_LAG = 0
 #: split tasks start at first kernels of this many operators (one operator only accumulates an
 #: input: those plans are searched with the other two-kernel plans)
 SPLIT_MIN = 2
-#: per size, the split tasks of this many split shapes (the best by the shape heuristic) run
-#: between the one-kernel sizes; the others right after the one-kernel tasks. 0: with every
-#: split task early, a 40-task small search of a two-matmul program took 180 s instead of 7 s
-#: (the combine's goal distances per intermediate dominate), although split forms win on the
-#: GPU at small batches
-SPLIT_EARLY = 0
 #: the second kernel of a split task combines the pieces: it is searched with at most this many
 #: operators (accumulating two partial results and finishing them takes 3 to 5)
 SPLIT_COMBINE = 5
@@ -128,6 +123,9 @@ class Context:
         self.split_shapes = [i for i, ks in enumerate(self.first_shapes)
                              if splits_reduction(ks, payload.out_classes, payload.config)]
         self.split_set = frozenset(self.split_shapes)
+        #: the split shapes whose blocks walk their piece with the loop (FlashDecoding's split-KV,
+        #: split-K GEMMs), searched early; those loading a whole piece at once come late
+        self.early_splits = [i for i in self.split_shapes if self.first_shapes[i].frange > 1]
 
     @cached_property
     def library_moves(self) -> list[tuple[list[DTensor], list[Step]]]:
@@ -171,11 +169,10 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     of any shape is found before a large one of the first). A *split* task is a two-kernel plan
     whose first kernel's grid cuts a dimension class the output lacks into a few large pieces
     (``SearchConfig.grid_splits``: split-K, split-KV), has exactly ``k`` operators and writes
-    only partial results; its second kernel accumulates them and finishes, about two operators
-    more, so it runs right after the one-kernel tasks of ``k + SPLIT_LAG`` operators (for the
-    first ``SPLIT_EARLY`` split shapes; the others follow the one-kernel tasks: each split task
-    searches every final kernel behind each first kernel, which is costly). Library operators
-    and the other two-kernel plans follow. The list depends only on the payload (``ctx``, its
+    only partial results; its second kernel only combines them (``_Run.finals`` with ``after``).
+    It runs right after the one-kernel tasks of ``k + SPLIT_LAG`` operators for the split shapes
+    whose blocks walk their piece with the loop (``Context.early_splits``); the others follow the
+    one-kernel tasks. Library operators and the other two-kernel plans follow. The list depends only on the payload (``ctx``, its
     context, is built when not given).
     """
     ctx = ctx or context(payload)
@@ -183,7 +180,8 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     two = payload.config.max_kernels >= 2
     shallow = min(SHALLOW, most)
     sizes = range(SPLIT_MIN, shallow + 1) if two else range(0)
-    early, late = ctx.split_shapes[:SPLIT_EARLY], ctx.split_shapes[SPLIT_EARLY:]
+    early = ctx.early_splits
+    late = [i for i in ctx.split_shapes if i not in set(early)]
     tasks = []
     for k in range(1, most + SPLIT_LAG + 1):
         if k <= most:
@@ -228,7 +226,8 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None,
         combine = (1, min(SPLIT_COMBINE, payload.config.max_block_ops)) if partials else None
         for tensors, steps in run.intermediates(ctx.first_shapes[task.index], inputs, [],
                                                 task.ops, partials):
-            run.finals(tensors, steps, must_use=len(inputs), ops=combine)
+            run.finals(tensors, steps, must_use=len(inputs), ops=combine,
+                       after=ctx.first_shapes[task.index] if partials else None)
     else:
         tensors, steps = ctx.library_moves[task.index]
         run.finals(tensors, steps, must_use=len(inputs))
@@ -297,10 +296,10 @@ class _Run:
         return self.deadline is not None and time.time() > self.deadline
 
     def _search(self, shape: KernelShape, accept: Any, max_outputs: int,
-                goal: int | None = None) -> BlockSearch:
+                goal: int | None = None, fresh: int | None = None) -> BlockSearch:
         return BlockSearch(shape, self.ctx.payload.reach, self.config, self.ctx.probe,
                            self.ctx.payload.scalars, accept, self.counters, self.stopped,
-                           max_outputs, goal, memo=self.ctx.memo)
+                           max_outputs, goal, memo=self.ctx.memo, fresh=fresh)
 
     def _step(self, shape: KernelShape, tiles: Sequence[Tile],
               outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:
@@ -309,15 +308,21 @@ class _Run:
 
     # --- the last kernel: it must produce the target ------------------------------------------
     def finals(self, tensors: list[DTensor], steps: list[Step], must_use: int,
-               ops: tuple[int, int] | None = None) -> None:
-        for shape in kernel_shapes(tensors, self.config):
+               ops: tuple[int, int] | None = None, after: KernelShape | None = None) -> None:
+        """Last kernels over ``tensors`` that read one from position ``must_use`` on.
+        ``after``: the previous kernel's shape, when it wrote partial results: the last kernel
+        then only combines them (it keeps ``after``'s grid axes or leaves them, and each of its
+        operators uses what ``after`` wrote)."""
+        fresh = must_use if after is not None else None
+        for shape in kernel_shapes(tensors, self.config, keep=after):
             if self.stopped():
                 return
             if can_finish(shape, self.ctx.payload.out_classes):
-                self.final(shape, tensors, steps, must_use, ops)
+                self.final(shape, tensors, steps, must_use, ops, fresh)
 
     def final(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
-              must_use: int | None = None, ops: tuple[int, int] | None = None) -> None:
+              must_use: int | None = None, ops: tuple[int, int] | None = None,
+              fresh: int | None = None) -> None:
         target = self.ctx.target
         roots = self.ctx.payload.reach.roots
         want = target.outputs[0].dims
@@ -329,7 +334,7 @@ class _Run:
         if len(target.outputs) != 1:
             return
         goal = roots[0] if self.config.use_oracle else None
-        for tiles, sinks in self._search(shape, accept, 1, goal).run(ops):
+        for tiles, sinks in self._search(shape, accept, 1, goal, fresh).run(ops):
             tile = tiles[sinks[0]]
             if must_use is not None and not any(
                     shape.loaders[dict(tiles[i].params)["position"]].tensor.ref >= must_use

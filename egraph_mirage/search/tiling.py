@@ -89,42 +89,39 @@ def _loader(t: DTensor, grid: tuple[int, int, int], axis_classes: Sequence[Any],
     return Loader(t, imap, fdim, tile, classes)  # type: ignore[arg-type]
 
 
-def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[KernelShape]:
-    """Every kernel shape over ``tensors``, best-first by the ``target_blocks`` heuristic."""
+def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
+                  keep: KernelShape | None = None) -> Iterator[KernelShape]:
+    """Every kernel shape over ``tensors``, best-first by the ``target_blocks`` heuristic.
+    ``keep``: only the shapes whose every grid axis is ``keep``'s (same class, same count, same
+    position) or 1 (``keeps_grid``)."""
     sizes = _class_sizes(tensors)
-    classes = sorted(sizes, key=repr)
-    options = {c: grid_parts(config, sizes[c]) for c in classes}
     shapes: list[tuple[float, int, KernelShape]] = []
     n = 0
-    for k in range(0, 4):
-        for chosen in itertools.combinations(classes, k):
-            for parts in itertools.product(*(options[c] for c in chosen)):
-                grid = tuple(list(parts) + [1] * (3 - k))
-                axis_classes = tuple(list(chosen) + [None] * (3 - k))
-                blocks = math.prod(grid)
-                if blocks > config.max_blocks:
-                    continue
-                if config.griddims is not None and grid not in config.griddims:
-                    continue
-                for loop_class, frange in _loops(sizes, dict(zip(chosen, parts)), config):
-                    # a tile over the shared-memory budget on its own can never be loaded:
-                    # the tensor is left out of this shape (a later kernel that reads only
-                    # the small partials of an earlier one still has a shape)
-                    loaders = [ld for t in tensors
-                               if (ld := _loader(t, grid, axis_classes, frange, loop_class,
-                                                 config)) is not None
-                               and math.prod(ld.tile) * t.dtype.itemsize <= config.smem_bytes]
-                    if not _uses_grid(grid, loaders) or not loaders:
-                        continue
-                    if frange > 1 and all(ld.fdim == -1 for ld in loaders):
-                        continue
-                    if sum(math.prod(ld.tile) * ld.tensor.dtype.itemsize
-                           for ld in loaders) > config.smem_bytes:
-                        continue  # the inputs' tiles alone overflow shared memory
-                    ks = KernelShape(grid, axis_classes, frange, loop_class,  # type: ignore
-                                     tuple(loaders))
-                    shapes.append((_score(ks, config), n, ks))
-                    n += 1
+    for grid, axis_classes in _grids(sizes, config, keep):
+        if math.prod(grid) > config.max_blocks:
+            continue
+        if config.griddims is not None and grid not in config.griddims:
+            continue
+        cuts = {c: g for c, g in zip(axis_classes, grid) if c is not None}
+        for loop_class, frange in _loops(sizes, cuts, config):
+            # a tile over the shared-memory budget on its own can never be loaded:
+            # the tensor is left out of this shape (a later kernel that reads only
+            # the small partials of an earlier one still has a shape)
+            loaders = [ld for t in tensors
+                       if (ld := _loader(t, grid, axis_classes, frange, loop_class,
+                                         config)) is not None
+                       and math.prod(ld.tile) * t.dtype.itemsize <= config.smem_bytes]
+            if not _uses_grid(grid, loaders) or not loaders:
+                continue
+            if frange > 1 and all(ld.fdim == -1 for ld in loaders):
+                continue
+            if sum(math.prod(ld.tile) * ld.tensor.dtype.itemsize
+                   for ld in loaders) > config.smem_bytes:
+                continue  # the inputs' tiles alone overflow shared memory
+            ks = KernelShape(grid, axis_classes, frange, loop_class,  # type: ignore
+                             tuple(loaders))
+            shapes.append((_score(ks, config), n, ks))
+            n += 1
     shapes.sort(key=lambda s: (s[0], s[1]))
     per_structure: dict[Any, int] = {}
     for _, _, ks in shapes:
@@ -134,6 +131,34 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig) -> Iterator[
                 continue
         per_structure[key] = per_structure.get(key, 0) + 1
         yield ks
+
+
+def _grids(sizes: dict[Any, list[int]], config: SearchConfig, keep: KernelShape | None
+           ) -> Iterator[tuple[tuple[int, int, int], tuple[Any, Any, Any]]]:
+    """(grid, class per axis) choices: up to three classes, each cut by a ``grid_parts``
+    count, on the first axes; with ``keep``, any subset of ``keep``'s axes where they are."""
+    if keep is not None:
+        axes = [a for a in range(3) if keep.grid[a] > 1 and keep.axis_classes[a] in sizes]
+        for k in range(len(axes) + 1):
+            for chosen in itertools.combinations(axes, k):
+                yield (tuple(keep.grid[a] if a in chosen else 1 for a in range(3)),  # type: ignore
+                       tuple(keep.axis_classes[a] if a in chosen else None for a in range(3)))
+        return
+    classes = sorted(sizes, key=repr)
+    options = {c: grid_parts(config, sizes[c]) for c in classes}
+    for k in range(0, 4):
+        for chosen in itertools.combinations(classes, k):
+            for parts in itertools.product(*(options[c] for c in chosen)):
+                yield (tuple(list(parts) + [1] * (3 - k)),  # type: ignore[misc]
+                       tuple(list(chosen) + [None] * (3 - k)))
+
+
+def keeps_grid(b: KernelShape, a: KernelShape) -> bool:
+    """Whether each grid axis of ``b`` either keeps ``a``'s axis (same class, same count) or is
+    1: a kernel combining ``a``'s partials that the lowering can run in ``a``'s last block of
+    each group (``lower.fuse``)."""
+    return all(gb == 1 or (gb == ga and cb == ca)
+               for gb, cb, ga, ca in zip(b.grid, b.axis_classes, a.grid, a.axis_classes))
 
 
 def structure(ks: KernelShape, config: SearchConfig) -> tuple[Any, ...]:
