@@ -3,9 +3,9 @@
 States are *sets* of tiles: a new operator (or a for-loop accumulator) is applied to tiles at
 hand, its tile gets the e-class of its abstract expression, and the branch is cut unless that class
 is reachable in the target's e-graph. Two tiles of one class on one side of the loop, with the
-same dims and dimension classes, are the same tile, and a set of tiles already seen is not explored again, so no block graph is built twice in
-any order. A state is complete when every tile nobody consumes (a *sink*) lies after the loop;
-the sinks are the block graph's outputs.
+same dims and dimension classes, are the same tile, and a set of tiles already seen is not
+explored again, so no block graph is built twice in any order. A state is complete when every
+tile nobody consumes (a *sink*) lies after the loop; the sinks are the block graph's outputs.
 """
 
 from __future__ import annotations
@@ -117,9 +117,9 @@ class BlockSearch:
         tiles = []
         for i, ld in enumerate(self.shape.loaders):
             side = LOOP_SIDE if ld.fdim != -1 else INVARIANT
-            tiles.append(Tile((ld.tensor.key, side, ld.tile, ld.tile_classes), ld.tensor.cls, ld.tile,
-                              ld.tensor.dtype.itemsize, side, ld.tile_classes, "input", (),
-                              (("position", i),),
+            key = (ld.tensor.key, side, ld.tile, ld.tile_classes)
+            tiles.append(Tile(key, ld.tensor.cls, ld.tile, ld.tensor.dtype.itemsize, side,
+                              ld.tile_classes, "input", (), (("position", i),),
                               anchored=self.fresh is None or ld.tensor.ref >= self.fresh))
         return tiles
 
@@ -190,7 +190,8 @@ class BlockSearch:
         distances are lower bounds and pruning with them loses no block graph. None (no
         pruning) when there are more than ``_CLOSURE_MAX`` tiles or the search was stopped.
         Memoised."""
-        memo_key = ("dist", tuple((t.key, t.dcls, t.anchored) for t in inputs), self.shape.frange,
+        memo_key = ("dist", tuple((t.key, t.dcls, t.anchored) for t in inputs),
+                    self.shape.frange,
                     self.reduction_dimx(self.shape), self.goal, most)
         if memo_key in self.memo:
             return self.memo[memo_key]
@@ -437,8 +438,8 @@ class BlockSearch:
             self.counters.pruned_oracle += 1
             return None
         dcls = t.dcls if dims == t.dims else (*t.dcls[:-1], None)
-        return Tile((ident, EPILOGUE, dims, dcls), cls, dims, t.itemsize, EPILOGUE, dcls, "accum", (i,),
-                    (("acc", acc.name),))
+        return Tile((ident, EPILOGUE, dims, dcls), cls, dims, t.itemsize, EPILOGUE, dcls, "accum",
+                    (i,), (("acc", acc.name),))
 
     def _dimx(self, t: Tile) -> int:
         return self.reduction_dimx(self.shape)

@@ -172,8 +172,8 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     only partial results; its second kernel only combines them (``_Run.finals`` with ``after``).
     It runs right after the one-kernel tasks of ``k + SPLIT_LAG`` operators for the split shapes
     whose blocks walk their piece with the loop (``Context.early_splits``); the others follow the
-    one-kernel tasks. Library operators and the other two-kernel plans follow. The list depends only on the payload (``ctx``, its
-    context, is built when not given).
+    one-kernel tasks. Library operators and the other two-kernel plans follow. The list depends
+    only on the payload (``ctx``, its context, is built when not given).
     """
     ctx = ctx or context(payload)
     most = payload.config.max_block_ops
