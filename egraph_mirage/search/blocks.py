@@ -81,9 +81,10 @@ class BlockSearch:
     #: per tile key, the fewest operators from it to a tile of class ``goal`` (when set)
     _dist: dict[Any, int] | None = None
     #: tensors from this position on (``DTensor.ref``) are the previous kernel's outputs; when
-    #: set, every binary operator takes at least one operand made from them (a kernel that
-    #: combines partial results may still normalise an input, but pairs of the other tensors
-    #: alone, a matmul of two inputs, belong in the kernel that made the partials)
+    #: set, every operator takes at least one operand made from them: a kernel that combines
+    #: partial results may still accumulate another tensor (the rms of an input's rows), but
+    #: what it would compute from the other tensors alone belongs in the kernel that made the
+    #: partials
     fresh: int | None = None
 
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
@@ -200,10 +201,14 @@ class BlockSearch:
         users: dict[Any, set[Any]] = {}  # tile key -> keys of tiles made from it
         pairing = Pairing(closed, self.reach, self._candidates, self.memo)
         levels = [0] * len(closed)
+        first = next((i for i, t in enumerate(closed) if t.anchored), len(closed))
         k = 0
         while (k < len(closed) and levels[k] < most and len(closed) <= _CLOSURE_MAX
                and not self.stop()):
-            for t in self._moves_with(closed, k, pairing.combos(k)):
+            # a tile with no tile of the previous kernel's at or before it pairs with nothing
+            # (``fresh``): only its accumulators are new
+            combos = () if k < first else pairing.combos(k)
+            for t in self._moves_with(closed, k, combos):
                 if t.key not in index:  # operands come before k: its level is k's + 1
                     index[t.key] = len(closed)
                     closed.append(t)
@@ -252,7 +257,7 @@ class BlockSearch:
         for args in combos:
             operands = [tiles[i] for i in args]
             anchored = any(o.anchored for o in operands)
-            if len(operands) == 2 and not anchored:
+            if not anchored:
                 continue
             if self.shape.frange == 1 and any(_identity(o) for o in operands):
                 continue  # f(acc(x)) is acc(f(x)) and f(acc(x), y) is f(x, y): one form each

@@ -179,7 +179,7 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     most = payload.config.max_block_ops
     two = payload.config.max_kernels >= 2
     shallow = min(SHALLOW, most)
-    sizes = range(SPLIT_MIN, shallow + 1) if two else range(0)
+    sizes = range(SPLIT_MIN, most + 1) if two else range(0)
     early = ctx.early_splits
     late = [i for i in ctx.split_shapes if i not in set(early)]
     tasks = []
@@ -222,7 +222,7 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None,
         # a split task takes the first kernels that write only partial results; the
         # intermediate task of a split shape, over the same sizes, all the others
         partials = (True if task.kind == SPLIT else
-                    False if task.index in ctx.split_set and task.ops[1] <= SHALLOW else None)
+                    False if task.index in ctx.split_set else None)
         combine = (1, min(SPLIT_COMBINE, payload.config.max_block_ops)) if partials else None
         for tensors, steps in run.intermediates(ctx.first_shapes[task.index], inputs, [],
                                                 task.ops, partials):

@@ -92,8 +92,9 @@ def _loader(t: DTensor, grid: tuple[int, int, int], axis_classes: Sequence[Any],
 def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
                   keep: KernelShape | None = None) -> Iterator[KernelShape]:
     """Every kernel shape over ``tensors``, best-first by the ``target_blocks`` heuristic.
-    ``keep``: only the shapes whose every grid axis is ``keep``'s (same class, same count, same
-    position) or 1 (``keeps_grid``)."""
+    ``keep``: only the shapes of a kernel that combines the partial results of a kernel of shape
+    ``keep``: each grid axis is ``keep``'s (same class, same count, same position) or 1
+    (``keeps_grid``), and the loop, if any, walks the pieces."""
     sizes = _class_sizes(tensors)
     shapes: list[tuple[float, int, KernelShape]] = []
     n = 0
@@ -104,6 +105,8 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
             continue
         cuts = {c: g for c, g in zip(axis_classes, grid) if c is not None}
         for loop_class, frange in _loops(sizes, cuts, config):
+            if keep is not None and not _walks_pieces(loop_class, frange, sizes):
+                continue
             # a tile over the shared-memory budget on its own can never be loaded:
             # the tensor is left out of this shape (a later kernel that reads only
             # the small partials of an earlier one still has a shape)
@@ -151,6 +154,15 @@ def _grids(sizes: dict[Any, list[int]], config: SearchConfig, keep: KernelShape 
             for parts in itertools.product(*(options[c] for c in chosen)):
                 yield (tuple(list(parts) + [1] * (3 - k)),  # type: ignore[misc]
                        tuple(list(chosen) + [None] * (3 - k)))
+
+
+def _walks_pieces(loop_class: Any, frange: int, sizes: dict[Any, list[int]]) -> bool:
+    """Whether a loop (or none) walks the pieces of an earlier kernel's split: along the
+    dimension the partial results were written side by side, or along the split class itself in
+    as many steps as there are pieces."""
+    if frange == 1 or split_of(loop_class) is not None:
+        return True
+    return any(split_of(c) == (loop_class, frange) for c in sizes)
 
 
 def keeps_grid(b: KernelShape, a: KernelShape) -> bool:
