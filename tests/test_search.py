@@ -169,9 +169,9 @@ def test_split_tasks_come_between_the_one_kernel_sizes(rmsnorm):
     assert names == [t.name for t in list_tasks(prepare(rmsnorm, SearchConfig()))]  # same order
     kinds = [t.kind for t in tasks]
     first_split = kinds.index(SPLIT_TASK)
-    # split tasks run right after the one-kernel tasks of k + SPLIT_LAG operators (the first
-    # SPLIT_EARLY split shapes), the others after the last one-kernel task: before the library
-    # operators and the other two-kernel plans
+    # split tasks run right after the one-kernel tasks of k + SPLIT_LAG operators (the split
+    # shapes whose blocks walk their piece with the loop), the others after the last one-kernel
+    # task: before the library operators and the other two-kernel plans
     assert tasks[first_split - 1].kind == FINAL
     assert tasks[first_split - 1].ops[0] >= min(tasks[first_split].ops[0] + SPLIT_LAG,
                                                 payload.config.max_block_ops)

@@ -181,7 +181,7 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     shallow = min(SHALLOW, most)
     sizes = range(SPLIT_MIN, most + 1) if two else range(0)
     early = ctx.early_splits
-    late = [i for i in ctx.split_shapes if i not in set(early)]
+    late = sorted(ctx.split_set - frozenset(early))
     tasks = []
     for k in range(1, most + SPLIT_LAG + 1):
         if k <= most:

@@ -1,0 +1,116 @@
+"""Split forms: the search finds split-KV attention with a combine the lowering fuses into the
+split kernel's last block, early in task order.
+
+Three things had kept those forms out of reach, each tested here: two tiles with one abstract
+expression but different dimension classes were taken for one (``V @ E`` and ``E @ V`` of square
+tiles), a grid axis that leaves each block one index of a class lost that class in the partial
+results it wrote, and a combine that reads only the partial results was pruned because the
+program's inputs, loaded beside them, were unused.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import egraph_mirage as em
+from egraph_mirage.lower import fuse
+from egraph_mirage.ops import OPS
+from egraph_mirage.search import SearchConfig
+from egraph_mirage.search import dims as dims_mod
+from egraph_mirage.search.driver import prepare
+from egraph_mirage.search.tasks import SPLIT, Context, list_tasks, run_task
+from egraph_mirage.search.tiling import keeps_grid, kernel_shapes, split_of
+
+#: split tasks of 5 operators a small search may run before the test gives up
+MAX_TASKS = 30
+
+
+def _fused_split(g: em.KernelGraph) -> bool:
+    """Two graph-defined kernels, the second combining the first's partial results in a way the
+    lowering runs inside the first (``lower.fuse.plan``)."""
+    kernels = [t for t in g.operators if t.op == "customized" and t.params["output"] == 0]
+    return len(kernels) == 2 and bool(fuse.plan(g))
+
+
+def _first_kernel_ops(g: em.KernelGraph) -> list[str]:
+    first = next(t for t in g.operators if t.op == "customized")
+    return [b.op for b in first.params["kernel"].tb.tensors]
+
+
+def test_split_kv_attention_is_discovered_with_a_fusable_combine() -> None:
+    """The split tasks of 5 operators (kernel 1: exp(Q K) V and the row sums of exp(Q K) over
+    its piece of the keys; kernel 2 adds the pieces and divides) of gqa at small shapes, in task
+    order: one of the first ``MAX_TASKS`` finds split-KV attention with a fusable combine."""
+    g = em.benchmarks.get("gqa", small=True)
+    payload = prepare(g, SearchConfig())
+    ctx = Context(payload)
+    tasks = [t for t in list_tasks(payload, ctx) if t.kind == SPLIT and t.ops == (5, 5)]
+    for task in tasks[:MAX_TASKS]:
+        found = [em.loads(f[0]) for f in run_task(payload, task, ctx=ctx).found]
+        split = [h for h in found if _fused_split(h) and "exp" in _first_kernel_ops(h)
+                 and _first_kernel_ops(h).count("matmul") == 2]
+        if split:
+            assert em.verify(g, split[0], tests=4, seed=5).equivalent
+            assert em.check_numerics(split[0], g) < 1e-6
+            return
+    pytest.fail(f"no split-KV form in the first {MAX_TASKS} split tasks of 5 operators")
+
+
+def test_a_combine_keeps_the_split_kernels_grid_and_walks_its_pieces() -> None:
+    g = em.benchmarks.get("gqa", small=True)
+    payload = prepare(g, SearchConfig())
+    ctx = Context(payload)
+    task = next(t for t in list_tasks(payload, ctx) if t.kind == SPLIT and t.ops == (5, 5))
+    first = ctx.first_shapes[task.index]
+    res = run_task(payload, task, ctx=ctx)
+    assert res.counts["states"] > 0
+    # the shapes a combine may take over the split kernel's outputs
+    from egraph_mirage.search.tasks import _Run
+
+    run = _Run(ctx, None)
+    seen = 0
+    for tensors, _ in itertools.islice(run.intermediates(first, list(payload.inputs), [],
+                                                         task.ops, True), 20):
+        for shape in kernel_shapes(tensors, payload.config, keep=first):
+            seen += 1
+            assert keeps_grid(shape, first)
+            assert shape.frange == 1 or split_of(shape.loop_class) is not None or any(
+                split_of(c) == (shape.loop_class, shape.frange)
+                for t in tensors for c in t.dcls)
+    assert seen
+
+
+#: operand dims probed at full size and shrunk (sizes above ``dims.SMALL`` replaced)
+_DIMS = [[(1, 64, 64), (1, 64, 64)], [(2, 96, 64), (2, 64, 128)], [(1, 64, 1), (1, 64, 64)],
+         [(64, 128)], [(1, 32, 128)], [(8, 64), (64, 96)], [(128,), (128,)], [(16, 96), (96,)]]
+
+
+def _params(spec, dims):
+    if "dim" in spec.params:
+        return [{"dim": d} for d in range(len(dims[0]))]
+    if "scalar" in spec.params:
+        return [{"scalar": 2.0}]
+    if "normalized_shape" in spec.params:
+        return [{"normalized_shape": (dims[0][-1],)}]
+    return [{}] if not spec.params else []
+
+
+def test_links_are_probed_the_same_at_small_sizes() -> None:
+    probed = 0
+    for name, spec in OPS.items():
+        for dims in _DIMS:
+            if not spec.num_inputs[0] <= len(dims) <= spec.num_inputs[1]:
+                continue
+            for params in _params(spec, dims):
+                try:
+                    spec.shape(name, [list(d) for d in dims], params)
+                except em.EMError:
+                    continue
+                small, small_params = dims_mod._shrunk(list(dims), params)
+                assert all(s <= dims_mod.SMALL + 4 for d in small for s in d)
+                assert (dims_mod._probe(name, small, small_params)
+                        == dims_mod._probe(name, list(dims), params)), (name, dims, params)
+                probed += 1
+    assert probed > 50
