@@ -93,8 +93,9 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
                   keep: KernelShape | None = None) -> Iterator[KernelShape]:
     """Every kernel shape over ``tensors``, best-first by the ``target_blocks`` heuristic.
     ``keep``: only the shapes of a kernel that combines the partial results of a kernel of shape
-    ``keep``: each grid axis is ``keep``'s (same class, same count, same position) or 1
-    (``keeps_grid``), and the loop, if any, walks the pieces."""
+    ``keep``: each grid axis is ``keep``'s (same class, same count, same position) or 1, so
+    the lowering can run it in ``keep``'s last block of each group (``lower.fuse``), and the
+    loop, if any, walks the pieces."""
     sizes = _class_sizes(tensors)
     shapes: list[tuple[float, int, KernelShape]] = []
     n = 0
@@ -163,14 +164,6 @@ def _walks_pieces(loop_class: Any, frange: int, sizes: dict[Any, list[int]]) -> 
     if frange == 1 or split_of(loop_class) is not None:
         return True
     return any(split_of(c) == (loop_class, frange) for c in sizes)
-
-
-def keeps_grid(b: KernelShape, a: KernelShape) -> bool:
-    """Whether each grid axis of ``b`` either keeps ``a``'s axis (same class, same count) or is
-    1: a kernel combining ``a``'s partials that the lowering can run in ``a``'s last block of
-    each group (``lower.fuse``)."""
-    return all(gb == 1 or (gb == ga and cb == ca)
-               for gb, cb, ga, ca in zip(b.grid, b.axis_classes, a.grid, a.axis_classes))
 
 
 def structure(ks: KernelShape, config: SearchConfig) -> tuple[Any, ...]:
