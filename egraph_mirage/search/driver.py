@@ -92,8 +92,7 @@ def _prepare(g: KernelGraph, config: SearchConfig, seed: int, rules: RulePaths |
     for i, (t, dcls) in enumerate(zip(g.inputs, classes)):
         cls = reach.classify(abstract_term(t))
         inputs.append(DTensor(i, t.dims, t.dtype, cls, dcls, cls if cls is not None else ("v", i)))
-    scalars = sorted({float(t.params["scalar"]) for t in g.operators if "scalar" in t.params}
-                     | set(config.scalars))
+    scalars = sorted(program_scalars(g) | set(config.scalars))
     # the generated prelude (from the op table) is part of the rules the e-graph was built with
     digest = rules_digest(oracle.rule_paths, oracle.prelude)
     payload = Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0],
@@ -326,6 +325,14 @@ STAGES: tuple[tuple[str, Callable[[Run], None]], ...] = (
     ("rank", _stage_rank),
     ("profile", _stage_profile),
 )
+
+
+def program_scalars(g: KernelGraph) -> set[float]:
+    """The constants of ``g``'s operators, which ``add_scalar`` and ``mul_scalar`` may use in a
+    block: every ``scalar`` and every other float parameter (``rms_norm``'s ``eps``, so that
+    ``sqrt(mean(x * x) + eps)`` can be built from an accumulated mean)."""
+    return {float(v) for t in g.operators for k, v in t.params.items()
+            if k == "scalar" or (isinstance(v, float) and math.isfinite(v))}
 
 
 def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
