@@ -138,5 +138,21 @@ def test_speedups_and_the_table() -> None:
                                 "25.0", "(WRONG)", "0.75×", "/", "0.80×", "1/7", "5.0e-01",
                                 "WRONG"]
     assert lines[3] == "µs: plain launches / CUDA-graph replay"
-    assert lines[4] == "hf b=8 compile: RuntimeError: boom"
-    assert len({len(line) for line in lines[:3]}) == 1  # aligned
+
+
+def test_the_backend_over_max_autotune_is_compared_with_the_modes_that_are_not_ours() -> None:
+    """``egraph_mirage-max-autotune`` (the rest by Inductor's max-autotune) is measured against
+    the fastest mode that is not the backend's, never against the backend's other row."""
+    rows = [_row("eager", 20.0, 10.0, max_error=0.0), _row("compile", 16.0, 8.0),
+            _row("max-autotune", 15.0, 7.5),
+            _row("egraph_mirage", 10.0, 6.0, pieces=4, replaced=2),
+            _row("egraph_mirage-max-autotune", 14.0, 7.5, pieces=4, replaced=0,
+                 max_error=4e-3)]
+    tb._speedups(rows)
+    assert rows[-1]["speedup_vs_best"] == pytest.approx(15 / 14)
+    assert rows[-1]["speedup_vs_best_graph"] == pytest.approx(1.0)
+    head, line = tb.format_table(rows).splitlines()[:2]
+    assert head.split()[-9:] == ["ours", "vs", "best", "ours-max-autotune", "vs", "best",
+                                 "replaced", "ours", "error"]
+    assert line.split()[-9:] == ["1.50×", "/", "1.25×", "1.07×", "/", "1.00×", "2/4", "0/4",
+                                 "4.0e-03"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 
 import pytest
 from search_space import TINY
@@ -13,6 +14,7 @@ import egraph_mirage as em
 from egraph_mirage.bench import reference
 from egraph_mirage.cli import main
 from egraph_mirage.search import superoptimize
+from egraph_mirage.search.progress import BAR, OFF, mode
 
 LOG_LINE = re.compile(r"^\[\s*\d+\.\d s\] tasks (\d+)/(\d+) \| states ")
 
@@ -29,6 +31,25 @@ def test_off_a_terminal_progress_is_a_log(rmsnorm, capsys) -> None:
     assert len(found) == len(results) > 0
     best = min(r.estimated_seconds for r in results)
     assert f"best 1 kernel(s) ~{best * 1e6:.1f} µs" in err.splitlines()[-1]
+
+
+class ZMQInteractiveShell:
+    """What ``IPython.get_ipython()`` returns in a Jupyter kernel (by its class name)."""
+
+
+def test_in_a_notebook_progress_is_a_tqdm_bar(rmsnorm, capsys, monkeypatch) -> None:
+    """In a Jupyter kernel: a tqdm bar over the tasks (tqdm's text bar where ipywidgets is
+    missing), the status in its postfix; no log lines."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "IPython",
+                        types.SimpleNamespace(get_ipython=ZMQInteractiveShell))
+    assert mode(None) == BAR and mode(False) == OFF
+    results = superoptimize(rmsnorm, TINY, workers=1, max_tasks=20)
+    err = capsys.readouterr().err
+    total = results.stats.tasks_total
+    assert re.search(rf"search: .*\| 20/{total} \[.*task.*found {len(results)}", err), err[-2000:]
+    assert not any(LOG_LINE.match(line) for line in err.splitlines())
 
 
 def test_a_long_interval_logs_less(rmsnorm, capsys) -> None:

@@ -198,7 +198,7 @@ class Backend:
             LOG.warning("egraph-mirage: %s", report.note)
             return _rest(gm, example_inputs, self.options.rest, mode)
         for i, piece in enumerate(parts.pieces):
-            piece_report, replacement = self._piece(i, piece)
+            piece_report, replacement = self._piece(i, piece, mode)
             report.pieces.append(piece_report)
             if replacement is not None:
                 setattr(parts.module, piece.name, replacement)
@@ -206,8 +206,11 @@ class Backend:
         report.left_out = dict(parts.left_out)
         return _rest(parts.module, example_inputs, self.options.rest, mode)
 
-    def _piece(self, index: int, piece: Piece) -> tuple[rep.PieceReport, Any]:
-        """The piece's report, and its replacement module (None: it stays)."""
+    def _piece(self, index: int, piece: Piece, mode: str | None = None
+               ) -> tuple[rep.PieceReport, Any]:
+        """The piece's report, and its replacement module (None: it stays). ``mode``:
+        ``torch.compile``'s, which Inductor's code for the piece is compiled with when the
+        winner is timed against it (part of the cache key when timing)."""
         out = rep.PieceReport(index, piece.name)
         try:
             traced = trace_fx(piece.module, piece.example_inputs)
@@ -218,12 +221,15 @@ class Backend:
         out.operators = tuple(t.op for t in g.operators)
         out.shapes = tuple(tuple(t.dims) for t in g.inputs)
         out.dtypes = tuple(t.dtype.value for t in g.inputs)
-        key = CacheKey.of(g, search=self.options.search_settings())
+        settings = self.options.search_settings()
+        if self.options.profiling():
+            settings["inductor_mode"] = mode or "default"
+        key = CacheKey.of(g, search=settings)
         record = self.cache.get(key) if self.cache is not None else None
         out.cache = "off" if self.cache is None else ("miss" if record is None else "hit")
         runner = None
         if record is None:
-            record, runner, lasting = self._decide(piece, traced, out)
+            record, runner, lasting = self._decide(piece, traced, out, mode)
             if self.cache is not None and lasting:
                 self.cache.put(key, record)
         _fill(out, record)
@@ -237,8 +243,8 @@ class Backend:
                 return out, None
         return out, PieceCall(define_piece_op(runner, traced, piece.name))
 
-    def _decide(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport
-                ) -> tuple[dict[str, Any], Runner | None, bool]:
+    def _decide(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport,
+                mode: str | None = None) -> tuple[dict[str, Any], Runner | None, bool]:
         """Search, compile, check and (on a GPU) time. Returns the record, the compiled runner
         when the decision is to replace, and whether the record may be cached (not when the
         piece was refused before any search, nor after an unexpected failure)."""
@@ -286,7 +292,7 @@ class Backend:
         record["decision"] = "replace"
         if o.profiling() and torch.cuda.is_available():
             try:
-                ours, theirs = _time_against_inductor(runner, piece)
+                ours, theirs = _time_against_inductor(runner, piece, mode)
             except Exception as e:
                 record.update(decision="keep", reason=f"timing failed: {type(e).__name__}: {e}")
                 LOG.warning("egraph-mirage: %s: %s", piece.name, record["reason"])
@@ -433,8 +439,11 @@ def _tolerance(g: KernelGraph) -> float:
     return tolerance(g)
 
 
-def _time_against_inductor(runner: Runner, piece: Piece) -> tuple[float, float]:
-    """(ours, Inductor's) µs per call on the piece's example inputs, CUDA-graph replay."""
+def _time_against_inductor(runner: Runner, piece: Piece, mode: str | None = None
+                           ) -> tuple[float, float]:
+    """(ours, Inductor's) µs per call on the piece's example inputs, CUDA-graph replay;
+    Inductor compiles the piece in ``torch.compile``'s ``mode``."""
+    from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
     from ..gpu.timing import CudaTimer, TimingConfig
@@ -444,7 +453,8 @@ def _time_against_inductor(runner: Runner, piece: Piece) -> tuple[float, float]:
     # outside Dynamo's tracing context: compiling the piece must not add guards (on symbols
     # of its own) to the shape environment of the graph being compiled
     with torch._guards.tracing(None):
-        theirs = compile_fx(piece.module, xs)
+        theirs = compile_fx(piece.module, xs, config_patches=dict(
+            list_mode_options(mode)) if mode not in (None, "default") else None)
 
     def time_us(fn: Callable[..., Any]) -> float:
         try:

@@ -86,6 +86,9 @@ class BlockSearch:
     #: what it would compute from the other tensors alone belongs in the kernel that made the
     #: partials
     fresh: int | None = None
+    #: wraps the first moves of each walk (``tasks.Units``: a task resumed where it was cut;
+    #: the moves it passes over are left out of the walks after them)
+    first: Any = None
 
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
@@ -138,7 +141,8 @@ class BlockSearch:
             return
         keys = {t.key for t in tiles}
         budget = self.config.smem_bytes
-        for new in moves:
+        units = self.first if ops == 0 else None
+        for new in units(moves) if units is not None else moves:
             if new.key in keys:
                 continue
             size = smem + _bytes(new)
@@ -158,6 +162,9 @@ class BlockSearch:
                 continue
             # moves stay valid as tiles are added; only those using the new tile are new
             child = [t for t in moves if t.key != new.key]
+            if units is not None and units.passed:  # first moves done in an earlier run
+                done = {t.key for t in units.passed}
+                child = [t for t in child if t.key not in done]
             child.extend(self._useful(self._moves_with(nxt, len(nxt) - 1)))
             yield from self._dfs(nxt, used, ops + 1, seen, child, size)
 

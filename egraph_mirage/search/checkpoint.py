@@ -1,6 +1,8 @@
 """Checkpoint files: a search's finished tasks and their results, written as they arrive.
 
-The file is JSON, rewritten atomically after every finished task. It records a fingerprint of
+The file is JSON, rewritten atomically after every finished task and every task cut short by
+the time budget: such a task is kept with its results so far and its progress (the units it
+finished, ``tasks.Units``), and a rerun resumes it from there. It records a fingerprint of
 the program, the configuration, the seed and the rules (a digest of the rule files' contents, in
 loading order); a rerun with a different program, configuration, seed or rules, or a file that is
 not a checkpoint, is a ``SearchError`` naming the file.
@@ -30,9 +32,9 @@ from .config import SearchError
 from .tasks import Context, Payload, TaskResult
 
 FORMAT = "egraph-mirage-checkpoint"
-#: 4: the fingerprint covers the rules; 3: split two-kernel tasks between the one-kernel sizes;
-#: 2: one size per task
-VERSION = 4
+#: 5: tasks cut short are kept with their progress; 4: the fingerprint covers the rules;
+#: 3: split two-kernel tasks between the one-kernel sizes; 2: one size per task
+VERSION = 5
 
 
 class CheckpointWarning(UserWarning):
@@ -50,6 +52,8 @@ class Checkpoint:
     path: Path
     fingerprint: str
     done: dict[str, TaskResult] = field(default_factory=dict)
+    #: tasks cut short by a time budget: their results so far and ``progress``
+    partial: dict[str, TaskResult] = field(default_factory=dict)
 
     @classmethod
     def open(cls, path: Any, payload: Payload, seed: int) -> Checkpoint:
@@ -75,29 +79,49 @@ class Checkpoint:
                               "seed or rule set; use a new file")
         try:
             for entry in data["tasks"]:
-                res = TaskResult(str(entry["task"]),
-                                 [tuple(f) for f in entry["found"]],  # type: ignore[misc]
-                                 {str(k): int(v) for k, v in entry["counts"].items()},
-                                 {str(k): float(v) for k, v in entry["seconds"].items()})
-                for f in res.found:
-                    if len(f) != 7 or not isinstance(f[0], str):
-                        raise ValueError("bad result entry")
+                res = _entry(entry)
                 ck.done[res.task] = res
+            for entry in data["partial"]:
+                res = _entry(entry)
+                res.stopped, res.progress = True, int(entry["progress"])
+                if res.progress < 0 or res.task in ck.done:
+                    raise ValueError(f"bad progress entry for task {res.task!r}")
+                ck.partial[res.task] = res
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise SearchError(f"{p}: corrupt checkpoint ({exc})") from None
         return ck
 
     def record(self, res: TaskResult) -> None:
-        self.done[res.task] = res
+        """A task finished, or (``res.stopped``) cut short: its results join those of its
+        earlier cut runs."""
+        earlier = self.partial.pop(res.task, None)
+        if earlier is not None:
+            texts = {f[0] for f in earlier.found}
+            res.found = [*earlier.found, *(f for f in res.found if f[0] not in texts)]
+        (self.partial if res.stopped else self.done)[res.task] = res
         self.save()
 
     def save(self) -> None:
-        """Write the finished tasks and their results (atomically)."""
+        """Write the finished tasks, those cut short, and their results (atomically)."""
+        def entry(r: TaskResult) -> dict[str, Any]:
+            return {"task": r.task, "found": [list(f) for f in r.found], "counts": r.counts,
+                    "seconds": r.seconds}
+
         data = {"format": FORMAT, "version": VERSION, "fingerprint": self.fingerprint,
-                "tasks": [{"task": r.task, "found": [list(f) for f in r.found],
-                           "counts": r.counts, "seconds": r.seconds}
-                          for r in self.done.values()]}
+                "tasks": [entry(r) for r in self.done.values()],
+                "partial": [{**entry(r), "progress": r.progress} for r in self.partial.values()]}
         write_atomic(self.path, json.dumps(data))
+
+
+def _entry(entry: Any) -> TaskResult:
+    res = TaskResult(str(entry["task"]),
+                     [tuple(f) for f in entry["found"]],  # type: ignore[misc]
+                     {str(k): int(v) for k, v in entry["counts"].items()},
+                     {str(k): float(v) for k, v in entry["seconds"].items()})
+    for f in res.found:
+        if len(f) != 7 or not isinstance(f[0], str):
+            raise ValueError("bad result entry")
+    return res
 
 
 def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
@@ -105,7 +129,8 @@ def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
     finite-field test against the program (``ctx.verifier``) and the float check
     (``verify.check_numerics`` within the configuration's ``numeric_tolerance``). The figures
     of a result that passes are computed afresh (kernels, estimated time, the verifier's bound).
-    A task with a result that fails leaves ``ck.done`` (it is searched again) and the file is
+    A task with a result that fails leaves ``ck.done`` or ``ck.partial`` (it is searched again
+    from its start) and the file is
     rewritten without it; each dropped result is described in the returned messages, which
     are also issued as ``CheckpointWarning``s."""
     from ..rank.cost_model import ProgramCost
@@ -113,7 +138,8 @@ def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
 
     tolerance = ctx.payload.config.numeric_tolerance
     messages: list[str] = []
-    for name, res in list(ck.done.items()):
+    for name, res, held in [*((n, r, ck.done) for n, r in ck.done.items()),
+                            *((n, r, ck.partial) for n, r in ck.partial.items())]:
         fresh = []
         for text, *_, secs in res.found:
             try:
@@ -139,7 +165,7 @@ def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
             fresh.append((text, cost.launches(g), cost.seconds(g), verdict.bound, verdict.tests,
                           err, secs))
         if len(fresh) < len(res.found):
-            del ck.done[name]  # searched again: its other results come back with it
+            del held[name]  # searched again from its start: its other results come back
         else:
             res.found = fresh
     for m in messages:

@@ -167,10 +167,12 @@ def report(results: SearchResults, out: Path, args: argparse.Namespace) -> int:
           f"{st.pruned_by_oracle:,} pruned by the e-graph, {st.pruned_otherwise:,} otherwise; "
           f"{st.candidates_verified} candidates verified, {st.candidates_rejected} rejected; "
           f"{st.tasks_done}/{st.tasks_total} tasks{stopped}")
-    if st.resumed_tasks or st.dropped_results:
+    if st.resumed_tasks or st.resumed_partial or st.dropped_results:
         dropped = (f", {st.dropped_results} dropped: they failed verification again"
                    if st.dropped_results else "")
-        print(f"resumed {st.resumed_tasks} task(s) from {out / 'search.ckpt'} "
+        cut = (f" and {st.resumed_partial} cut short, resumed where they stopped"
+               if st.resumed_partial else "")
+        print(f"resumed {st.resumed_tasks} task(s){cut} from {out / 'search.ckpt'} "
               f"({st.resumed_results} result(s), verified again{dropped})")
     secs = ", ".join(f"{k} {v:.1f} s" for k, v in st.seconds.items())
     print(f"seconds: {secs}")

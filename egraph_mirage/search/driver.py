@@ -180,18 +180,20 @@ def _stage_search(run: Run) -> None:
     o, stats, payload, ck = run.options, run.stats, run.payload, run.checkpoint
     assert payload is not None and run.ctx is not None
     report = Progress(mode(o["progress"]), o["progress_interval"], run.t_start)
-    if ck is not None and ck.done:
-        stored = sum(len(r.found) for r in ck.done.values())
+    if ck is not None and (ck.done or ck.partial):
+        stored = sum(len(r.found) for r in [*ck.done.values(), *ck.partial.values()])
         if stored:
             report.verifying(ck.path, stored)
         stats.dropped_results = len(verify_stored(ck, run.ctx))
     done: dict[str, TaskResult] = dict(ck.done) if ck else {}
-    stats.resumed_tasks = len(done)
-    stats.resumed_results = sum(len(r.found) for r in done.values())
-    if ck is not None and (done or stats.dropped_results):
+    cut: dict[str, TaskResult] = dict(ck.partial) if ck else {}  # resumed where they stopped
+    stats.resumed_tasks, stats.resumed_partial = len(done), len(cut)
+    stats.resumed_results = sum(len(r.found) for r in [*done.values(), *cut.values()])
+    if ck is not None and (done or cut or stats.dropped_results):
         report.resumed(ck.path, len(done), len(run.tasks), stats.resumed_results,
-                       stats.dropped_results)
+                       stats.dropped_results, len(cut))
     todo = [t for t in run.tasks[:o["max_tasks"]] if t.name not in done]
+    skip = {name: r.progress for name, r in cut.items()}
     deadline = run.deadline
     results = run.results
     enough = [False]  # set once max_results are found
@@ -206,8 +208,8 @@ def _stage_search(run: Run) -> None:
 
     def record(res: TaskResult, fresh: bool) -> list[SearchResult]:
         new = []
-        if fresh and ck is not None and not res.stopped:
-            ck.record(res)
+        if fresh and ck is not None:
+            ck.record(res)  # a task cut short is kept with its progress
         stats.add(res.counts)
         if not res.stopped:  # a task cut short by the time budget is not done
             stats.tasks_done += 1
@@ -228,7 +230,7 @@ def _stage_search(run: Run) -> None:
             enough[0] = True
         return new
 
-    for res in done.values():
+    for res in [*done.values(), *cut.values()]:
         absorb(res, fresh=False)
     workers = _workers(o["workers"])
     t_search = time.perf_counter()
@@ -244,7 +246,8 @@ def _stage_search(run: Run) -> None:
             for task in todo:
                 if enough[0] or (deadline is not None and time.time() > deadline):
                     break
-                absorb(run_task(payload, task, deadline, run.ctx), fresh=True)
+                absorb(run_task(payload, task, deadline, run.ctx, skip.get(task.name, 0)),
+                       fresh=True)
             complete = True
         else:
             executor = pool.worker_pool(workers) if isinstance(workers, int) else workers
@@ -252,7 +255,8 @@ def _stage_search(run: Run) -> None:
                            f"{workers} worker processes" if owned else type(executor).__name__)
             # threads of this process share its context; other processes build their own
             shared = run.ctx if isinstance(executor, cf.ThreadPoolExecutor) else None
-            futures = [executor.submit(run_task, payload, task, deadline, shared)
+            futures = [executor.submit(run_task, payload, task, deadline, shared,
+                                       skip.get(task.name, 0))
                        for task in todo]
             complete = _collect(futures, deadline, absorb, enough, report,
                                 lambda: report.update(stats, results, idle=True))

@@ -1,8 +1,10 @@
 """How a running search reports itself on stderr (``superoptimize(progress=...)``).
 
-On a terminal, one status line is rewritten in place after every finished task. Elsewhere (a
-log file, a pipe, a CI job) a line is appended every ``interval`` seconds, and one for each new
-result, each starting with the seconds since the search began::
+On a terminal, one status line is rewritten in place after every finished task. In a Jupyter
+notebook, a tqdm progress bar over the tasks (a widget where ``ipywidgets`` is installed, else
+tqdm's text bar), the status in its postfix. Elsewhere (a log file, a pipe, a CI job) a line is
+appended every ``interval`` seconds, and one for each new result, each starting with the seconds
+since the search began::
 
     [   12.4 s] tasks 30/292 | states 1,204 | pruned 20,311 by e-graph, 290 other | ...
     [   13.0 s] found result 1: 1 kernel(s), ~3.1 µs estimated
@@ -22,15 +24,35 @@ from .results import SearchResult, SearchStats
 #: seconds between two log lines when stderr is not a terminal
 LOG_INTERVAL_S = 5.0
 
-OFF, LINE, LOG = "off", "line", "log"
+OFF, LINE, LOG, BAR = "off", "line", "log", "bar"
 
 
 def mode(progress: bool | None) -> str:
-    """``progress=False``: nothing; otherwise the status line on a terminal, else the log."""
+    """``progress=False``: nothing; otherwise the status line on a terminal, the tqdm bar in a
+    notebook, else the log."""
     if progress is False:
         return OFF
+    if in_notebook():
+        return BAR
     isatty = getattr(sys.stderr, "isatty", None)
     return LINE if callable(isatty) and isatty() else LOG
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's ZMQ shell is running)."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _tqdm() -> Any:
+    """tqdm's notebook bar where ipywidgets is installed (it draws one), else its text bar."""
+    try:
+        import ipywidgets  # noqa: F401
+        from tqdm.notebook import tqdm
+    except ImportError:
+        from tqdm.std import tqdm
+    return tqdm
 
 
 class Progress:
@@ -40,6 +62,7 @@ class Progress:
         self.how, self.interval, self.t_start = how, interval, t_start
         self._last = -float("inf")
         self._line_open = False
+        self._bar: Any = None  # the tqdm bar (BAR), made when the search starts
 
     @property
     def on(self) -> bool:
@@ -55,8 +78,14 @@ class Progress:
         stream.flush()
 
     def _say(self, text: str) -> None:
-        """A line of its own, in either mode."""
+        """A line of its own, in any mode."""
         if self.how == OFF:
+            return
+        if self.how == BAR:
+            if self._bar is not None:
+                self._bar.write(text, file=sys.stderr)
+            else:
+                sys.stderr.write(text + "\n")
             return
         if self.how == LINE:
             self._end_line()
@@ -73,13 +102,18 @@ class Progress:
     def verifying(self, path: Any, results: int) -> None:
         self._say(f"verifying the {results} result(s) stored in {path} again")
 
-    def resumed(self, path: Any, tasks: int, total: int, results: int, dropped: int) -> None:
+    def resumed(self, path: Any, tasks: int, total: int, results: int, dropped: int,
+                cut: int = 0) -> None:
         note = f", {dropped} dropped (failed verification again)" if dropped else ""
-        self._say(f"resumed from {path}: {tasks} of {total} tasks done before, {results} "
+        part = f" ({cut} more cut short, resumed where they stopped)" if cut else ""
+        self._say(f"resumed from {path}: {tasks} of {total} tasks done before{part}, {results} "
                   f"stored result(s) verified again{note}")
 
     def started(self, todo: int, total: int, workers: str) -> None:
         self._say(f"searching {todo} of {total} tasks ({workers})")
+        if self.how == BAR and self._bar is None:
+            self._bar = _tqdm()(total=total, desc="search", unit="task", file=sys.stderr,
+                                dynamic_ncols=True)
 
     def found(self, result: SearchResult, count: int) -> None:
         if self.how == LOG:
@@ -93,6 +127,12 @@ class Progress:
         the log at most once a second)."""
         if self.how == OFF or (idle and self.how == LINE):
             return
+        if self.how == BAR:
+            if self._bar is not None and not idle:
+                self._bar.n = stats.tasks_done
+                self._bar.set_postfix_str(status(stats, results).split(" | ", 1)[1],
+                                          refresh=True)
+            return
         now = time.perf_counter()
         gap = max(self.interval, 1.0) if idle else self.interval
         if self.how == LOG and not force and now - self._last < gap:
@@ -103,6 +143,10 @@ class Progress:
     def close(self, stats: SearchStats, results: Mapping[str, SearchResult]) -> None:
         if self.how == LOG:
             self.update(stats, results, force=True)
+        if self._bar is not None:
+            self.update(stats, results, force=True)
+            self._bar.close()
+            self._bar = None
         self._end_line()
 
 

@@ -35,6 +35,8 @@ class SearchStats:
     #: tasks (and their results) taken from a checkpoint instead of searched
     resumed_tasks: int = 0
     resumed_results: int = 0
+    #: tasks a time budget had cut short, resumed from the units they finished
+    resumed_partial: int = 0
     #: results of the checkpoint that failed verification again, dropped (their tasks re-run)
     dropped_results: int = 0
     #: when nothing was found: why, as far as the search can tell (``search.explain``)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import EMError
 from ..graph import KernelGraph
@@ -35,6 +35,8 @@ from .plan import (
 )
 from .reach import ReachIndex, ref
 from .tiling import DTensor, KernelShape, can_finish, kernel_shapes, reduced_cuts
+
+T = TypeVar("T")
 
 FINAL, INTERMEDIATE, LIBRARY, SPLIT = "final", "intermediate", "library", "split"
 #: block graphs of two-kernel plans: first kernels up to this many operators, then the larger ones
@@ -99,6 +101,37 @@ class TaskResult:
     counts: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     stopped: bool = False
+    #: how many of the task's units (``Units``) are done: all of them unless ``stopped``; a
+    #: task cut short is resumed from here (``run_task(skip=)``)
+    progress: int = 0
+
+
+class Units:
+    """The outer loop of a task, counted so that a task cut short by the time budget can be
+    resumed where it stopped. A *unit* is one item of that loop: a first move of a one-kernel
+    task's block search (each block-graph size in turn), a first kernel of a two-kernel task
+    (with every second kernel after it), a kernel shape after a library operator. A unit is
+    done once the search behind it was exhausted before the deadline; ``done`` counts the
+    units done, in order, ``skip`` of them in an earlier run (they are passed over, and kept in
+    ``passed``: a block search leaves their tiles out of the walks after them, as the whole run
+    would have: every block graph holding one was made in that unit)."""
+
+    def __init__(self, skip: int, stopped: Callable[[], bool]) -> None:
+        self.skip, self.done, self.offered = skip, skip, 0
+        self.passed: list[Any] = []
+        self._stopped = stopped
+
+    def __call__(self, items: Iterable[T]) -> Iterator[T]:
+        for item in items:
+            i = self.offered
+            self.offered += 1
+            if i < self.skip:
+                self.passed.append(item)
+                continue
+            yield item
+            if self._stopped():
+                return
+            self.done = i + 1
 
 
 class Context:
@@ -209,34 +242,37 @@ def splits_reduction(ks: KernelShape, out_classes: Sequence[Any], config: Search
 
 
 def run_task(payload: Payload, task: Task, deadline: float | None = None,
-             ctx: Context | None = None) -> TaskResult:
+             ctx: Context | None = None, skip: int = 0) -> TaskResult:
     """Run one task to the end (or to ``deadline``, a ``time.time()`` value). ``ctx``: the
-    payload's context (``context(payload)`` when not given)."""
+    payload's context (``context(payload)`` when not given). ``skip``: the units (``Units``)
+    an earlier run of the task finished before it was cut short; they are not searched again."""
     ctx = ctx or context(payload)
     run = _Run(ctx, deadline)
+    units = Units(skip, run.stopped)
     t0 = time.perf_counter()
     inputs = list(payload.inputs)
     if task.kind == FINAL:
-        run.final(ctx.final_shapes[task.index], inputs, [], ops=task.ops)
+        run.final(ctx.final_shapes[task.index], inputs, [], ops=task.ops, units=units)
     elif task.kind in (INTERMEDIATE, SPLIT):
         # a split task takes the first kernels that write only partial results; the
         # intermediate task of a split shape, over the same sizes, all the others
         partials = (True if task.kind == SPLIT else
                     False if task.index in ctx.split_set else None)
         combine = (1, min(SPLIT_COMBINE, payload.config.max_block_ops)) if partials else None
-        for tensors, steps in run.intermediates(ctx.first_shapes[task.index], inputs, [],
-                                                task.ops, partials):
+        for tensors, steps in units(run.intermediates(ctx.first_shapes[task.index], inputs, [],
+                                                      task.ops, partials)):
             run.finals(tensors, steps, must_use=len(inputs), ops=combine,
                        after=ctx.first_shapes[task.index] if partials else None)
     else:
         tensors, steps = ctx.library_moves[task.index]
-        run.finals(tensors, steps, must_use=len(inputs))
+        run.finals(tensors, steps, must_use=len(inputs), units=units)
     res = run.result
     res.task = task.name
     res.counts.update(states=run.counters.states, pruned_by_oracle=run.counters.pruned_oracle,
                       pruned_otherwise=run.counters.pruned_other)
     res.seconds["search"] = time.perf_counter() - t0 - res.seconds.get("verify", 0.0)
     res.stopped = run.stopped()
+    res.progress = units.done if res.stopped else units.offered
     return res
 
 
@@ -296,10 +332,11 @@ class _Run:
         return self.deadline is not None and time.time() > self.deadline
 
     def _search(self, shape: KernelShape, accept: Any, max_outputs: int,
-                goal: int | None = None, fresh: int | None = None) -> BlockSearch:
+                goal: int | None = None, fresh: int | None = None,
+                units: Units | None = None) -> BlockSearch:
         return BlockSearch(shape, self.ctx.payload.reach, self.config, self.ctx.probe,
                            self.ctx.payload.scalars, accept, self.counters, self.stopped,
-                           max_outputs, goal, memo=self.ctx.memo, fresh=fresh)
+                           max_outputs, goal, memo=self.ctx.memo, fresh=fresh, first=units)
 
     def _step(self, shape: KernelShape, tiles: Sequence[Tile],
               outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:
@@ -308,13 +345,15 @@ class _Run:
 
     # --- the last kernel: it must produce the target ------------------------------------------
     def finals(self, tensors: list[DTensor], steps: list[Step], must_use: int,
-               ops: tuple[int, int] | None = None, after: KernelShape | None = None) -> None:
+               ops: tuple[int, int] | None = None, after: KernelShape | None = None,
+               units: Units | None = None) -> None:
         """Last kernels over ``tensors`` that read one from position ``must_use`` on.
         ``after``: the previous kernel's shape, when it wrote partial results: the last kernel
         then only combines them (it keeps ``after``'s grid axes or leaves them, and each of its
-        operators uses what ``after`` wrote)."""
+        operators uses what ``after`` wrote). ``units``: each shape is a unit of the task."""
         fresh = must_use if after is not None else None
-        for shape in kernel_shapes(tensors, self.config, keep=after):
+        shapes = kernel_shapes(tensors, self.config, keep=after)
+        for shape in units(shapes) if units is not None else shapes:
             if self.stopped():
                 return
             if can_finish(shape, self.ctx.payload.out_classes):
@@ -322,7 +361,9 @@ class _Run:
 
     def final(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
               must_use: int | None = None, ops: tuple[int, int] | None = None,
-              fresh: int | None = None) -> None:
+              fresh: int | None = None, units: Units | None = None) -> None:
+        """Last kernels of ``shape`` over ``tensors``; ``units``: each first move of the block
+        search is a unit of the task."""
         target = self.ctx.target
         roots = self.ctx.payload.reach.roots
         want = target.outputs[0].dims
@@ -334,7 +375,7 @@ class _Run:
         if len(target.outputs) != 1:
             return
         goal = roots[0] if self.config.use_oracle else None
-        for tiles, sinks in self._search(shape, accept, 1, goal, fresh).run(ops):
+        for tiles, sinks in self._search(shape, accept, 1, goal, fresh, units).run(ops):
             tile = tiles[sinks[0]]
             if must_use is not None and not any(
                     shape.loaders[dict(tiles[i].params)["position"]].tensor.ref >= must_use
