@@ -394,8 +394,15 @@ class _Run:
         output has reduced away each class the grid cuts that the program's output lacks (the
         partial results of a split reduction), False only the others, None all."""
         have = {t.key for t in tensors}
-        roots = set(self.ctx.payload.reach.roots)
-        cut = {c for _, c in reduced_cuts(shape, self.ctx.payload.out_classes)}
+        reach = self.ctx.payload.reach
+        roots = set(reach.roots)
+        cuts = reduced_cuts(shape, self.ctx.payload.out_classes)
+        cut = {c for _, c in cuts}
+        out_classes = set(self.ctx.payload.out_classes)
+        # (a class cut into tiles of 1 is not named by the tiles: it is written back whole)
+        unit = {c for ld in shape.loaders for c, t in zip(ld.tensor.dcls, ld.tile) if t == 1}
+        kept = {c for g, c in zip(shape.grid, shape.axis_classes)
+                if g > 1 and c is not None and c in out_classes and c not in unit}
 
         def accept(tiles: list[Tile], sinks: list[int]) -> bool:
             if not (len(sinks) <= self.config.max_block_outputs
@@ -405,8 +412,10 @@ class _Run:
             if partials is None:
                 return True
             ops = sum(1 for t in tiles if t.op != "input")
-            return partials == (ops >= SPLIT_MIN
-                                and all(cut.isdisjoint(tiles[i].dcls) for i in sinks))
+            split = ops >= SPLIT_MIN and all(cut.isdisjoint(tiles[i].dcls) for i in sinks)
+            if split and partials:  # each partial keeps the cut classes the output keeps
+                return all(kept <= set(tiles[i].dcls) for i in sinks)
+            return partials == split
 
         for tiles, sinks in self._search(shape, accept, self.config.max_block_outputs).run(ops):
             options = [list(output_maps(tiles[i], shape, self.config.omaps)) for i in sinks]
