@@ -12,6 +12,7 @@ out=$1; budget=$2; shift 2
 export JAX_PLATFORMS=cpu
 pip install -q --no-deps --target /tmp/egg .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/egg:$PWD
+mkdir -p "$out"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/device.txt"
 extra=()
 [ -n "${EXTRA_RULES:-}" ] && extra=(--extra-rules $EXTRA_RULES)
