@@ -228,12 +228,16 @@ def _python(tmp_path: Path, *argv: str, stdin: str | None = None) -> subprocess.
                           cwd=tmp_path, env=_env(), timeout=MARKER_TIMEOUT_S)
 
 
-@pytest.mark.parametrize("how", ["stdin", "-c", "script"])
+@pytest.mark.parametrize("how", ["stdin", "-c", "script", "repl"])
 def test_workers_need_no_importable_main_module(tmp_path: Path, how: str) -> None:
     """``python - <<EOF``: a spawned worker cannot import ``<stdin>`` as its main module; with
-    ``python -c`` there is none; a script is imported (its search under a main guard)."""
+    ``python -c`` there is none; a script is imported (its search under a main guard); the
+    interactive interpreter (``python -i``, lines typed one by one) has none either. (A
+    notebook's kernel: ``notebooks/03_superoptimize.ipynb`` searches with two workers.)"""
     if how == "stdin":
         done = _python(tmp_path, "-", stdin=SCRIPT)
+    elif how == "repl":
+        done = _python(tmp_path, "-q", "-i", stdin=SCRIPT)
     elif how == "-c":
         done = _python(tmp_path, "-c", SCRIPT)
     else:
