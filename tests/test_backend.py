@@ -136,6 +136,31 @@ def test_a_winner_that_differs_from_eager_is_kept(tmp_path: Path) -> None:
     assert piece.status == KEPT and "differs from eager" in piece.reason
 
 
+def test_with_nothing_replaced_the_rest_is_dynamos_own_graph(tmp_path: Path,
+                                                             monkeypatch: Any) -> None:
+    """Never slower: when no piece is replaced, the rest compiler gets the graph Dynamo gave
+    the backend, not the partitioned one (Inductor compiles exactly what torch.compile would)."""
+    import egraph_mirage.fx.backend as backend_module
+
+    given: list[Any] = []
+    real = backend_module._rest
+
+    def spy(module: Any, example_inputs: Any, rest: str, mode: Any) -> Any:
+        given.append(module)
+        return real(module, example_inputs, rest, mode)
+
+    monkeypatch.setattr(backend_module, "_rest", spy)
+    x, w = inputs()
+    with torch.no_grad():
+        torch.compile(relu_mm, backend=Backend(**options(
+            tmp_path, search=StandIn(winner=scaled_by_three))), dynamic=False)(x, w)
+        torch.compile(relu_mm, backend=Backend(**options(
+            tmp_path / "other", search=StandIn())), dynamic=False)(x, w)
+    kept, replaced = given
+    assert not any(name.startswith("egm_") for name, _ in kept.named_children())
+    assert any(name.startswith("egm_") for name, _ in replaced.named_children())
+
+
 def test_an_unsupported_operator_runs_in_the_rest(tmp_path: Path) -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(relu_mm(x, w), dim=0)

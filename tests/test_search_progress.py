@@ -42,9 +42,14 @@ def test_in_a_notebook_progress_is_a_tqdm_bar(rmsnorm, capsys, monkeypatch) -> N
     missing), the status in its postfix; no log lines."""
     import types
 
+    from tqdm.std import tqdm
+
+    from egraph_mirage.search.progress import _tqdm
+
     monkeypatch.setitem(sys.modules, "IPython",
                         types.SimpleNamespace(get_ipython=ZMQInteractiveShell))
-    assert mode(None) == BAR and mode(False) == OFF
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # not installed: the text bar
+    assert mode(None) == BAR and mode(False) == OFF and _tqdm() is tqdm
     results = superoptimize(rmsnorm, TINY, workers=1, max_tasks=20)
     err = capsys.readouterr().err
     total = results.stats.tasks_total

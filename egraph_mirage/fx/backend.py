@@ -197,14 +197,18 @@ class Backend:
             report.note = f"the graph could not be partitioned ({e}); it runs in the rest"
             LOG.warning("egraph-mirage: %s", report.note)
             return _rest(gm, example_inputs, self.options.rest, mode)
+        replaced = 0
         for i, piece in enumerate(parts.pieces):
             piece_report, replacement = self._piece(i, piece, mode)
             report.pieces.append(piece_report)
             if replacement is not None:
                 setattr(parts.module, piece.name, replacement)
+                replaced += 1
         report.searches = sum(p.search_seconds is not None for p in report.pieces)
         report.left_out = dict(parts.left_out)
-        return _rest(parts.module, example_inputs, self.options.rest, mode)
+        # nothing replaced: the rest is the whole graph as Dynamo gave it, compiled exactly as
+        # torch.compile would without the backend
+        return _rest(parts.module if replaced else gm, example_inputs, self.options.rest, mode)
 
     def _piece(self, index: int, piece: Piece, mode: str | None = None
                ) -> tuple[rep.PieceReport, Any]:

@@ -112,8 +112,14 @@ class Progress:
     def started(self, todo: int, total: int, workers: str) -> None:
         self._say(f"searching {todo} of {total} tasks ({workers})")
         if self.how == BAR and self._bar is None:
-            self._bar = _tqdm()(total=total, desc="search", unit="task", file=sys.stderr,
-                                dynamic_ncols=True)
+            options = dict(total=total, desc="search", unit="task", file=sys.stderr,
+                           dynamic_ncols=True)
+            try:
+                self._bar = _tqdm()(**options)
+            except Exception:  # a widget that cannot be shown (old ipywidgets): the text bar
+                from tqdm.std import tqdm
+
+                self._bar = tqdm(**options)
 
     def found(self, result: SearchResult, count: int) -> None:
         if self.how == LOG:
