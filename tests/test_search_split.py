@@ -121,3 +121,40 @@ def test_links_are_probed_the_same_at_small_sizes() -> None:
                         == dims_mod._probe(name, list(dims), params)), (name, dims, params)
                 probed += 1
     assert probed > 50
+
+
+@pytest.mark.parametrize("name, ops", [("rmsnorm_linear", 5), ("gqa", 4)])
+def test_partial_goal_distances_lose_no_first_kernel(name: str, ops: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split task's first kernel is pruned by goal distances to the tiles it may write (the
+    partials): it writes exactly what the plain walk's first kernels write, in fewer states."""
+    from egraph_mirage.search.driver import prepare
+    from egraph_mirage.search.tasks import Context, _Run
+
+    payload = prepare(em.benchmarks.get(name, small=True), SearchConfig(max_block_ops=ops))
+    ctx = Context(payload)
+
+    def first_kernels() -> tuple[set[object], int]:
+        found, states = set(), 0
+        for i in ctx.split_shapes:
+            for k in range(2, ops + 1):  # one run per split task
+                run = _Run(ctx, None)
+                for tensors, steps in run.intermediates(ctx.first_shapes[i],
+                                                        list(payload.inputs), [], (k, k), True):
+                    # what the kernel writes (the walk keeps one block graph per set of
+                    # output classes, which one depends on the order of the walk)
+                    found.add((i, k, tuple(tensors)))
+                states += run.counters.states
+        return found, states
+
+    pruned, pruned_states = first_kernels()
+    search = _Run._search
+
+    def without_goal(self: _Run, *args: object, **kw: object) -> object:
+        kw["goal_tiles"] = None
+        return search(self, *args, **kw)
+
+    monkeypatch.setattr(_Run, "_search", without_goal)
+    plain, plain_states = first_kernels()
+    assert plain and pruned == plain
+    assert pruned_states < plain_states

@@ -86,6 +86,9 @@ class BlockSearch:
     #: what it would compute from the other tensors alone belongs in the kernel that made the
     #: partials
     fresh: int | None = None
+    #: instead of ``goal``: which tiles after the loop may be outputs, as (a hashable name of
+    #: the rule, for the memo; the rule): goal distances are then counted to those tiles
+    goal_tiles: tuple[Any, Callable[[Tile], bool]] | None = None
     #: wraps the first moves of each walk (``tasks.Units``: a task resumed where it was cut;
     #: the moves it passes over are left out of the walks after them)
     first: Any = None
@@ -95,12 +98,13 @@ class BlockSearch:
         ``max_block_ops``), fewest first (iterative deepening)."""
         tiles = self.inputs()
         lo, hi = (1, self.config.max_block_ops) if ops is None else ops
-        if self.goal is not None:
+        if self.goal is not None or self.goal_tiles is not None:
             self._dist = self._distances(tiles, hi)
-            if self._dist is not None and any(t.key not in self._dist for t in tiles
-                                              if t.anchored):
+            if self.goal is not None and self._dist is not None and any(
+                    t.key not in self._dist for t in tiles if t.anchored):
                 return  # some loaded tile can never reach the output (with ``fresh``: some
-                # tile of the previous kernel's; the others may go unused)
+                # tile of the previous kernel's; the others may go unused). A first kernel
+                # (``goal_tiles``) may leave a loaded tensor to the kernel after it
         moves: list[Tile] = []
         for k in range(len(tiles)):
             moves.extend(self._useful(self._moves_with(tiles[: k + 1], k)))
@@ -190,17 +194,19 @@ class BlockSearch:
 
     def _distances(self, inputs: list[Tile], most: int) -> dict[Any, int] | None:
         """Fewest operators from each tile this kernel shape can make to a tile of class
-        ``goal`` after the loop, in block graphs of at most ``most`` operators: tiles not in the
-        map can never be part of one. The closure is breadth-first: a tile's *level* is the
-        fewest operators that make it (1 + its operands' largest), tiles come in level order,
-        and those of level ``most`` are not expanded (a block graph that used one would need
+        ``goal`` (or one ``goal_tiles`` accepts) after the loop, in block graphs of at most
+        ``most`` operators: tiles not in the map can never be part of one. The closure is
+        breadth-first: a tile's *level* is the fewest operators that make it (1 + its
+        operands' largest), tiles come in level order, and those of level ``most`` are not
+        expanded (a block graph that used one would need
         more). It is closed under every move (shared memory aside) up to that level, so the
         distances are lower bounds and pruning with them loses no block graph. None (no
         pruning) when there are more than ``_CLOSURE_MAX`` tiles or the search was stopped.
         Memoised."""
         memo_key = ("dist", tuple((t.key, t.dcls, t.anchored) for t in inputs),
                     self.shape.frange,
-                    self.reduction_dimx(self.shape), self.goal, most)
+                    self.reduction_dimx(self.shape),
+                    self.goal if self.goal_tiles is None else self.goal_tiles[0], most)
         if memo_key in self.memo:
             return self.memo[memo_key]
         closed: list[Tile] = list(inputs)
@@ -229,7 +235,9 @@ class BlockSearch:
                 return None
             dist = None
         else:
-            dist = {t.key: 0 for t in closed if t.cls == self.goal and t.side == EPILOGUE}
+            is_goal = ((lambda t: t.cls == self.goal) if self.goal_tiles is None
+                       else self.goal_tiles[1])
+            dist = {t.key: 0 for t in closed if t.side == EPILOGUE and is_goal(t)}
             frontier = list(dist)
             made_from: dict[Any, set[Any]] = {}
             for src, outs in users.items():

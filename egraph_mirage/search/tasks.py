@@ -333,10 +333,11 @@ class _Run:
 
     def _search(self, shape: KernelShape, accept: Any, max_outputs: int,
                 goal: int | None = None, fresh: int | None = None,
-                units: Units | None = None) -> BlockSearch:
+                units: Units | None = None, goal_tiles: Any = None) -> BlockSearch:
         return BlockSearch(shape, self.ctx.payload.reach, self.config, self.ctx.probe,
                            self.ctx.payload.scalars, accept, self.counters, self.stopped,
-                           max_outputs, goal, memo=self.ctx.memo, fresh=fresh, first=units)
+                           max_outputs, goal, memo=self.ctx.memo, fresh=fresh, first=units,
+                           goal_tiles=goal_tiles)
 
     def _step(self, shape: KernelShape, tiles: Sequence[Tile],
               outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:
@@ -417,7 +418,18 @@ class _Run:
                 return all(kept <= set(tiles[i].dcls) for i in sinks)
             return partials == split
 
-        for tiles, sinks in self._search(shape, accept, self.config.max_block_outputs).run(ops):
+        def partial(t: Tile) -> bool:
+            """A tile a split task's first kernel may write (as ``accept`` asks): a partial
+            result that keeps the output's kept classes, new, not the target."""
+            return (cut.isdisjoint(t.dcls) and kept <= set(t.dcls) and t.cls not in roots
+                    and t.key[0] not in have)
+
+        # in a split task every output is a partial: goal distances to those tiles prune
+        goal_tiles = ((("partial", frozenset(cut), frozenset(kept), frozenset(roots),
+                        frozenset(have)), partial) if partials else None)
+        search = self._search(shape, accept, self.config.max_block_outputs,
+                              goal_tiles=goal_tiles)
+        for tiles, sinks in search.run(ops):
             options = [list(output_maps(tiles[i], shape, self.config.omaps)) for i in sinks]
             for combo in _product(options):
                 omaps = [o for o, _, _ in combo]
