@@ -198,11 +198,10 @@ class BlockSearch:
         ``most`` operators: tiles not in the map can never be part of one. The closure is
         breadth-first: a tile's *level* is the fewest operators that make it (1 + its
         operands' largest), tiles come in level order, and those of level ``most`` are not
-        expanded (a block graph that used one would need
-        more). It is closed under every move (shared memory aside) up to that level, so the
-        distances are lower bounds and pruning with them loses no block graph. None (no
-        pruning) when there are more than ``_CLOSURE_MAX`` tiles or the search was stopped.
-        Memoised."""
+        expanded (a block graph that used one would need more). It is closed under every move
+        (shared memory aside) up to that level, so the distances are lower bounds and pruning
+        with them loses no block graph. None (no pruning) when there are more than
+        ``_CLOSURE_MAX`` tiles or the search was stopped. Memoised."""
         memo_key = ("dist", tuple((t.key, t.dcls, t.anchored) for t in inputs),
                     self.shape.frange,
                     self.reduction_dimx(self.shape),
