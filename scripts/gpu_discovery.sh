@@ -9,11 +9,7 @@
 # rules/optional/online_softmax.egg), NO_REFERENCE (set: leave out the hand-written reference).
 set -u
 out=$1; budget=$2; shift 2
-export JAX_PLATFORMS=cpu
-pip install -q --no-deps --target /tmp/egg .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/egg:$PWD
-mkdir -p "$out"
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/device.txt"
+. "$(dirname "$0")/gpu_host.sh" "$out"
 extra=()
 [ -n "${EXTRA_RULES:-}" ] && extra=(--extra-rules $EXTRA_RULES)
 # one search at the first batch serves every batch: bench gpu retargets its structures

@@ -8,11 +8,7 @@
 # Environment: MODELS ("llama hf"), PRESET (llama3_8b), TIMEOUT (s per batch, 420), AGAIN.
 set -u
 out=$1; budget=$2; shift 2
-export JAX_PLATFORMS=cpu
-pip install -q --no-deps --target /tmp/egg .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/egg:$PWD
-mkdir -p "$out"
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/device.txt"
+. "$(dirname "$0")/gpu_host.sh" "$out"
 python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -1
 for b in "$@"; do
   timeout "${TIMEOUT:-420}" python3 -m egraph_mirage bench torch --batch "$b" \

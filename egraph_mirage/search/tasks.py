@@ -395,34 +395,38 @@ class _Run:
         output has reduced away each class the grid cuts that the program's output lacks (the
         partial results of a split reduction), False only the others, None all."""
         have = {t.key for t in tensors}
-        reach = self.ctx.payload.reach
-        roots = set(reach.roots)
-        cuts = reduced_cuts(shape, self.ctx.payload.out_classes)
-        cut = {c for _, c in cuts}
+        roots = set(self.ctx.payload.reach.roots)
+        cut = {c for _, c in reduced_cuts(shape, self.ctx.payload.out_classes)}
         out_classes = set(self.ctx.payload.out_classes)
         # (a class cut into tiles of 1 is not named by the tiles: it is written back whole)
         unit = {c for ld in shape.loaders for c, t in zip(ld.tensor.dcls, ld.tile) if t == 1}
         kept = {c for g, c in zip(shape.grid, shape.axis_classes)
                 if g > 1 and c is not None and c in out_classes and c not in unit}
 
+        def unseen(t: Tile) -> bool:
+            """An output that is neither the target nor a tensor the plan already has."""
+            return t.cls not in roots and t.key[0] not in have
+
+        def reduced(t: Tile) -> bool:
+            """Each class the grid cuts and the output lacks is reduced away."""
+            return cut.isdisjoint(t.dcls)
+
+        def partial(t: Tile) -> bool:
+            """A tile a split task's first kernel may write: a new partial result that keeps
+            the cut classes the output keeps."""
+            return unseen(t) and reduced(t) and kept <= set(t.dcls)
+
         def accept(tiles: list[Tile], sinks: list[int]) -> bool:
             if not (len(sinks) <= self.config.max_block_outputs
-                    and all(tiles[i].cls not in roots and tiles[i].key[0] not in have
-                            for i in sinks)):
+                    and all(unseen(tiles[i]) for i in sinks)):
                 return False
             if partials is None:
                 return True
             ops = sum(1 for t in tiles if t.op != "input")
-            split = ops >= SPLIT_MIN and all(cut.isdisjoint(tiles[i].dcls) for i in sinks)
-            if split and partials:  # each partial keeps the cut classes the output keeps
-                return all(kept <= set(tiles[i].dcls) for i in sinks)
+            split = ops >= SPLIT_MIN and all(reduced(tiles[i]) for i in sinks)
+            if split and partials:
+                return all(partial(tiles[i]) for i in sinks)
             return partials == split
-
-        def partial(t: Tile) -> bool:
-            """A tile a split task's first kernel may write (as ``accept`` asks): a partial
-            result that keeps the output's kept classes, new, not the target."""
-            return (cut.isdisjoint(t.dcls) and kept <= set(t.dcls) and t.cls not in roots
-                    and t.key[0] not in have)
 
         # in a split task every output is a partial: goal distances to those tiles prune
         goal_tiles = ((("partial", frozenset(cut), frozenset(kept), frozenset(roots),
