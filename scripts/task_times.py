@@ -2,6 +2,7 @@
 kind and size of task took and where the first results (and the first of two kernels) came from.
 
     python3 scripts/task_times.py PROGRAM [--small] [--max-tasks N]
+    python3 scripts/task_times.py PROGRAM --task NAME [--task NAME ...]   (those tasks alone)
 
 One process, no time budget: the figures are seconds on this machine, to compare task orders.
 """
@@ -23,11 +24,24 @@ def main() -> None:
     ap.add_argument("program")
     ap.add_argument("--small", action="store_true", help="the program at its small shapes")
     ap.add_argument("--max-tasks", type=int, default=1000)
+    ap.add_argument("--task", action="append", default=[],
+                    help="run only this task (e.g. split:82:7-7) and print its figures")
     args = ap.parse_args()
     g = em.benchmarks.get(args.program, small=args.small)
     payload = prepare(g, SearchConfig())
     ctx = Context(payload)
     tasks = list_tasks(payload, ctx)[: args.max_tasks]
+    if args.task:
+        by_name = {t.name: t for t in list_tasks(payload, ctx)}
+        for name in args.task:
+            if name not in by_name:
+                ap.error(f"no task {name!r} in {args.program}'s task list")
+            t0 = time.perf_counter()
+            res = run_task(payload, by_name[name], ctx=ctx)
+            print(f"{name}: {time.perf_counter() - t0:.1f} s, {res.progress} units (first "
+                  f"kernels, first moves or shapes), {res.counts.get('states', 0):,} states, "
+                  f"{len(res.found)} result(s)")
+        return
     per_kind: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     firsts: dict[int, tuple[int, str, float, float]] = {}
     elapsed = 0.0
