@@ -146,6 +146,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="tuning cache (default $EGRAPH_MIRAGE_CACHE or ~/.cache/egraph-mirage)")
     bg.add_argument("--no-cache", action="store_true", help="re-time every tuning trial")
     bg.add_argument("--markdown", metavar="PATH", help="also write a Markdown report to PATH")
+    bg.add_argument("--rows", metavar="PATH",
+                    help="also write each row to PATH as one JSON line as soon as it is measured "
+                    "(what a run stopped part-way has done)")
     bg.add_argument("--plot", metavar="PATH", help="also draw a PNG of the results (matplotlib)")
     from .bench import torch_bench
 

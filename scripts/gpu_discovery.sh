@@ -1,37 +1,56 @@
 #!/usr/bin/env bash
 # One device call: search the given programs at paper shapes on the GPU host's CPU cores, then
 # time the search's results (each with its size variants) against the baselines and the
-# hand-written reference on its GPU, one program at a time (each program's rows are written as
-# soon as they are measured). Carry `.whl` (egglog 13.2 cp312 and its import deps:
+# hand-written reference on its GPU (each program's rows are written as soon as they are
+# measured). On a host of several GPUs the programs are spread over them: program i runs on GPU
+# i mod N, each GPU's programs one after another, the GPUs side by side, the CPU cores shared out
+# among the searches running at once. Carry `.whl` (egglog 13.2 cp312 and its import deps:
 # ../shared/notes/gpu.md). Usage: scripts/gpu_discovery.sh OUT BUDGET PROGRAM...
 # Environment: MAX_CANDIDATES (8), SIZE_VARIANTS (4), TUNE_TOP (3), BATCHES ("1"), GPU_TIMEOUT (s per program,
 # 240), EXTRA_RULES (rule files or folders loaded after the shipped rules, e.g.
-# rules/optional/online_softmax.egg), NO_REFERENCE (set: leave out the hand-written reference).
+# rules/optional/online_softmax.egg), NO_REFERENCE (set: leave out the hand-written reference),
+# MAX_AUTOTUNE (set: torch.compile in max-autotune mode as a second compiled baseline), GPUS (how
+# many GPUs to use, default every one).
 set -u
 out=$1; budget=$2; shift 2
 . "$(dirname "$0")/gpu_host.sh" "$out"
 extra=()
 [ -n "${EXTRA_RULES:-}" ] && extra=(--extra-rules $EXTRA_RULES)
+gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
+(( gpus > $# )) && gpus=$#
+workers=$(( $(nproc) / gpus - 1 ))
+(( workers < 1 )) && workers=1
 # one search at the first batch serves every batch: bench gpu retargets its structures
 b=$(echo ${BATCHES:-1} | cut -d' ' -f1)
-timeout $(( budget * $# + 90 )) python3 -m egraph_mirage bench search --programs "$@" \
-  --batch "$b" --budget "$budget" --workers 15 --out "$out/search" "${extra[@]}" \
-  > "$out/search_b$b.txt" 2>&1
-tail -$(( $# + 3 )) "$out/search_b$b.txt"
-for p in "$@"; do
+
+one() {  # one program on GPU $2: its search, then its timings
+  local p=$1
+  timeout $(( budget + 90 )) python3 -m egraph_mirage bench search --programs "$p" \
+    --batch "$b" --budget "$budget" --workers "$workers" --out "$out/search" "${extra[@]}" \
+    > "$out/search_$p.txt" 2>&1
+  tail -1 "$out/search_$p.txt"
   timeout "${GPU_TIMEOUT:-240}" python3 -m egraph_mirage bench gpu --batch ${BATCHES:-1} \
     --programs "$p" --mugraph-dir "$out/search" --max-candidates "${MAX_CANDIDATES:-8}" \
-    --size-variants "${SIZE_VARIANTS:-4}" --tune-top "${TUNE_TOP:-3}" ${NO_REFERENCE:+--no-reference} --markdown "$out/gpu_$p.md" --json \
-    > "$out/gpu_rows_$p.json" 2> "$out/gpu_$p.err" || tail -3 "$out/gpu_$p.err"
+    --size-variants "${SIZE_VARIANTS:-4}" --tune-top "${TUNE_TOP:-3}" \
+    ${NO_REFERENCE:+--no-reference} ${MAX_AUTOTUNE:+--max-autotune} \
+    --cache-dir "$out/tune_cache_$2" --markdown "$out/gpu_$p.md" --rows "$out/rows_$p.jsonl" \
+    --json > "$out/gpu_rows_$p.json" 2> "$out/gpu_$p.err" || tail -3 "$out/gpu_$p.err"
+}
+
+programs=("$@")
+for (( g = 0; g < gpus; g++ )); do
+  (
+    export CUDA_VISIBLE_DEVICES=$g
+    for (( i = g; i < ${#programs[@]}; i += gpus )); do one "${programs[$i]}" "$g"; done
+  ) &
 done
+wait
 python3 - "$out" <<'PY'
 import json, pathlib, sys
 from egraph_mirage.bench.gpu_report import format_table
-rows = []
-for f in sorted(pathlib.Path(sys.argv[1]).glob("gpu_rows_*.json")):
-    try:
-        rows += json.loads(f.read_text())
-    except ValueError:
-        print(f"{f.name}: no rows")
+rows = []  # every row measured, also those of a bench gpu stopped by its timeout
+for f in sorted(pathlib.Path(sys.argv[1]).glob("rows_*.jsonl")):
+    rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+pathlib.Path(sys.argv[1], "rows.json").write_text(json.dumps(rows, indent=1))
 print(format_table(rows))
 PY

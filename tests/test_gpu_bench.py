@@ -162,8 +162,11 @@ def test_rows_with_a_fake_timer(tmp_path: Path, one_size: list[Any]) -> None:
 def test_a_row_without_search_results_still_times_baselines_and_reference() -> None:
     """No ``--mugraph-dir``: ours is empty, never filled from the reference; the row says so."""
     logs: list[str] = []
+    seen: list[dict] = []
     rows = gb.bench_gpu(_cfg(batches=[1]), timer=FakeTimer(), floor=Floor(4e12),
-                        compiler=_compiler, device_name="fake", log=logs.append)
+                        compiler=_compiler, device_name="fake", log=logs.append,
+                        on_row=seen.append)
+    assert seen == rows  # each row handed on as it is measured (`bench gpu --rows`)
     for r in rows:
         assert REQUIRED <= set(r) and set(gb.KEYS) <= set(r)
         assert r["source"] == "search" and r["mugraph_file"] is None

@@ -477,8 +477,10 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
 
 
 def bench_gpu(cfg: GpuBenchConfig, *, timer: Any = None, floor: Any = None, compiler: Any = "auto",
-              device_name: str | None = None, log: Log = _stderr) -> list[dict[str, Any]]:
-    """Every program at every batch size; the defaults measure on the current CUDA device."""
+              device_name: str | None = None, log: Log = _stderr,
+              on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Every program at every batch size; the defaults measure on the current CUDA device.
+    ``on_row`` is called with each row as soon as it is measured."""
     import torch
 
     from ..gpu.floor import Floor, measure_copy_bandwidth
@@ -502,6 +504,8 @@ def bench_gpu(cfg: GpuBenchConfig, *, timer: Any = None, floor: Any = None, comp
         for p in cfg.programs:
             rows.append(bench_one(p, b, cfg, timer=timer, floor=floor, compiler=compiler,
                                   device_name=name, log=log, tune_timer=tune_timer))
+            if on_row is not None:
+                on_row(rows[-1])
             if cfg.device == "cuda":
                 torch.cuda.empty_cache()  # the program's inputs and graphs are gone
     return rows
@@ -552,7 +556,17 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
     keep_jax_off_the_gpu()  # before the search or the size variants' verifier imports JAX
     floor = Floor(measure_copy_bandwidth())
     _stderr(f"copy bandwidth {floor.bandwidth / 1e12:.2f} TB/s (read + write)")
-    rows = bench_gpu(cfg, floor=floor)
+    on_row = None
+    if args.rows:
+        rows_path = Path(args.rows)
+        rows_path.parent.mkdir(parents=True, exist_ok=True)
+        rows_path.write_text("")
+
+        def on_row(row: dict[str, Any]) -> None:
+            with rows_path.open("a") as f:  # one line per row, each complete when written
+                f.write(json.dumps(row) + "\n")
+
+    rows = bench_gpu(cfg, floor=floor, on_row=on_row)
     command = "egraph-mirage " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.markdown:
         date = datetime.date.today().isoformat()
