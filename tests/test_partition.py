@@ -178,3 +178,44 @@ def test_negative_caps_are_refused(block: Any) -> None:
     _, x, gm = block
     with pytest.raises(GraphError, match="caps"):
         partition(gm, (x,), max_matmuls=-1)
+
+
+def _outputs(piece: Any) -> int:
+    return len(next(n for n in piece.module.graph.nodes if n.op == "output").args[0])
+
+
+def test_a_shared_producer_is_computed_again_in_each_piece_so_each_has_one_output() -> None:
+    """An RMSNorm feeding three projections: one piece per projection, each with its own copy
+    of the norm (the search takes programs of one output); a shared matmul is never copied but
+    becomes a piece's output."""
+    g = torch.rand(16) + 0.5
+
+    def qkv(x: Any, wq: Any, wk: Any, wv: Any) -> Any:
+        h = F.rms_norm(x, (16,), g, 1e-6)
+        return h @ wq, (h @ wk).exp(), h @ wv
+
+    xs = (torch.randn(4, 16), torch.randn(16, 8), torch.randn(16, 8), torch.randn(16, 8))
+    parts = partition(qkv, xs)
+    _check(parts, qkv, xs, (4, 4))
+    assert len(parts.pieces) == 3
+    for piece in parts.pieces:
+        assert _outputs(piece) == 1 and (piece.matmuls, piece.reductions) == (1, 1)
+    assert "aten.rms_norm.default" not in _targets(parts.module)  # only the copies are left
+
+    def shared_matmul(x: Any, w: Any) -> Any:
+        y = x @ w
+        return y.exp(), y.sum(-1, keepdim=True)
+
+    xs2 = (torch.randn(4, 16), torch.randn(16, 8))
+    parts = partition(shared_matmul, xs2)
+    _check(parts, shared_matmul, xs2, (4, 4))
+    # the matmul is not computed twice: it is a piece's output, the sum's piece takes it
+    assert [p.nodes for p in parts.pieces] == [("matmul",), ("sum_1",)]
+    assert all(_outputs(p) == 1 for p in parts.pieces)
+    assert "not kept" in parts.left_out["exp"]
+
+
+def test_every_piece_of_the_decoder_block_has_one_output(block: Any) -> None:
+    _, x, gm = block
+    parts = partition(gm, (x,))
+    assert parts.pieces and all(_outputs(p) == 1 for p in parts.pieces)

@@ -89,7 +89,7 @@ class BackendOptions:
     cache: bool = True
     profile: bool | None = None
     rest: str = "inductor"
-    max_matmuls: int = 4
+    max_matmuls: int = 2
     max_reductions: int = 4
     verbose: bool = False
     #: the search (default ``em.superoptimize``): any function taking ``(graph, config,

@@ -1,6 +1,6 @@
 """Cutting a whole model's fx graph into pieces the search can take; the rest runs as is.
 
-``partition(gm, example_inputs, *, max_matmuls=4, max_reductions=4) -> Partitioned``:
+``partition(gm, example_inputs, *, max_matmuls=2, max_reductions=4) -> Partitioned``:
 
 1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already
    (a module or a function is exported).
@@ -12,18 +12,26 @@
    view.
 3. **partition**: torch's ``CapabilityBasedPartitioner`` groups supported nodes into partitions
    without cycles.
-4. **caps**: each partition is cut, in topological order, into pieces of at most
-   ``max_matmuls`` matmuls and ``max_reductions`` reductions (counted by the rules: softmax is
-   two, rms_norm one); a node over the caps on its own runs as is. Cutting a convex set of nodes
-   in topological order leaves every piece convex. A view of an input joins the piece of its
-   users; one that several pieces (or nodes outside) use runs as is.
-5. **check**: every piece is traced (``trace_fx``); a node that fails to trace runs as is and
+4. **one output each**: the search takes programs of one output, so each partition is split
+   into cones, one per value that leaves it: the node and its ancestors in the partition. A
+   node several cones need is computed again in each (an RMSNorm before the query, key and
+   value projections), unless it is a matmul or computed from one: that becomes the output of a
+   cone of its own, which the others take as an input (``_cones``).
+5. **caps**: each cone is cut, in topological order, into pieces of at most ``max_matmuls``
+   matmuls and ``max_reductions`` reductions (counted by the rules: softmax is two, rms_norm
+   one); a node over the caps on its own runs as is; each run is split into cones again. Cutting
+   a convex set of nodes in topological order leaves every piece convex. A view of an input
+   joins the piece of its users; one that several pieces (or nodes outside) use runs as is.
+   The default of two matmuls keeps a gated MLP's two projections together and its down
+   projection apart; a program of three matmuls searched whole (LoRA) needs ``max_matmuls=3``.
+6. **check**: every piece is traced (``trace_fx``); a node that fails to trace runs as is and
    steps 2–5 run again.
-6. **keep**: a piece with no matmul, no reduction and fewer than two computing nodes (a lone
+7. **keep**: a piece with no matmul, no reduction and fewer than two computing nodes (a lone
    element-wise operator, or views only) is not kept: its nodes run as is.
-7. **fuse**: torch's ``fuse_by_partitions`` makes each piece a submodule ``egm_0``, ``egm_1``, ...
+8. **fuse**: torch's ``fuse_by_partitions`` makes each piece a submodule ``egm_0``, ``egm_1``, ...
    returning a tuple; running the rewritten module once on ``example_inputs`` records each piece's
-   example inputs.
+   example inputs. Where pieces share a node, each piece gets its own copy of it in the graph
+   (``_recompute_shared``).
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ class Partitioned:
     left_out: Mapping[str, str]  # node name -> reason
 
 
-def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 4,
+def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
               max_reductions: int = 4) -> Partitioned:
     """``gm`` (called with ``example_inputs``) cut into pieces for the search (module docstring);
     ``gm`` is an fx graph module, or any module or function (exported first), and is not
@@ -89,19 +97,24 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 4,
         supported, left = _capability(work, refused)
         proposals = CapabilityBasedPartitioner(work, _support(supported),
                                                allows_single_node_partition=True)
-        pieces: list[list[Any]] = []
+        cones: list[list[Any]] = []  # one output each; they may share nodes
         for p in proposals.propose_partitions():
-            nodes = sorted(p.nodes, key=order.__getitem__)
-            for chunk in _cut(nodes, supported, max_matmuls, max_reductions, left):
-                if _worth(chunk):
-                    pieces.append(sorted(chunk, key=order.__getitem__))
-                else:
-                    left.update({n: "a piece of one element-wise operator or of views only is "
-                                 "not kept" for n in chunk})
+            for cone in _cones(sorted(p.nodes, key=order.__getitem__)):
+                for chunk in _cut(cone, supported, max_matmuls, max_reductions, left):
+                    cones += _cones(sorted(chunk, key=order.__getitem__), cone)
+        cones = list({c[-1]: c for c in reversed(cones)}.values())[::-1]  # one per output
+        pieces = [c for c in cones if _worth(c)]
+        for c in cones:
+            if not _worth(c):
+                left.update({n: "a piece of one element-wise operator or of views only is not "
+                             "kept" for n in c if not any(n in k for k in pieces)})
         failures = dict(f for f in (_check(work, c) for c in pieces) if f is not None)
         if not failures:
             break
         refused.update(failures)
+    pieces = _recompute_shared(work, pieces, cones, left)
+    order = {n: i for i, n in enumerate(work.graph.nodes)}
+    pieces.sort(key=lambda c: order[c[-1]])  # numbered in the order their outputs are computed
     fuse_by_partitions(work, [dict.fromkeys(c) for c in pieces], prefix=PREFIX,
                        always_return_tuple=True)
     examples = _piece_inputs(work, example_inputs)
@@ -203,6 +216,85 @@ def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reduct
         else:
             left[v] = "a view of an input that several pieces (or other nodes) use runs as is"
     return chunks
+
+
+def _cones(chunk: Sequence[Any], cone: Sequence[Any] | None = None) -> list[list[Any]]:
+    """``chunk`` (topologically ordered) as pieces of one output each: for each node whose value
+    leaves the chunk (a sink), the sink and its ancestors in the chunk, in order (sink last).
+    The pieces overlap where a node feeds several sinks: ``_recompute_shared`` gives each piece
+    its own copy. A node several pieces need that is a matmul or computed from one is not
+    computed twice: it becomes the output of a piece of its own, which the others take as an
+    input (the latest such node first, until none is left); so does an output that is. Other
+    outputs are computed again in the pieces that need them. Each cone of a convex chunk is
+    convex: a path between two of its nodes runs through ancestors of its output.
+
+    With ``cone`` (a piece of one output, which the caps cut into runs: ``chunk`` is one), the
+    outputs are those of the cone and the values later runs of the cone use."""
+    inside = set(chunk)
+    if cone is None:
+        roots = [n for n in chunk if any(u not in inside for u in n.users)]
+    else:
+        rest = set(cone) - inside
+        roots = [n for n in chunk if n is cone[-1] or any(u in rest for u in n.users)]
+    heavy = {n for n in chunk if _rule(n).matmuls}  # type: ignore[union-attr]
+    for n in chunk:  # in order: a node computed from a matmul is heavy too
+        if any(a in heavy for a in n.all_input_nodes if a in inside):
+            heavy.add(n)
+    while True:
+        cones = []
+        for r in roots:
+            cone, todo = {r}, [r]
+            while todo:
+                for a in todo.pop().all_input_nodes:
+                    if a in inside and a not in cone and not (a in heavy and a in roots):
+                        cone.add(a)
+                        todo.append(a)
+            cones.append(cone)
+        again = [n for n in chunk if n in heavy and n not in roots
+                 and sum(n in c for c in cones) > 1]
+        if not again:
+            return [[n for n in chunk if n in c] for c in cones]  # each ends with its root
+        roots.append(again[-1])
+
+
+def _recompute_shared(work: Any, pieces: list[list[Any]], cones: list[list[Any]],
+                      left: dict[Any, str]) -> list[list[Any]]:
+    """The pieces (the ``cones`` kept) made disjoint: a node in several cones stays as it is
+    where it is a piece's output and in the cones not kept (which run as is), and each other
+    piece that holds it gets a copy (inserted in the graph after it, the piece's users of it
+    rewired). An original or a copy left unused is erased, and a piece whose output is."""
+    graph = work.graph
+    count: dict[Any, int] = {}
+    for c in cones:
+        for n in c:
+            count[n] = count.get(n, 0) + 1
+    shared = {n for n, k in count.items() if k > 1}
+    if not shared:
+        return pieces
+    every: list[dict[Any, Any]] = []
+    for c in pieces:  # all copies first, from the originals' arguments
+        copies: dict[Any, Any] = {}
+        for n in c[:-1]:  # the last node is the piece's output (``_cones``)
+            if n in shared:
+                with graph.inserting_after(n):
+                    copies[n] = graph.node_copy(n, lambda a: copies.get(a, a))
+        every.append(copies)
+    for c, copies in zip(pieces, every):  # then the originals a piece keeps use its copies
+        for m in c:
+            if m not in copies:
+                for old, new in copies.items():
+                    m.replace_input_with(old, new)
+    out = [[copies.get(n, n) for n in c] for c, copies in zip(pieces, every)]
+    erasable = shared.union(*(copies.values() for copies in every))
+    gone = set()
+    for n in reversed(list(graph.nodes)):  # users before what they use
+        if n in erasable and not n.users:
+            graph.erase_node(n)
+            left.pop(n, None)
+            gone.add(n)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    # a piece whose output only the other pieces used is gone with its copies
+    return [sorted(c, key=order.__getitem__) for c in out if c[-1] not in gone]
 
 
 def _worth(chunk: Sequence[Any]) -> bool:
