@@ -82,12 +82,12 @@ def resize(g: KernelGraph, sizes: Sequence[KernelSizes]) -> KernelGraph:
     ks = kernels(g)
     if len(sizes) != len(ks):
         raise MapError(f"resize: {len(sizes)} kernel sizes for {len(ks)} graph-defined kernels")
-    return _rebuild(g, lambda i, tb, sources: sizes[i])
+    return _rebuild(g, lambda i, tb, sources, maps: sizes[i])
 
 
 def with_caps(g: KernelGraph, caps: Caps) -> KernelGraph:
     """``g``'s structure with every tile chosen under ``caps`` (see the module's rules)."""
-    return _rebuild(g, lambda i, tb, sources: _choose(tb, sources, caps))
+    return _rebuild(g, lambda i, tb, sources, maps: _choose(tb, sources, caps))
 
 
 def retarget(g: KernelGraph, program: KernelGraph,
@@ -108,10 +108,54 @@ def retarget(g: KernelGraph, program: KernelGraph,
     error: EMError = MapError("retarget: no caps given")
     for c in caps:
         try:
-            return _rebuild(g, lambda i, tb, sources, c=c: _choose(tb, sources, c), dims)
+            return _rebuild(g, lambda i, tb, sources, maps, c=c: _choose(tb, sources, c, maps),
+                            dims)
         except EMError as exc:
             error = exc
     raise error
+
+
+@dataclass(frozen=True)
+class _Maps:
+    """A kernel's input and output maps with one more grid axis (``_grown``)."""
+
+    inputs: tuple[tuple[int, ...], ...]
+    outputs: tuple[tuple[int, ...], ...]
+    axis: int
+    blocks: int
+
+
+def _grown(tb: ThreadBlockGraph, sources: Sequence[Tensor]) -> _Maps | None:
+    """Where a dimension of one index (a batch of one) has grown on the new sources, and no grid
+    axis or loop cuts it: the same dimension of every load that grew and of every output, on a
+    grid axis the kernel does not use, one index per block, so that the block graph stays as it
+    was. None where nothing grew, or where this does not apply (several dimensions grew, no
+    free axis, an output without that dimension of one index); then nothing changes."""
+    grown: set[tuple[int, int]] = set()
+    sizes: set[int] = set()
+    for i, (ld, s, old) in enumerate(zip(tb.inputs, sources, tb.sources)):
+        imap, fd = ld.params["input_map"], ld.params["forloop_dim"]
+        for d, (n, o) in enumerate(zip(s.dims, old.dims)):
+            if o == 1 and n > 1 and d not in imap and d != fd:
+                grown.add((i, d))
+                sizes.add(n)
+    dims = {d for _, d in grown}
+    if len(dims) != 1 or len(sizes) != 1:
+        return None
+    (d,), (n,) = dims, sizes
+    free = [a for a in range(3) if tb.grid_dim[a] == 1
+            and all(ld.params["input_map"][a] == -1 for ld in tb.inputs)
+            and all(om[a] == -1 for _, om in tb.outputs)]
+    if not free or any(len(t.dims) <= d or t.dims[d] != 1 for t, _ in tb.outputs):
+        return None
+    a = free[0]
+
+    def put(m: Sequence[int], on: bool) -> tuple[int, ...]:
+        return tuple(d if on and ax == a else v for ax, v in enumerate(m))
+
+    return _Maps(tuple(put(ld.params["input_map"], (i, d) in grown)
+                       for i, ld in enumerate(tb.inputs)),
+                 tuple(put(om, True) for _, om in tb.outputs), a, n)
 
 
 def _rebuild(g: KernelGraph, pick: Any,
@@ -128,8 +172,9 @@ def _rebuild(g: KernelGraph, pick: Any,
             if id(kernel) not in built:
                 tb = kernel.tb
                 sources = [new[s.index] for s in t.operands]
-                size = pick(order[id(kernel)], tb, sources)
-                built[id(kernel)] = h.customized(sources, _replay(tb, sources, size))
+                maps = _grown(tb, sources) if input_dims is not None else None
+                size = pick(order[id(kernel)], tb, sources, maps)
+                built[id(kernel)] = h.customized(sources, _replay(tb, sources, size, maps))
             new[t.index] = built[id(kernel)][t.params["output"]]
         else:
             new[t.index] = h.apply(t.op, [new[o.index] for o in t.operands], **t.params)
@@ -138,12 +183,15 @@ def _rebuild(g: KernelGraph, pick: Any,
     return h
 
 
-def _replay(tb: ThreadBlockGraph, sources: Sequence[Tensor], size: KernelSizes
-            ) -> ThreadBlockGraph:
-    """``tb``'s block graph on new sources with ``size``'s grid and loop."""
+def _replay(tb: ThreadBlockGraph, sources: Sequence[Tensor], size: KernelSizes,
+            maps: _Maps | None = None) -> ThreadBlockGraph:
+    """``tb``'s block graph on new sources with ``size``'s grid and loop (and ``maps``' input and
+    output maps, where given)."""
+    imaps = maps.inputs if maps else tuple(ld.params["input_map"] for ld in tb.inputs)
+    omaps = maps.outputs if maps else tuple(om for _, om in tb.outputs)
     old_tiles = [t.dims for t in tb.inputs]
     new_tiles = [pt.tile_dims(f"new_input #{i}", s.dims, size.grid, size.frange,
-                              ld.params["input_map"], ld.params["forloop_dim"])
+                              imaps[i], ld.params["forloop_dim"])
                  for i, (s, ld) in enumerate(zip(sources, tb.inputs))]
     dimx = tb.reduction_dimx
     if old_tiles and dimx == min(d[-1] for d in old_tiles):  # the search's choice: follow it
@@ -154,7 +202,7 @@ def _replay(tb: ThreadBlockGraph, sources: Sequence[Tensor], size: KernelSizes
         args = [made[o.index] for o in t.operands]
         p = t.params
         if t.op == "input":
-            made[t.index] = out.new_input(sources[p["position"]], p["input_map"],
+            made[t.index] = out.new_input(sources[p["position"]], imaps[p["position"]],
                                           p["forloop_dim"])
         elif t.op == "forloop_accum":
             made[t.index] = out.forloop_accum(args[0], p["acc"])
@@ -168,7 +216,7 @@ def _replay(tb: ThreadBlockGraph, sources: Sequence[Tensor], size: KernelSizes
                 n = len(tuple(params["normalized_shape"]))
                 params["normalized_shape"] = tuple(args[0].dims[-n:])
             made[t.index] = out.apply(t.op, args, **params)
-    for t, omap in tb.outputs:
+    for (t, _), omap in zip(tb.outputs, omaps):
         out.new_output(made[t.index], omap)
     return out
 
@@ -182,11 +230,14 @@ def _largest(n: int, cap: int, at_most: int | None = None) -> int:
     return t
 
 
-def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps) -> KernelSizes:
-    """The sizes ``caps`` gives one kernel (the module's rules), on its new sources."""
+def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps,
+            maps: _Maps | None = None) -> KernelSizes:
+    """The sizes ``caps`` gives one kernel (the module's rules), on its new sources (with
+    ``maps``' grid axis of one index per block, where given)."""
     grid = list(tb.grid_dim)
-    loads = [(ld.params["input_map"], ld.params["forloop_dim"], s.dims, old.dims)
-             for ld, s, old in zip(tb.inputs, sources, tb.sources)]
+    imaps = maps.inputs if maps else tuple(ld.params["input_map"] for ld in tb.inputs)
+    loads = [(imap, ld.params["forloop_dim"], s.dims, old.dims)
+             for imap, ld, s, old in zip(imaps, tb.inputs, sources, tb.sources)]
     looped = [(fd, dims, old, src.op == "customized")
               for (_, fd, dims, old), src in zip(loads, sources) if fd != -1]
     split_axes = set()
@@ -204,6 +255,8 @@ def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps) -> Kern
         else:
             tile = _largest(dims[d], caps.grid, dims[d] // 2)
             grid[axis] = dims[d] // tile
+    if maps is not None:
+        grid[maps.axis] = maps.blocks
     frange = tb.forloop_range
     if frange > 1 and looped:
         fd, dims, old, made = looped[0]
