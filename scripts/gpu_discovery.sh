@@ -18,7 +18,7 @@ extra=()
 [ -n "${EXTRA_RULES:-}" ] && extra=(--extra-rules $EXTRA_RULES)
 gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
 (( gpus > $# )) && gpus=$#
-workers=$(( $(nproc) / gpus - 1 ))
+workers=${WORKERS:-$(( $(nproc) / gpus - 1 ))}
 (( workers < 1 )) && workers=1
 # one search at the first batch serves every batch: bench gpu retargets its structures
 b=$(echo ${BATCHES:-1} | cut -d' ' -f1)
@@ -40,7 +40,7 @@ one() {  # one program on GPU $2: its search, then its timings
 programs=("$@")
 for (( g = 0; g < gpus; g++ )); do
   (
-    export CUDA_VISIBLE_DEVICES=$g
+    export CUDA_VISIBLE_DEVICES=$(( ${FIRST_GPU:-0} + g ))
     for (( i = g; i < ${#programs[@]}; i += gpus )); do one "${programs[$i]}" "$g"; done
   ) &
 done

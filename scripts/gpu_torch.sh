@@ -7,22 +7,23 @@
 # batches one after another), the CPU cores shared out among their searches. Carry `.whl`
 # (egglog 13.2 cp312 and its import deps: ../shared/notes/gpu.md).
 # Usage: scripts/gpu_torch.sh OUT BUDGET BATCH...   (BUDGET: search seconds per piece)
-# Environment: MODELS ("llama hf"), PRESET (llama3_8b), TIMEOUT (s per batch, 420), AGAIN, GPUS
-# (how many GPUs to use, default every one).
+# Environment: MODELS ("llama hf"), MODES (default all), PRESET (llama3_8b), TIMEOUT (s per batch,
+# 420), AGAIN, GPUS (how many GPUs to use, default every one), FIRST_GPU (the first of them, 0),
+# WORKERS (search processes per batch, default the cores shared out).
 set -u
 out=$1; budget=$2; shift 2
 . "$(dirname "$0")/gpu_host.sh" "$out"
 python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -1
 gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
 (( gpus > $# )) && gpus=$#
-workers=$(( $(nproc) / gpus - 1 ))
+workers=${WORKERS:-$(( $(nproc) / gpus - 1 ))}
 (( workers < 1 )) && workers=1
 
 one() {  # one batch on the GPU this subshell sees
   local b=$1
   timeout "${TIMEOUT:-420}" python3 -m egraph_mirage bench torch --batch "$b" \
-    --models ${MODELS:-llama hf} --preset "${PRESET:-llama3_8b}" --budget "$budget" \
-    --workers "$workers" --cache-dir "$out/cache" --out "$out/bench_torch_b$b.json" \
+    --models ${MODELS:-llama hf} ${MODES:+--modes $MODES} --preset "${PRESET:-llama3_8b}" \
+    --budget "$budget" --workers "$workers" --cache-dir "$out/cache" --out "$out/bench_torch_b$b.json" \
     > "$out/bench_torch_b$b.txt" 2> "$out/bench_torch_b$b.err"
   echo "b=$b rc=$?"; tail -4 "$out/bench_torch_b$b.err"
 }
@@ -30,7 +31,7 @@ one() {  # one batch on the GPU this subshell sees
 batches=("$@")
 for (( g = 0; g < gpus; g++ )); do
   (
-    export CUDA_VISIBLE_DEVICES=$g
+    export CUDA_VISIBLE_DEVICES=$(( ${FIRST_GPU:-0} + g ))
     for (( i = g; i < ${#batches[@]}; i += gpus )); do one "${batches[$i]}"; done
   ) &
 done

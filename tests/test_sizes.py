@@ -132,3 +132,40 @@ def _with_dtype(g, position: int, dtype: str):
           for i, t in enumerate(g.inputs)]
     h.mark_output(xs[0])
     return h
+
+
+def _batched_matmul(batch: int):
+    """``X @ W`` on a batch of ``batch``: X (batch, 32, 16), W (batch, 16, 8)."""
+    from egraph_mirage.graph import new_kernel_graph
+
+    g = new_kernel_graph()
+    X, W = g.new_input((batch, 32, 16)), g.new_input((batch, 16, 8))
+    g.mark_output(g.matmul(X, W))
+    return g
+
+
+def test_a_batch_of_one_that_grows_goes_on_a_free_grid_axis() -> None:
+    """Found at batch 1, a kernel may leave the batch dimension to no grid axis (it has one
+    index). Retargeted to batch 4, that dimension takes a grid axis the kernel does not use,
+    one index per block, so each block computes what it did at batch 1."""
+    from egraph_mirage.mugraph import new_threadblock_graph
+
+    g1, g4 = _batched_matmul(1), _batched_matmul(4)
+    from egraph_mirage.graph import new_kernel_graph
+
+    h = new_kernel_graph()
+    X, W = h.new_input((1, 32, 16)), h.new_input((1, 16, 8))
+    tb = new_threadblock_graph(grid_dim=(4, 1, 1), forloop_range=2)
+    x = tb.new_input(X, (1, -1, -1), forloop_dim=2)
+    w = tb.new_input(W, (-1, -1, -1), forloop_dim=1)
+    tb.new_output(tb.forloop_accum(tb.matmul(x, w)), (1, -1, -1))
+    (O,) = h.customized([X, W], tb)
+    h.mark_output(O)
+    assert Verifier(g1, backend="numpy").check(h).equivalent
+    r = sizes.retarget(h, g4)
+    (kernel,) = sizes.kernels(r)
+    assert kernel.tb.grid_dim[1] == 4  # the batch, one index per block
+    assert [ld.params["input_map"][1] for ld in kernel.tb.inputs] == [0, 0]
+    assert kernel.tb.outputs[0][1][1] == 0
+    assert [t.dims[0] for t in kernel.tb.inputs] == [1, 1]  # the block graph as at batch 1
+    assert Verifier(g4, backend="numpy").check(r).equivalent

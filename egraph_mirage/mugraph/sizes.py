@@ -130,7 +130,8 @@ def _grown(tb: ThreadBlockGraph, sources: Sequence[Tensor]) -> _Maps | None:
     axis or loop cuts it: the same dimension of every load that grew and of every output, on a
     grid axis the kernel does not use, one index per block, so that the block graph stays as it
     was. None where nothing grew, or where this does not apply (several dimensions grew, no
-    free axis, an output without that dimension of one index); then nothing changes."""
+    free axis, an output without that dimension of one index or with it on a grid axis already:
+    a split form that writes its pieces along the batch dimension); then nothing changes."""
     grown: set[tuple[int, int]] = set()
     sizes: set[int] = set()
     for i, (ld, s, old) in enumerate(zip(tb.inputs, sources, tb.sources)):
@@ -146,7 +147,7 @@ def _grown(tb: ThreadBlockGraph, sources: Sequence[Tensor]) -> _Maps | None:
     free = [a for a in range(3) if tb.grid_dim[a] == 1
             and all(ld.params["input_map"][a] == -1 for ld in tb.inputs)
             and all(om[a] == -1 for _, om in tb.outputs)]
-    if not free or any(len(t.dims) <= d or t.dims[d] != 1 for t, _ in tb.outputs):
+    if not free or any(len(t.dims) <= d or t.dims[d] != 1 or d in om for t, om in tb.outputs):
         return None
     a = free[0]
 
