@@ -10,7 +10,8 @@
 # 240), EXTRA_RULES (rule files or folders loaded after the shipped rules, e.g.
 # rules/optional/online_softmax.egg), NO_REFERENCE (set: leave out the hand-written reference),
 # MAX_AUTOTUNE (set: torch.compile in max-autotune mode as a second compiled baseline), GPUS (how
-# many GPUs to use, default every one).
+# many GPUs to use, default every one), FIRST_GPU (the first of them, 0), WORKERS (search
+# processes per program, default the cores shared out).
 set -u
 out=$1; budget=$2; shift 2
 . "$(dirname "$0")/gpu_host.sh" "$out"
