@@ -169,3 +169,45 @@ def test_a_batch_of_one_that_grows_goes_on_a_free_grid_axis() -> None:
     assert kernel.tb.outputs[0][1][1] == 0
     assert [t.dims[0] for t in kernel.tb.inputs] == [1, 1]  # the block graph as at batch 1
     assert Verifier(g4, backend="numpy").check(r).equivalent
+
+
+def _split_k_with_norm_in_combine(x_dims: tuple[int, int], w_dims: tuple[int, int]):
+    """rmsnorm_linear's split-K form as the search writes it: kernel 1 (grid: 4 pieces of the
+    contraction x 2 column tiles) writes partial products; kernel 2 walks the pieces and, in
+    the same 4 steps, X's columns for the root mean square, then divides."""
+    from egraph_mirage.graph import new_kernel_graph
+    from egraph_mirage.mugraph import new_threadblock_graph
+
+    h = new_kernel_graph()
+    X, W = h.new_input(x_dims), h.new_input(w_dims)
+    tb = new_threadblock_graph(grid_dim=(4, 2, 1), forloop_range=2)
+    x = tb.new_input(X, (1, -1, -1), forloop_dim=1)
+    w = tb.new_input(W, (0, 1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(x, w)), (0, 1, -1))
+    (P,) = h.customized([X, W], tb)
+    tb = new_threadblock_graph(grid_dim=(1, 2, 1), forloop_range=4)
+    rms = tb.forloop_accum(tb.new_input(X, (-1, -1, -1), forloop_dim=1), "rms")
+    total = tb.forloop_accum(tb.new_input(P, (-1, 1, -1), forloop_dim=0))
+    tb.new_output(tb.div(total, rms), (-1, 1, -1))
+    (O,) = h.customized([X, P], tb)
+    h.mark_output(O)
+    return h
+
+
+def test_a_combine_walks_one_piece_per_step_at_every_size_and_batch() -> None:
+    """The combine's loop walks the first kernel's pieces and X together: resized or retargeted
+    to more rows, it still takes one piece (all of its rows) per step, however many pieces
+    the first kernel now writes, and every size choice computes the program."""
+    g2 = benchmarks.get("rmsnorm_linear", 1, small=True)
+    h = _split_k_with_norm_in_combine(*(t.dims for t in g2.inputs))
+    assert Verifier(g2, backend="numpy").check(h).equivalent
+    g16 = benchmarks.get("rmsnorm_linear", 8, small=True)
+    r = sizes.retarget(h, g16)
+    check = Verifier(g16, backend="numpy").check
+    assert check(r).equivalent
+    choices = sizes.size_choices(r)
+    assert len(choices) > 4
+    for c in choices:
+        first, combine = sizes.sizes_of(c)
+        assert combine.frange == first.grid[0]  # one piece per step
+        assert check(c).equivalent, sizes.sizes_of(c)

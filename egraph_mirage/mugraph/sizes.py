@@ -17,8 +17,10 @@ the dimension) from the structure alone:
 - a grid axis that cuts the dimension its own loop walks is a *split* (split-K, split-KV: each
   block reduces one piece): it takes ``caps.splits`` pieces, each walked in loop tiles;
 - a loop takes the largest tile under ``caps.loop`` that leaves it at least two iterations; a loop
-  over an earlier kernel's results (the partial results of a split) keeps its tile, so it walks
-  however many pieces that kernel now writes.
+  over an earlier kernel's results (the partial results of a split) takes as many steps per
+  piece as before, over however many pieces that kernel now writes (a piece's rows grow with
+  the batch when the μGraph is retargeted), and the kernel's other loads are walked in as many
+  steps.
 """
 
 from __future__ import annotations
@@ -259,20 +261,41 @@ def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps,
     if maps is not None:
         grid[maps.axis] = maps.blocks
     frange = tb.forloop_range
-    if frange > 1 and looped:
-        fd, dims, old, made = looped[0]
+    made = [(i, fd) for i, ((_, fd, _, _), src) in enumerate(zip(loads, sources))
+            if fd != -1 and src.op == "customized"]
+    if frange > 1 and made:
+        # an earlier kernel's results (the pieces of a split): as many iterations per piece as
+        # before, over however many pieces that kernel now writes (each piece's rows may have
+        # grown with the batch); every other looped load is walked in as many steps
+        i, fd = made[0]
+        before, now = _pieces(tb.sources[i], fd), _pieces(sources[i], fd)
+        if (frange * now) % before:
+            raise MapError(f"resize: {frange} loop steps over {before} pieces do not scale to "
+                           f"{now} pieces")
+        frange = frange * now // before
+    elif frange > 1 and looped:
+        fd, dims, _, _ = looped[0]
         parts = _grid_parts(grid, fd, loads)  # the grid's cut of the looped dimension
         if dims[fd] % parts:
             raise MapError(f"resize: dimension {dims[fd]} does not split into {parts} pieces")
         extent = dims[fd] // parts
-        if made:  # an earlier kernel's results (pieces of a split): keep the tile, walk them all
-            tile = old[fd] // (tb.forloop_range * _grid_parts(tb.grid_dim, fd, loads))
-        else:
-            tile = _largest(extent, caps.loop, extent // 2)
+        tile = _largest(extent, caps.loop, extent // 2)
         if tile < 1 or extent % tile:
             raise MapError(f"resize: loop tile {tile} does not divide {extent}")
         frange = extent // tile
     return KernelSizes((grid[0], grid[1], grid[2]), frange)
+
+
+def _pieces(t: Tensor, d: int) -> int:
+    """How many pieces the kernel that wrote ``t`` cuts its dimension ``d`` into: the blocks of
+    its grid axes that write along ``d``."""
+    kernel = t.params["kernel"]
+    omap = kernel.tb.outputs[t.params["output"]][1]
+    n = 1
+    for axis, g in enumerate(kernel.tb.grid_dim):
+        if omap[axis] == d:
+            n *= g
+    return n
 
 
 def _grid_parts(grid: Sequence[int], fd: int, loads: Sequence[Any]) -> int:

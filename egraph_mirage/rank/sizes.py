@@ -25,10 +25,11 @@ TOLERANCE = 1e-6
 
 def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int | None = None,
                   caps: Sequence[Caps] = DEFAULT_CAPS) -> list[KernelGraph]:
-    """``g`` first, then its structure at other sizes, cheapest by the cost model first, at most
-    ``limit`` in all (``DEFAULT_LIMIT``). With ``target``, only variants that pass the
-    finite-field test and the float check against it are returned (``g`` itself is returned
-    as given: the caller verified it)."""
+    """``g`` first, then its structure at other sizes, cheapest by the cost model first (the
+    cheapest of each grid before a second loop step of any: the cost model does not tell loop
+    steps apart), at most ``limit`` in all (``DEFAULT_LIMIT``). With ``target``, only variants
+    that pass the finite-field test and the float check against it are returned (``g`` itself
+    is returned as given: the caller verified it)."""
     limit = DEFAULT_LIMIT if limit is None else limit
     if limit < 1:
         raise GraphError(f"size_variants: limit must be a positive integer, got {limit!r}")
@@ -41,7 +42,7 @@ def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int 
         except EMError:
             return float("inf")
 
-    others.sort(key=seconds)
+    others = _spread(sorted(others, key=seconds))
     out = [first]
     verifier = None
     if target is not None:
@@ -61,3 +62,20 @@ def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int 
                 continue
         out.append(h)
     return out
+
+
+def _spread(ordered: Sequence[KernelGraph]) -> list[KernelGraph]:
+    """``ordered`` with the first variant of each set of grids first (in order), then the second
+    of each, and so on."""
+    from ..mugraph.sizes import sizes_of
+
+    rounds: list[list[KernelGraph]] = []
+    seen: dict[tuple[tuple[int, int, int], ...], int] = {}
+    for h in ordered:
+        key = tuple(k.grid for k in sizes_of(h))
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(h)
+    return [h for r in rounds for h in r]
