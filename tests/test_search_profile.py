@@ -20,6 +20,7 @@ from search_space import TINY
 import egraph_mirage as em
 from egraph_mirage.bench import reference
 from egraph_mirage.lower import graph_knobs
+from egraph_mirage.rank.forms import spread
 from egraph_mirage.rank.measured import (
     BY_COST_MODEL,
     BY_GPU,
@@ -76,7 +77,11 @@ class FakeGpu:
                            cache=TuneCache(None), space={"num_warps": (4, 8)})
 
 
-def test_profile_ranks_by_measured_time(rmsnorm: em.KernelGraph, by_cost: SearchResults) -> None:
+def test_profile_ranks_by_measured_time(rmsnorm: em.KernelGraph, by_cost: SearchResults,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from egraph_mirage.search import driver
+
+    monkeypatch.setattr(driver, "PROFILE_SIZES", 1)  # the search's own sizes only (see below)
     texts = [r.to_json() for r in by_cost]
     assert len(texts) >= 4
     # measured times in the reverse of the cost model's order: the GPU must win
@@ -265,6 +270,43 @@ def test_without_a_deadline_everything_is_measured(rmsnorm: em.KernelGraph,
     assert stats.profile_note.startswith("6 of 6 results timed on Counting GPU")
 
 
+class Sized:
+    """A profiler for which the μGraphs it has not seen (the size variants) run in 50 µs and
+    the search's own results in 100 µs."""
+
+    device_name = "Sized GPU"
+
+    def __init__(self, graphs: list[em.KernelGraph]) -> None:
+        self.own = {id(h) for h in graphs}
+        self.order: list[em.KernelGraph] = []
+
+    def measure(self, program: em.KernelGraph, mugraphs: Any) -> list[Measurement]:
+        self.order += list(mugraphs)
+        return [Measurement("ok", 100.0 if id(h) in self.own else 50.0, {}) for h in mugraphs]
+
+
+def test_profiling_times_the_best_structures_at_other_sizes_too(
+        rmsnorm: em.KernelGraph, by_cost: SearchResults) -> None:
+    """Structure from the search, sizes from the tuner: each of the first results (the best of
+    each form) is followed by its size variants, verified, and a variant can win."""
+    from egraph_mirage.mugraph.sizes import sizes_of, structure_of
+    from egraph_mirage.verify import Verifier
+
+    ranked = _ranked(by_cost)
+    profiler, stats = Sized([r.graph for r in ranked]), SearchStats()
+    out = profile_stage(list(ranked), rmsnorm, stats, profiler, sizes=3, sized_forms=1)
+    first = spread(ranked, lambda r: r.graph)[0]
+    variants = profiler.order[1:3]
+    assert profiler.order[0] is first.graph and len(variants) == 2
+    assert all(id(v) not in profiler.own for v in variants)
+    for v in variants:  # the same structure at other sizes, each computing the program
+        assert structure_of(v) == structure_of(first.graph)
+        assert sizes_of(v) != sizes_of(first.graph)
+        assert Verifier(rmsnorm, backend="numpy").check(v).equivalent
+    assert {id(r.graph) for r in out[:2]} == {id(v) for v in variants}  # 50 µs: they win
+    assert len(out) == len(ranked) + 2 and out[0].measured_us == 50.0
+
+
 def test_the_time_budget_is_counted_from_the_start(rmsnorm: em.KernelGraph,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """``superoptimize`` hands the profile stage the deadline it set when it was called."""
@@ -273,16 +315,25 @@ def test_the_time_budget_is_counted_from_the_start(rmsnorm: em.KernelGraph,
     seen: dict[str, Any] = {}
 
     def stage(ranked: list[SearchResult], program: em.KernelGraph, stats: SearchStats,
-              profiler: Any, deadline: float | None = None) -> list[SearchResult]:
+              profiler: Any, deadline: float | None = None, **_: Any) -> list[SearchResult]:
         seen["deadline"] = deadline
         return ranked
 
+    def task(payload: Any, task: Any, deadline: float | None, *args: Any) -> Any:
+        seen["search deadline"] = deadline
+        return run_task(payload, task, deadline, *args)
+
+    run_task = driver.run_task
     monkeypatch.setattr(driver, "profile_stage", stage)
+    monkeypatch.setattr(driver, "run_task", task)
     before = time.time()
     superoptimize(rmsnorm, TINY, time_budget=1000.0, workers=1, progress=False, profile=True,
                   profiler=Broken())
     after = time.time()
     assert before + 1000.0 <= seen["deadline"] <= after + 1000.0
+    # the search stops at its share of the budget: the rest is the profiling's
+    share = driver.SEARCH_SHARE * 1000.0
+    assert before + share <= seen["search deadline"] <= after + share < before + 1000.0
     superoptimize(rmsnorm, TINY, workers=1, progress=False, profile=True, profiler=Broken())
     assert seen["deadline"] is None
 

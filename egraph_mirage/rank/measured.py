@@ -165,9 +165,20 @@ class GpuProfiler:
         return out
 
 
+#: with results to time on a GPU, the share of ``superoptimize``'s time budget its search takes
+#: (the profiling has the rest)
+SEARCH_SHARE = 0.6
+#: sizes timed for each of the first ``PROFILE_SIZES_FORMS`` results of the profiling order (the
+#: best estimated of each form): its own and the μGraph optimizer's next best
+#: (``rank.sizes.size_variants``)
+PROFILE_SIZES = 4
+PROFILE_SIZES_FORMS = 3
+
+
 def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: SearchStats,
                   profiler: Profiler | None = None, deadline: float | None = None,
-                  clock: Callable[[], float] = time.time) -> list[SearchResult]:
+                  clock: Callable[[], float] = time.time, sizes: int = 1,
+                  sized_forms: int = PROFILE_SIZES_FORMS) -> list[SearchResult]:
     """Stage ``profile``: ``ranked`` (the cost model's order) re-ranked by measured time.
 
     ``profiler`` None measures on the CUDA GPU (``GpuProfiler()``) where torch sees one, and
@@ -182,6 +193,10 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     The measured ones come first, by measured time, and the rest follow unmeasured in the cost
     model's order; the note says how many were measured. Without a deadline every result is
     measured, in one call to the profiler.
+
+    ``sizes`` > 1: each of the first ``sized_forms`` results of that order is followed by its
+    structure at up to ``sizes - 1`` other sizes (``rank.sizes.size_variants``, each verified
+    against ``program``), timed like the search's own results.
     """
     stats.ranked_by = BY_COST_MODEL
     if stats.interrupted:  # Ctrl-C asked for what was found, now
@@ -199,6 +214,10 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     # one result per call under a deadline, so that the deadline is checked between results
     step = len(ranked) if deadline is None else 1
     order = spread(ranked, lambda r: r.graph)
+    if sizes > 1:
+        order = _with_sizes(order, program, sizes, sized_forms,
+                            lambda: deadline is not None and clock() >= deadline)
+        ranked = ranked + [r for r in order if all(r is not q for q in ranked)]
     found: list[Measurement] = []
     t0 = time.perf_counter()
     try:
@@ -251,6 +270,32 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     # the order before profiling breaks ties (it is deterministic: estimate, kernels, text)
     position = {id(r.graph): i for i, r in enumerate(ranked)}
     return sorted(kept, key=lambda r: (r.measured_us, position[id(r.graph)])) + rest
+
+
+def _with_sizes(order: list[SearchResult], program: KernelGraph, sizes: int, forms: int,
+                late: Callable[[], bool]) -> list[SearchResult]:
+    """``order`` with each of its first ``forms`` results followed by its size variants (none
+    once ``late()``)."""
+    from ..errors import EMError
+    from .sizes import size_variants
+
+    cost = ProgramCost()
+    out: list[SearchResult] = []
+    for i, r in enumerate(order):
+        out.append(r)
+        if i >= forms or late():
+            continue
+        try:
+            variants = size_variants(r.graph, target=program, limit=sizes)[1:]
+        except EMError:
+            continue
+        for v in variants:
+            try:
+                estimate = cost.seconds(v)
+            except EMError:
+                estimate = r.estimated_seconds
+            out.append(replace(r, graph=v, estimated_seconds=estimate))
+    return out
 
 
 @dataclass

@@ -33,7 +33,13 @@ from typing import Any
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
 from ..rank import by_cost
-from ..rank.measured import Profiler, profile_stage
+from ..rank.measured import (
+    PROFILE_SIZES,
+    SEARCH_SHARE,
+    Profiler,
+    cuda_available,
+    profile_stage,
+)
 from . import pool
 from .checkpoint import Checkpoint, verify_stored
 from .config import SearchConfig, SearchError
@@ -134,9 +140,11 @@ class Run:
     options: dict[str, Any]
     stats: SearchStats = field(default_factory=SearchStats)
     t_start: float = field(default_factory=time.perf_counter)
-    #: when the time budget runs out (a ``time.time()`` time; None: no budget); it bounds the
-    #: search and the profiling after it
+    #: when the search must stop (a ``time.time()`` time; None: no budget): the end of the
+    #: time budget, or, when results will be timed on a GPU, ``SEARCH_SHARE`` of it
     deadline: float | None = None
+    #: when the time budget runs out: it bounds the profiling after the search
+    end: float | None = None
     payload: Payload | None = None
     ctx: Context | None = None
     tasks: list[Any] = field(default_factory=list)
@@ -318,7 +326,7 @@ def _stage_profile(run: Run) -> None:
     """With ``profile=True``: re-rank by time measured on the GPU (``rank.measured``)."""
     if run.options["profile"]:
         run.ranked = profile_stage(run.ranked, run.g, run.stats, run.options["profiler"],
-                                   deadline=run.deadline)
+                                   deadline=run.end, sizes=PROFILE_SIZES)
 
 
 #: The search as named stages, in order: each reads and extends the ``Run``.
@@ -380,9 +388,12 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     dropped (``stats.profile_failed``, ``stats.profile_wrong``). Without a GPU the results keep
     the cost model's order and ``stats.ranked_by`` is "cost model", with the reason in
     ``stats.profile_note``. ``time_budget`` covers the whole job, from the start of this call:
-    once the search is done, results are measured best estimated first until the budget runs
-    out, and those not reached follow the measured ones in the cost model's order (the note
-    says how many were measured).
+    where results will be timed, the search stops at ``SEARCH_SHARE`` of it, and the rest is
+    the profiling's: the best estimated result of each form first, each of the first
+    ``rank.measured.PROFILE_SIZES_FORMS`` of them followed by its structure at other sizes
+    (the μGraph optimizer's size variants, verified: ``PROFILE_SIZES`` sizes in all), then the
+    other results, until the budget runs out; those not reached follow the measured ones in the cost
+    model's order (the note says how many were measured).
     ``profiler`` replaces the GPU measurement (a ``rank.measured.GpuProfiler`` with another
     compiler, timer or cache, or a fake in tests). On a GPU machine call
     ``rank.measured.keep_jax_off_the_gpu()`` first (``optimize --profile`` does): the
@@ -403,13 +414,16 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     if not ok:
         raise SearchError(f"superoptimize: progress_interval must be a number of seconds >= 0, "
                           f"got {progress_interval!r}")
-    deadline = (None if time_budget is None or math.isinf(time_budget)
-                else time.time() + time_budget)
+    end = (None if time_budget is None or math.isinf(time_budget)
+           else time.time() + time_budget)
+    deadline = end
+    if end is not None and profile and (profiler is not None or cuda_available()[0]):
+        deadline = end - (1 - SEARCH_SHARE) * time_budget  # type: ignore[operator]
     run = Run(g, config, dict(time_budget=time_budget, workers=workers, checkpoint=checkpoint,
                               seed=seed, progress=progress, on_result=on_result, profile=profile,
                               profiler=profiler, max_tasks=max_tasks, rules=rules,
                               extra_rules=extra_rules, progress_interval=progress_interval),
-              deadline=deadline)
+              deadline=deadline, end=end)
     for name, stage in STAGES:
         stage(run)
         if on_stage is not None:
