@@ -609,3 +609,38 @@ def test_the_lowering_is_a_list_of_named_stages() -> None:
     assert all(src.lstrip().startswith("@triton.jit") for src in done["emit"].kernel_sources)
     assert any(line.startswith("_launch(") for line in done["emit"].body)
     assert done["program"] == generate_source(h, LowerOptions(pdl=True))
+
+
+def _rotary(halves: tuple[int, int]) -> em.KernelGraph:
+    """RoPE's rotation of 8 rows: ``x * cos + concat(-x2, x1) * sin`` in one kernel, the
+    halves ``x1``, ``x2`` of ``halves`` columns each."""
+    from egraph_mirage.mugraph import new_threadblock_graph
+
+    n = sum(halves)
+    g = em.new_kernel_graph()
+    x1, x2 = g.new_input((8, halves[0])), g.new_input((8, halves[1]))
+    cos, sin, x = g.new_input((1, n)), g.new_input((1, n)), g.new_input((8, n))
+    tb = new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=1)
+    a = tb.new_input(x1, (0, -1, -1), forloop_dim=-1)
+    b = tb.new_input(x2, (0, -1, -1), forloop_dim=-1)
+    c = tb.new_input(cos, (-1, -1, -1), forloop_dim=-1)
+    s = tb.new_input(sin, (-1, -1, -1), forloop_dim=-1)
+    t = tb.new_input(x, (0, -1, -1), forloop_dim=-1)
+    rotated = tb.mul(tb.concat(tb.neg(b), a, 1), s)
+    tb.new_output(tb.forloop_accum(tb.add(tb.mul(t, c), rotated)), (0, -1, -1))
+    (out,) = g.customized([x1, x2, cos, sin, x], tb)
+    g.mark_output(out)
+    return g
+
+
+@pytest.mark.parametrize("halves", [(32, 32), (32, 16)])
+def test_a_concat_of_equal_halves_is_a_join_not_a_gather(halves: tuple[int, int]) -> None:
+    """Two halves of one size are interleaved with ``tl.join`` (Triton 3.6 failed to compile
+    RoPE's ``tl.gather`` form for the GPU: ``TritonGPUOptimizeThreadLocality``); other sizes
+    keep the gather. Both compute the same."""
+    g = _rotary(halves)
+    source = generate_source(g)
+    equal = halves[0] == halves[1]
+    assert ("tl.join(" in source) == equal and ("tl.gather(" in source) != equal
+    _check(g, em.float16, reference=lambda xs: [
+        xs[4] * xs[2] + np.concatenate([-xs[1], xs[0]], axis=1) * xs[3]])

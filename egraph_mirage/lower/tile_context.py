@@ -248,7 +248,10 @@ class TileContext:
         return f"tl.dot({texts[0]}, {texts[1]}{extra})"
 
     def concat(self, a: str, b: str, dim: int) -> str:
-        """Operands ``a`` and ``b`` joined along ``dim`` (by gathering from each)."""
+        """Operands ``a`` and ``b`` joined along ``dim``: two halves of one size without padding
+        are interleaved as a new axis (``tl.join``) moved before ``dim`` and merged into it;
+        otherwise each element is gathered from its operand (``tl.gather``, which some Triton
+        versions fail to compile for the GPU in some layouts)."""
         pa, pb = self.padded(0), self.padded(1)
         ra = self.real(0)[dim]
         out, lay = self.out_padded, self.layout
@@ -257,6 +260,11 @@ class TileContext:
         for text, p in ((a, pa), (b, pb)):  # non-joined dims broadcast to the result's
             want = tuple(p[d] if d == dim else out[d] for d in range(rank))
             texts.append(text if want == p else f"tl.broadcast_to({text}, {lay.shape(want)})")
+        if ra == pa[dim] == pb[dim] == self.real(1)[dim] and out[dim] == 2 * ra:
+            at, kept = lay.axis(dim, rank), len(lay.dims(out))
+            perm = (*range(at), kept, *range(at, kept))  # the join's new last axis before ``at``
+            joined = f"tl.join({texts[0]}, {texts[1]})"
+            return f"tl.reshape(tl.permute({joined}, {perm}), {lay.shape(out)})"
         pos = arange(out[dim], dim, rank, "", lay)
         ia = self.bind(f"tl.broadcast_to(tl.minimum({pos}, {pa[dim] - 1}), {lay.shape(out)})",
                        "ia")
