@@ -103,6 +103,19 @@ def test_parameters_are_graph_inputs_read_as_attributes() -> None:
     assert [op.op for op in traced.graph.operators] == ["matmul", "add"]
 
 
+def test_a_linear_on_batch_and_tokens_is_one_matrix_product_of_all_rows() -> None:
+    """``Linear`` on (batch, tokens, features), as transformers' layers call it: the leading
+    dims fold into the rows of one product (a view of the input), so the weight is one
+    (k, n) operand, not broadcast over the batch; a residual view of the input follows."""
+    lin = torch.nn.Linear(8, 5, bias=False)
+    x = torch.randn(4, 3, 8)
+    traced = _matches(lambda v: lin(v) + v[..., :5], x)
+    assert [v.dims for v in traced.inputs if v.kind == "attribute"] == [(1, 8, 5)]  # the weight
+    assert sorted(v.dims for v in traced.inputs if v.kind == "placeholder") == [(1, 12, 5),
+                                                                                (1, 12, 8)]
+    assert [op.op for op in traced.graph.operators] == ["matmul", "add"]
+
+
 def test_from_torch_returns_the_kernel_graph_with_the_inputs_dtypes() -> None:
     g = from_torch(lambda x, w: torch.exp(x @ w), X.half(), W.half())
     assert isinstance(g, em.KernelGraph)

@@ -288,6 +288,18 @@ class Tracer:
             rhs = self._fit(b, (), lead, tuple(b.shape[-2:]), "matmul")
             out = self.apply("matmul", [a.tensor, rhs])
             return Computed(out, (*R, m, n), a.dtype)
+        if isinstance(a, PendingView) and len(b.shape) == 2 and len(a.shape) > 2 and \
+                math.prod(a.shape[:-2]) > 1 and len(a.shape) <= self.rank:
+            # an input's leading dims times a weight (a Linear on (batch, tokens, features)):
+            # the leading dims and the rows merge into the rows of one matrix product, so
+            # the weight is read once and the search sees (rows, k) @ (k, n)
+            rows = math.prod(a.shape[:-1])
+            lead = (1,) * (self.rank - 2)
+            S = (1,) * (self.rank - len(a.shape)) + tuple(a.shape)
+            steps, dims = a.materialise(S, (*lead, rows, a.shape[-1]), "matmul")
+            lhs = self._input(a, steps, dims)
+            rhs = self._fit(b, (), lead, tuple(b.shape), "matmul")
+            return Computed(self.apply("matmul", [lhs, rhs]), (*R, m, n), a.dtype)
         L, tensors = self._operands(R, [a, b], 2, "matmul")
         out = self.apply("matmul", tensors)
         if out.dims != (*L, m, n):
