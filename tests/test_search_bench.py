@@ -41,10 +41,12 @@ def test_the_winners_structure_is_found_and_timed(lora_results, tmp_path) -> Non
     first_of_it = min((r for r in lora_results
                        if structure_of(r.graph) == structure_of(last.graph)),
                       key=lambda r: r.found_after)
-    # a winner timed at batch 2: another size, the same structure
+    # a winner timed at batch 2: the same structure at another size, the batch (one index
+    # at batch 1) perhaps on a grid axis of its own; it counts as found where the search found
+    # that structure
     big = em.benchmarks.get("lora", small=True, batch=2)
     winner = retarget(last.graph, big)
-    assert structure_of(winner) == structure_of(last.graph)
+    assert [t.dims for t in winner.inputs] == [t.dims for t in big.inputs]
     rows = [{"benchmark": "lora", "batch": 2, "winner_mugraph": dumps(winner)},
             {"benchmark": "ntrans", "batch": 1, "winner_mugraph": None}]
     path = tmp_path / "rows.json"

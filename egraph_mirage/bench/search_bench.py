@@ -41,7 +41,7 @@ from .. import benchmarks
 from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
-from ..mugraph.sizes import structure_of
+from ..mugraph.sizes import retarget, structure_of
 from ..search import SearchConfig, superoptimize
 from ..search.outdir import write_results
 from .table import aligned
@@ -128,9 +128,17 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
 
 
 def _first_of(results: Sequence[Any], winner: KernelGraph | None) -> Any:
-    """The earliest found of ``results`` with ``winner``'s structure (None: none has it)."""
-    if winner is None:
+    """The earliest found of ``results`` with ``winner``'s structure (None: none has it), the
+    winner first retargeted to the results' shapes where it was timed at another batch (a
+    grid axis it gave a grown batch of one cuts nothing there)."""
+    if winner is None or not results:
         return None
+    shapes = [t.dims for t in results[0].graph.inputs]
+    if [t.dims for t in winner.inputs] != shapes:
+        try:
+            winner = retarget(winner, results[0].graph)
+        except EMError:
+            return None
     want = structure_of(winner)
     hits = [r for r in results if structure_of(r.graph) == want]
     return min(hits, key=lambda r: r.found_after, default=None)

@@ -329,8 +329,9 @@ def size_choices(g: KernelGraph, caps: Sequence[Caps] = DEFAULT_CAPS) -> list[Ke
 def structure_of(g: KernelGraph) -> tuple[Any, ...]:
     """``g`` with its sizes erased: per kernel (graph-defined or library, in program order), the
     grid axes it uses, how it loads each input, whether it loops, its block operators (a
-    multiset, accumulators with their kind and whether they are rescaled) and its outputs' maps.
-    Two μGraphs of one structure differ only in sizes (``resize``)."""
+    multiset, accumulators with their kind and whether they are rescaled) and its outputs' maps
+    (a map onto an axis of one block cuts nothing and counts as none). Two μGraphs of one
+    structure differ only in sizes (``resize``)."""
     out: list[Any] = []
     seen: set[int] = set()
     for t in g.operators:
@@ -342,9 +343,15 @@ def structure_of(g: KernelGraph) -> tuple[Any, ...]:
             continue
         seen.add(id(k))
         tb = k.tb
-        loads = sorted((ld.params["input_map"], ld.params["forloop_dim"]) for ld in tb.inputs)
+        used = tuple(d > 1 for d in tb.grid_dim)
+
+        def cut(m: Sequence[int], used: tuple[bool, ...] = used) -> tuple[int, ...]:
+            return tuple(d if u else -1 for d, u in zip(m, used))  # one block: no cut
+
+        loads = sorted((cut(ld.params["input_map"]), ld.params["forloop_dim"])
+                       for ld in tb.inputs)
         ops = sorted(b.op + (":" + b.params["acc"] if "acc" in b.params else "")
                      for b in tb.tensors if b.op != "input")
-        out.append((tuple(d > 1 for d in tb.grid_dim), tb.forloop_range > 1, tuple(loads),
-                    tuple(ops), tuple(sorted(omap for _, omap in tb.outputs))))
+        out.append((used, tb.forloop_range > 1, tuple(loads), tuple(ops),
+                    tuple(sorted(cut(omap) for _, omap in tb.outputs))))
     return tuple(out)
