@@ -243,13 +243,13 @@ def _cones(chunk: Sequence[Any], cone: Sequence[Any] | None = None) -> list[list
     while True:
         cones = []
         for r in roots:
-            cone, todo = {r}, [r]
+            members, todo = {r}, [r]
             while todo:
                 for a in todo.pop().all_input_nodes:
-                    if a in inside and a not in cone and not (a in heavy and a in roots):
-                        cone.add(a)
+                    if a in inside and a not in members and not (a in heavy and a in roots):
+                        members.add(a)
                         todo.append(a)
-            cones.append(cone)
+            cones.append(members)
         again = [n for n in chunk if n in heavy and n not in roots
                  and sum(n in c for c in cones) > 1]
         if not again:
