@@ -19,7 +19,9 @@ extra=()
 [ -n "${EXTRA_RULES:-}" ] && extra=(--extra-rules $EXTRA_RULES)
 gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
 (( gpus > $# )) && gpus=$#
-workers=${WORKERS:-$(( $(nproc) / gpus - 1 ))}
+# with several GPUs, each GPU's work is pinned to its share of the host's cores
+share=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))
+(( gpus > 1 )) && workers=${WORKERS:-$(( share - 1 ))} || workers=${WORKERS:-$(( $(nproc) - 1 ))}
 (( workers < 1 )) && workers=1
 # one search at the first batch serves every batch: bench gpu retargets its structures
 b=$(echo ${BATCHES:-1} | cut -d' ' -f1)
@@ -42,6 +44,10 @@ programs=("$@")
 for (( g = 0; g < gpus; g++ )); do
   (
     export CUDA_VISIBLE_DEVICES=$(( ${FIRST_GPU:-0} + g ))
+    # its own cores, so that host-bound plain launches on one GPU do not wait on the searches
+    # and compilations of another (with one GPU, every core)
+    first=$(( (${FIRST_GPU:-0} + g) * share ))
+    (( gpus > 1 )) && taskset -pc "$first-$(( first + share - 1 ))" $BASHPID >/dev/null
     for (( i = g; i < ${#programs[@]}; i += gpus )); do one "${programs[$i]}" "$g"; done
   ) &
 done

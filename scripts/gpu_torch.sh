@@ -16,7 +16,9 @@ out=$1; budget=$2; shift 2
 python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -1
 gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
 (( gpus > $# )) && gpus=$#
-workers=${WORKERS:-$(( $(nproc) / gpus - 1 ))}
+# with several GPUs, each GPU's work is pinned to its share of the host's cores
+share=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))
+(( gpus > 1 )) && workers=${WORKERS:-$(( share - 1 ))} || workers=${WORKERS:-$(( $(nproc) - 1 ))}
 (( workers < 1 )) && workers=1
 
 one() {  # one batch on the GPU this subshell sees
@@ -32,6 +34,10 @@ batches=("$@")
 for (( g = 0; g < gpus; g++ )); do
   (
     export CUDA_VISIBLE_DEVICES=$(( ${FIRST_GPU:-0} + g ))
+    # its own cores, so that host-bound plain launches on one GPU do not wait on the searches
+    # and compilations of another (with one GPU, every core)
+    first=$(( (${FIRST_GPU:-0} + g) * share ))
+    (( gpus > 1 )) && taskset -pc "$first-$(( first + share - 1 ))" $BASHPID >/dev/null
     for (( i = g; i < ${#batches[@]}; i += gpus )); do one "${batches[$i]}"; done
   ) &
 done
