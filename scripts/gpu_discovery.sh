@@ -17,12 +17,7 @@ out=$1; budget=$2; shift 2
 . "$(dirname "$0")/gpu_host.sh" "$out"
 extra=()
 [ -n "${EXTRA_RULES:-}" ] && extra=(--extra-rules $EXTRA_RULES)
-gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
-(( gpus > $# )) && gpus=$#
-# with several GPUs, each GPU's work is pinned to its share of the host's cores
-share=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))
-(( gpus > 1 )) && workers=${WORKERS:-$(( share - 1 ))} || workers=${WORKERS:-$(( $(nproc) - 1 ))}
-(( workers < 1 )) && workers=1
+gpu_plan $#
 # one search at the first batch serves every batch: bench gpu retargets its structures
 b=$(echo ${BATCHES:-1} | cut -d' ' -f1)
 
@@ -40,18 +35,7 @@ one() {  # one program on GPU $2: its search, then its timings
     --json > "$out/gpu_rows_$p.json" 2> "$out/gpu_$p.err" || tail -3 "$out/gpu_$p.err"
 }
 
-programs=("$@")
-for (( g = 0; g < gpus; g++ )); do
-  (
-    export CUDA_VISIBLE_DEVICES=$(( ${FIRST_GPU:-0} + g ))
-    # its own cores, so that host-bound plain launches on one GPU do not wait on the searches
-    # and compilations of another (with one GPU, every core)
-    first=$(( (${FIRST_GPU:-0} + g) * share ))
-    (( gpus > 1 )) && taskset -pc "$first-$(( first + share - 1 ))" $BASHPID >/dev/null
-    for (( i = g; i < ${#programs[@]}; i += gpus )); do one "${programs[$i]}" "$g"; done
-  ) &
-done
-wait
+gpu_spread "$@"
 python3 - "$out" <<'PY'
 import json, pathlib, sys
 from egraph_mirage.bench.gpu_report import format_table

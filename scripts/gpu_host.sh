@@ -1,9 +1,38 @@
 # Sourced by the device-call scripts (gpu_discovery.sh, gpu_torch.sh) with OUT as its argument:
 # egglog and its import deps from the carried `.whl/` (../shared/notes/gpu.md) on the path for
-# the search, JAX on the CPU, OUT made, and the GPU's name written to OUT/device.txt.
+# the search, JAX on the CPU, OUT made, and the GPU's name written to OUT/device.txt; then
+# gpu_plan and gpu_spread, which spread a script's items over the host's GPUs.
 export JAX_PLATFORMS=cpu
 # once per machine: scripts started side by side must not install over each other
 [ -d /tmp/egg/egglog ] || pip install -q --no-deps --target /tmp/egg .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/egg:$PWD
 mkdir -p "$1"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$1/device.txt"
+
+# gpu_plan N: how many GPUs N items are spread over (`gpus`: GPUS or every GPU, at most N) and
+# how many search processes each item gets (`workers`: WORKERS, or the GPU's share of the host's
+# cores less one; with one GPU, every core less one).
+gpu_plan() {
+  gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
+  (( gpus > $1 )) && gpus=$1
+  share=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))
+  (( gpus > 1 )) && workers=${WORKERS:-$(( share - 1 ))} || workers=${WORKERS:-$(( $(nproc) - 1 ))}
+  (( workers < 1 )) && workers=1
+}
+
+# gpu_spread ITEM...: item i on GPU FIRST_GPU + i mod gpus (`one ITEM SLOT`, a function of the
+# calling script), each GPU's items one after another, the GPUs side by side; with several GPUs
+# each one's work is pinned to its share of the host's cores, so that host-bound plain launches
+# on one GPU do not wait on the searches and compilations of another. Returns when all are done.
+gpu_spread() {
+  local items=("$@") g i first
+  for (( g = 0; g < gpus; g++ )); do
+    (
+      export CUDA_VISIBLE_DEVICES=$(( ${FIRST_GPU:-0} + g ))
+      first=$(( (${FIRST_GPU:-0} + g) * share ))
+      (( gpus > 1 && share > 0 )) && taskset -pc "$first-$(( first + share - 1 ))" $BASHPID >/dev/null
+      for (( i = g; i < ${#items[@]}; i += gpus )); do one "${items[$i]}" "$g"; done
+    ) &
+  done
+  wait
+}

@@ -14,12 +14,7 @@ set -u
 out=$1; budget=$2; shift 2
 . "$(dirname "$0")/gpu_host.sh" "$out"
 python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -1
-gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
-(( gpus > $# )) && gpus=$#
-# with several GPUs, each GPU's work is pinned to its share of the host's cores
-share=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))
-(( gpus > 1 )) && workers=${WORKERS:-$(( share - 1 ))} || workers=${WORKERS:-$(( $(nproc) - 1 ))}
-(( workers < 1 )) && workers=1
+gpu_plan $#
 
 one() {  # one batch on the GPU this subshell sees
   local b=$1
@@ -30,18 +25,7 @@ one() {  # one batch on the GPU this subshell sees
   echo "b=$b rc=$?"; tail -4 "$out/bench_torch_b$b.err"
 }
 
-batches=("$@")
-for (( g = 0; g < gpus; g++ )); do
-  (
-    export CUDA_VISIBLE_DEVICES=$(( ${FIRST_GPU:-0} + g ))
-    # its own cores, so that host-bound plain launches on one GPU do not wait on the searches
-    # and compilations of another (with one GPU, every core)
-    first=$(( (${FIRST_GPU:-0} + g) * share ))
-    (( gpus > 1 )) && taskset -pc "$first-$(( first + share - 1 ))" $BASHPID >/dev/null
-    for (( i = g; i < ${#batches[@]}; i += gpus )); do one "${batches[$i]}"; done
-  ) &
-done
-wait
+gpu_spread "$@"
 for b in "$@"; do cat "$out/bench_torch_b$b.txt"; done
 [ -z "${AGAIN:-}" ] && exit 0
 b=$1
