@@ -241,16 +241,14 @@ def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps,
     imaps = maps.inputs if maps else tuple(ld.params["input_map"] for ld in tb.inputs)
     loads = [(imap, ld.params["forloop_dim"], s.dims, old.dims)
              for imap, ld, s, old in zip(imaps, tb.inputs, sources, tb.sources)]
-    looped = [(fd, dims, old, src.op == "customized")
-              for (_, fd, dims, old), src in zip(loads, sources) if fd != -1]
-    split_axes = set()
+    looped = [(i, fd, dims) for i, (_, fd, dims, _) in enumerate(loads) if fd != -1]
+    made = [(i, fd) for i, fd, _ in looped if sources[i].op == "customized"]
     for axis, g in enumerate(tb.grid_dim):
         if g == 1:
             continue
         cut = [(imap[axis], dims, old) for imap, fd, dims, old in loads if imap[axis] != -1]
         d, dims, old = cut[0]
         if tb.forloop_range > 1 and any(imap[axis] == fd for imap, fd, _, _ in loads if fd != -1):
-            split_axes.add(axis)
             pieces = _largest(dims[d], caps.splits)
             grid[axis] = pieces if pieces > 1 else g
         elif old[d] // g == 1:
@@ -261,8 +259,6 @@ def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps,
     if maps is not None:
         grid[maps.axis] = maps.blocks
     frange = tb.forloop_range
-    made = [(i, fd) for i, ((_, fd, _, _), src) in enumerate(zip(loads, sources))
-            if fd != -1 and src.op == "customized"]
     if frange > 1 and made:
         # an earlier kernel's results (the pieces of a split): as many iterations per piece as
         # before, over however many pieces that kernel now writes (each piece's rows may have
@@ -274,7 +270,7 @@ def _choose(tb: ThreadBlockGraph, sources: Sequence[Tensor], caps: Caps,
                            f"{now} pieces")
         frange = frange * now // before
     elif frange > 1 and looped:
-        fd, dims, _, _ = looped[0]
+        _, fd, dims = looped[0]
         parts = _grid_parts(grid, fd, loads)  # the grid's cut of the looped dimension
         if dims[fd] % parts:
             raise MapError(f"resize: dimension {dims[fd]} does not split into {parts} pieces")
