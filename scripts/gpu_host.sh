@@ -11,18 +11,19 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee "$1/device.txt"
 
 # gpu_plan N: how many GPUs N items are spread over (`gpus`: GPUS or every GPU, at most N) and
 # how many search processes each item gets (`workers`: WORKERS, or the GPU's share of the host's
-# cores less one; with one GPU, every core less one).
+# cores less one; on a host of one GPU, every core less one).
 gpu_plan() {
-  gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
+  host_gpus=$(nvidia-smi -L | wc -l)
+  gpus=${GPUS:-$host_gpus}
   (( gpus > $1 )) && gpus=$1
-  share=$(( $(nproc) / $(nvidia-smi -L | wc -l) ))
-  (( gpus > 1 )) && workers=${WORKERS:-$(( share - 1 ))} || workers=${WORKERS:-$(( $(nproc) - 1 ))}
+  share=$(( $(nproc) / host_gpus ))
+  (( host_gpus > 1 )) && workers=${WORKERS:-$(( share - 1 ))} || workers=${WORKERS:-$(( $(nproc) - 1 ))}
   (( workers < 1 )) && workers=1
 }
 
 # gpu_spread ITEM...: item i on GPU FIRST_GPU + i mod gpus (`one ITEM SLOT`, a function of the
-# calling script), each GPU's items one after another, the GPUs side by side; with several GPUs
-# each one's work is pinned to its share of the host's cores, so that host-bound plain launches
+# calling script), each GPU's items one after another, the GPUs side by side; on a host of several
+# GPUs each one's work is pinned to its share of the host's cores, so that host-bound plain launches
 # on one GPU do not wait on the searches and compilations of another. Returns when all are done.
 gpu_spread() {
   local items=("$@") g i first
@@ -30,7 +31,7 @@ gpu_spread() {
     (
       export CUDA_VISIBLE_DEVICES=$(( ${FIRST_GPU:-0} + g ))
       first=$(( (${FIRST_GPU:-0} + g) * share ))
-      (( gpus > 1 && share > 0 )) && taskset -pc "$first-$(( first + share - 1 ))" $BASHPID >/dev/null
+      (( host_gpus > 1 && share > 0 )) && taskset -pc "$first-$(( first + share - 1 ))" $BASHPID >/dev/null
       for (( i = g; i < ${#items[@]}; i += gpus )); do one "${items[$i]}" "$g"; done
     ) &
   done

@@ -205,6 +205,59 @@ def test_rms_norm_then_matmul_by_the_fused_kernel(tmp_path: Path) -> None:
     assert len(ops) == 1 and piece.grids == [(6, 1, 1)]
 
 
+class NothingForNormAndMatmul(StandIn):
+    """A stand-in search that finds nothing for a program holding both a norm and a matmul, and
+    the program itself for any other."""
+
+    def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+        ops = {t.op for t in g.operators}
+        if {"rms_norm", "matmul"} <= ops:
+            self.calls += 1
+            return SearchResults([], SearchStats())  # nothing found
+        return super().__call__(g, config, **options)
+
+
+def gated(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor, wg: torch.Tensor,
+          wu: torch.Tensor) -> torch.Tensor:
+    h = torch.nn.functional.rms_norm(x + r, (x.shape[-1],), g, 1e-5)
+    return torch.nn.functional.silu(h @ wg) * (h @ wu)
+
+
+@pytest.mark.parametrize("refine", [True, False])
+def test_a_piece_with_nothing_found_is_searched_again_in_parts(tmp_path: Path,
+                                                               refine: bool) -> None:
+    """The residual add, RMSNorm and gated projections of an MLP, for which the search finds
+    nothing whole: cut at the projections' inputs, the norm and the projections are searched
+    apart and both replaced (``refine=False``: the piece stays); a second compile finds every
+    decision in the cache."""
+    gen = torch.Generator().manual_seed(0)
+    xs = (torch.randn(2, 64, generator=gen).half(), torch.randn(2, 64, generator=gen).half(),
+          (torch.rand(64, generator=gen) + 0.5).half(),
+          torch.randn(64, 32, generator=gen).half() / 8,
+          torch.randn(64, 32, generator=gen).half() / 8)
+    search = NothingForNormAndMatmul()
+    backend = Backend(**options(tmp_path, search=search, refine=refine))
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(gated, backend=backend, dynamic=False), *xs)
+    torch.testing.assert_close(got, gated(*xs), rtol=2e-3, atol=2e-3)
+    whole, *parts = backend.reports[0].pieces
+    assert whole.status == KEPT and whole.nothing_found()
+    assert search.calls == (3 if refine else 1)  # the whole piece, then its two parts
+    if not refine:
+        assert parts == [] and ops == []
+        return
+    assert "searched in 2 parts (0.0–0.1)" in whole.reason
+    assert [(p.index, p.part, p.name, p.status) for p in parts] == [
+        (0, 0, "egm_0.egm_0", REPLACED), (0, 1, "egm_0.egm_1", REPLACED)]
+    assert parts[0].operators == ("add", "rms_norm") and "matmul" in parts[1].operators
+    assert len(ops) == 2 and "piece 0.1 (egm_0.egm_1)" in backend.reports[0].text()
+    torch._dynamo.reset()
+    again = Backend(**options(tmp_path, search=search, refine=refine))
+    with torch.no_grad():
+        torch.compile(gated, backend=again, dynamic=False)(*xs)
+    assert [p.cache for p in again.reports[0].pieces] == ["hit"] * 3 and again.searches == 0
+
+
 def test_dynamic_true_is_a_clear_error(tmp_path: Path) -> None:
     compiled = torch.compile(relu_mm, backend=NAME, dynamic=True, options=options(tmp_path))
     with pytest.raises(Exception, match=r"static shapes only.*dynamic=True\) is not supported"

@@ -219,3 +219,34 @@ def test_every_piece_of_the_decoder_block_has_one_output(block: Any) -> None:
     _, x, gm = block
     parts = partition(gm, (x,))
     assert parts.pieces and all(_outputs(p) == 1 for p in parts.pieces)
+
+
+def _gated(x: Any, r: Any, g: Any, wg: Any, wu: Any) -> Any:
+    h = F.rms_norm(x + r, (x.shape[-1],), g, 1e-5)
+    return F.silu(h @ wg) * (h @ wu)
+
+
+def test_levels_cut_a_piece_at_its_matmuls_inputs() -> None:
+    """A residual add and RMSNorm before a gated MLP's two projections: one piece by default;
+    with ``levels`` (what the backend does when the search finds nothing for it whole), the
+    norm is a piece and the projections with their SiLU·mul another, which takes the norm's
+    output as its input."""
+    xs = (torch.randn(2, 16), torch.randn(2, 16), torch.rand(16) + 0.5, torch.randn(16, 32),
+          torch.randn(16, 32))
+    (whole,) = partition(_gated, xs).pieces
+    assert (whole.matmuls, whole.reductions) == (2, 1)
+    parts = partition(_gated, xs, levels=True)
+    _check(parts, _gated, xs, (2, 4))
+    norm, mlp = parts.pieces
+    assert (norm.matmuls, norm.reductions) == (0, 1) and (mlp.matmuls, mlp.reductions) == (2, 0)
+    assert "add" in norm.nodes and not {"add", "rms_norm"} & set(mlp.nodes)
+    assert all(_outputs(p) == 1 for p in parts.pieces)
+    # a matmul of a matmul's output is a level further: the norm, then one part per matmul
+    def chain(x: Any, w1: Any, w2: Any) -> Any:
+        return F.rms_norm(x, (16,)) @ w1 @ w2
+
+    xs2 = (torch.randn(2, 16), torch.randn(16, 16), torch.randn(16, 16))
+    assert len(partition(chain, xs2).pieces) == 1
+    parts = partition(chain, xs2, levels=True)
+    _check(parts, chain, xs2, (2, 4))
+    assert [(p.matmuls, p.reductions) for p in parts.pieces] == [(0, 1), (1, 0), (1, 0)]

@@ -17,6 +17,9 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    (``em.compile``), checked against the piece's eager outputs on the example inputs, and, on a
    CUDA GPU with ``profile`` on, timed against Inductor's code for the same piece (CUDA-graph
    replay) and kept only when faster; the decision is cached;
+   **refine**: a piece the search found nothing for is cut at its matmuls' inputs
+   (``partition(..., levels=True)``: an RMSNorm before a gated MLP's projections becomes a
+   piece apart from them) and each of its parts goes through step 2 (``refine=False``: not);
 3. **replace** each chosen piece by a call of a ``torch.library`` custom op that applies the
    ``TracedProgram``'s input views, launches the compiled kernels and reshapes the outputs
    (opaque to Dynamo and Inductor, capturable in a CUDA graph);
@@ -31,7 +34,8 @@ seconds per piece (60), ``max_tasks`` search tasks per piece (None: all), ``work
 processes (None: every core), ``config`` a ``SearchConfig`` or a mapping of its fields,
 ``cache_dir`` (default ``fx.cache.default_cache_dir()``), ``cache`` (False: neither read nor
 write), ``profile`` GPU timing against Inductor (default: on where CUDA is), ``rest``,
-``max_matmuls`` / ``max_reductions`` (the partitioner's caps per piece), ``verbose`` (print the
+``max_matmuls`` / ``max_reductions`` (the partitioner's caps per piece), ``refine`` (True:
+cut a piece with nothing found at its matmuls and search the parts), ``verbose`` (print the
 report to stderr), ``search`` (a function standing in for ``em.superoptimize``, for tests).
 Every compilation is logged at INFO on the ``egraph_mirage.fx`` logger and kept in
 ``fx.report.RECENT``; ``fx.report.torch_report(compiled_model)`` prints it.
@@ -91,6 +95,8 @@ class BackendOptions:
     rest: str = "inductor"
     max_matmuls: int = 2
     max_reductions: int = 4
+    #: cut a piece the search found nothing for at its matmuls' inputs, and search the parts
+    refine: bool = True
     verbose: bool = False
     #: the search (default ``em.superoptimize``): any function taking ``(graph, config,
     #: time_budget=, workers=, max_tasks=, progress=, profile=)`` and returning its results
@@ -201,6 +207,8 @@ class Backend:
         for i, piece in enumerate(parts.pieces):
             piece_report, replacement = self._piece(i, piece, mode)
             report.pieces.append(piece_report)
+            if replacement is None and self.options.refine and piece_report.nothing_found():
+                replacement = self._refine(i, piece, piece_report, report, mode)
             if replacement is not None:
                 setattr(parts.module, piece.name, replacement)
                 replaced += 1
@@ -247,6 +255,32 @@ class Backend:
                 return out, None
         return out, PieceCall(define_piece_op(runner, traced, piece.name))
 
+    def _refine(self, index: int, piece: Piece, piece_report: rep.PieceReport,
+                report: rep.CompileReport, mode: str | None = None) -> Any:
+        """Piece ``index``, which the search found nothing for, cut at its matmuls' inputs
+        (``partition(..., levels=True)``) into parts decided one by one (``_piece``; their
+        reports follow the piece's in ``report``). Returns the piece's module with the chosen
+        parts replaced, or None (fewer than two parts, or none replaced)."""
+        try:
+            parts = partition(piece.module, piece.example_inputs,
+                              max_matmuls=self.options.max_matmuls,
+                              max_reductions=self.options.max_reductions, levels=True)
+        except EMError:
+            return None
+        if len(parts.pieces) < 2:
+            return None
+        last = f"{index}.{len(parts.pieces) - 1}"
+        piece_report.reason += f"; searched in {len(parts.pieces)} parts ({index}.0–{last})"
+        replaced = 0
+        for j, part in enumerate(parts.pieces):
+            part_report, replacement = self._piece(index, part, mode)
+            part_report.name, part_report.part = f"{piece.name}.{part.name}", j
+            report.pieces.append(part_report)
+            if replacement is not None:
+                setattr(parts.module, part.name, replacement)
+                replaced += 1
+        return parts.module if replaced else None
+
     def _decide(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport,
                 mode: str | None = None) -> tuple[dict[str, Any], Runner | None, bool]:
         """Search, compile, check and (on a GPU) time. Returns the record, the compiled runner
@@ -279,7 +313,7 @@ class Backend:
         best = results.best
         if best is None:
             why = results.stats.no_result_reasons or [results.stats.stopped_by or "none found"]
-            record["reason"] = f"no μGraph found: {why[0]}"
+            record["reason"] = f"{rep.NOTHING_FOUND}: {why[0]}"
             return record, None, True
         record.update(mugraph=dumps(best.graph), knobs=best.knobs, num_kernels=best.num_kernels,
                       grids=_grids(best.graph), estimated_us=best.estimated_seconds * 1e6)

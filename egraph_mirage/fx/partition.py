@@ -1,6 +1,6 @@
 """Cutting a whole model's fx graph into pieces the search can take; the rest runs as is.
 
-``partition(gm, example_inputs, *, max_matmuls=2, max_reductions=4) -> Partitioned``:
+``partition(gm, example_inputs, *, max_matmuls=2, max_reductions=4, levels=False) -> Partitioned``:
 
 1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already
    (a module or a function is exported).
@@ -24,6 +24,11 @@
    joins the piece of its users; one that several pieces (or nodes outside) use runs as is.
    The default of two matmuls keeps a gated MLP's two projections together and its down
    projection apart; a program of three matmuls searched whole (LoRA) needs ``max_matmuls=3``.
+   With ``levels``, each cone is first cut at its matmuls' inputs: a node's level is the most
+   matmuls on a path from the cone's inputs to it (itself counted), and each level is a run
+   (levels never decrease along an edge, so ordering by level keeps a topological order and
+   every run convex). The backend cuts a piece this way when the search finds nothing for it
+   whole: an RMSNorm before a gated MLP's projections becomes a piece apart from them.
 6. **check**: every piece is traced (``trace_fx``); a node that fails to trace runs as is and
    steps 2–5 run again.
 7. **keep**: a piece with no matmul, no reduction and fewer than two computing nodes (a lone
@@ -73,7 +78,7 @@ class Partitioned:
 
 
 def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
-              max_reductions: int = 4) -> Partitioned:
+              max_reductions: int = 4, levels: bool = False) -> Partitioned:
     """``gm`` (called with ``example_inputs``) cut into pieces for the search (module docstring);
     ``gm`` is an fx graph module, or any module or function (exported first), and is not
     changed."""
@@ -100,7 +105,7 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
         cones: list[list[Any]] = []  # one output each; they may share nodes
         for p in proposals.propose_partitions():
             for cone in _cones(sorted(p.nodes, key=order.__getitem__)):
-                for chunk in _cut(cone, supported, max_matmuls, max_reductions, left):
+                for chunk in _cut(cone, supported, max_matmuls, max_reductions, left, levels):
                     cones += _cones(sorted(chunk, key=order.__getitem__), cone)
         cones = list({c[-1]: c for c in reversed(cones)}.values())[::-1]  # one per output
         pieces = [c for c in cones if _worth(c)]
@@ -188,14 +193,19 @@ def _counts(nodes: Sequence[Any]) -> tuple[int, int]:
 
 
 def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reductions: int,
-         left: dict[Any, str]) -> list[list[Any]]:
-    """Partition ``nodes`` (topologically ordered) cut into runs within the caps; the views of
-    inputs join the run of their users."""
+         left: dict[Any, str], levels: bool = False) -> list[list[Any]]:
+    """Partition ``nodes`` (topologically ordered) cut into runs within the caps, and with
+    ``levels`` at each new level of matmuls (module docstring); the views of inputs join the run
+    of their users."""
     inside = set(nodes)
     views = [n for n in nodes
              if _rule(n).kind != aten.COMPUTE and _root(n, inside) not in inside]  # type: ignore[union-attr]
+    level = _levels(nodes) if levels else dict.fromkeys(nodes, 0)
+    computing = sorted((n for n in nodes if n not in set(views)), key=level.__getitem__)
     chunks: list[list[Any]] = [[]]
-    for n in (n for n in nodes if n not in set(views)):
+    for n in computing:  # a stable sort: the same order within a level
+        if chunks[-1] and level[chunks[-1][-1]] != level[n]:
+            chunks.append([])
         mm, rd = _counts([n])
         if mm > max_matmuls or rd > max_reductions:
             left[n] = (f"{mm} matmuls and {rd} reductions on its own, over the caps "
@@ -216,6 +226,16 @@ def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reduct
         else:
             left[v] = "a view of an input that several pieces (or other nodes) use runs as is"
     return chunks
+
+
+def _levels(nodes: Sequence[Any]) -> dict[Any, int]:
+    """Each node of ``nodes`` (topologically ordered): the most matmuls on a path to it from
+    outside ``nodes``, itself counted."""
+    level: dict[Any, int] = {}
+    for n in nodes:
+        before = [level[a] for a in n.all_input_nodes if a in level]
+        level[n] = max(before, default=0) + (_rule(n).matmuls > 0)  # type: ignore[union-attr]
+    return level
 
 
 def _cones(chunk: Sequence[Any], cone: Sequence[Any] | None = None) -> list[list[Any]]:

@@ -29,6 +29,8 @@ from typing import Any
 #: how a piece ended: its μGraph replaced it; the original code was kept (nothing found, or not
 #: faster); the piece could not be taken in (an operator or shape the tracer refuses)
 REPLACED, KEPT, UNSUPPORTED = "replaced", "kept", "unsupported"
+#: how the reason of a piece kept because the search found nothing begins
+NOTHING_FOUND = "no μGraph found"
 
 
 @dataclass
@@ -36,8 +38,11 @@ class PieceReport:
     """One piece: what it computes, what became of it, and why."""
 
     index: int
-    #: the piece's submodule in the partitioned graph (``egm_0``, ...)
+    #: the piece's submodule in the partitioned graph (``egm_0``, ...; ``egm_7.egm_0`` for a
+    #: part of piece 7)
     name: str = ""
+    #: a part of piece ``index`` (which the search found nothing for, cut at its matmuls): which
+    part: int | None = None
     operators: tuple[str, ...] = ()
     shapes: tuple[tuple[int, ...], ...] = ()
     dtypes: tuple[str, ...] = ()
@@ -55,7 +60,8 @@ class PieceReport:
 
     def line(self) -> str:
         shapes = " ".join("x".join(map(str, s)) for s in self.shapes)
-        parts = [f"  piece {self.index} ({self.name}): {' '.join(self.operators) or '?'}"]
+        number = f"{self.index}" if self.part is None else f"{self.index}.{self.part}"
+        parts = [f"  piece {number} ({self.name}): {' '.join(self.operators) or '?'}"]
         if shapes:
             parts[0] += f" on {shapes} {'/'.join(sorted(set(self.dtypes)))}"
         if self.status == REPLACED:
@@ -71,6 +77,10 @@ class PieceReport:
             cache += f", search {self.search_seconds:.1f} s"
         parts.append(cache)
         return " | ".join(parts)
+
+    def nothing_found(self) -> bool:
+        """Kept because the search found nothing (within its budget)."""
+        return self.status == KEPT and self.reason.startswith(NOTHING_FOUND)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
