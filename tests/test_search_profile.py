@@ -270,6 +270,57 @@ def test_without_a_deadline_everything_is_measured(rmsnorm: em.KernelGraph,
     assert stats.profile_note.startswith("6 of 6 results timed on Counting GPU")
 
 
+class TwoRounds:
+    """A profiler with first timings: result ``i`` first times at ``100 - i`` µs; tuned, result
+    3 runs in 50 µs and every other 1 µs faster than its first timing. ``log`` records each
+    measurement as (round, i)."""
+
+    device_name = "Two-round GPU"
+
+    def __init__(self, graphs: list[em.KernelGraph], quick: bool = False,
+                 log: list[tuple[str, int]] | None = None) -> None:
+        self.graphs, self.quick = graphs, quick
+        self.log: list[tuple[str, int]] = [] if log is None else log
+
+    def first_timing(self) -> TwoRounds:
+        return TwoRounds(self.graphs, True, self.log)
+
+    def measure(self, program: em.KernelGraph, mugraphs: Any) -> list[Measurement]:
+        out = []
+        for h in mugraphs:
+            i = next(j for j, g in enumerate(self.graphs) if g is h)
+            self.log.append(("first" if self.quick else "tuned", i))
+            us = 100.0 - i if self.quick else (50.0 if i == 3 else 99.0 - i)
+            out.append(Measurement("ok", us, {"round": self.log[-1][0]}))
+        return out
+
+
+def test_first_timings_of_every_result_then_the_fastest_tuned(
+        rmsnorm: em.KernelGraph, by_cost: SearchResults) -> None:
+    """Every result is timed once cheaply, then the fastest three are tuned: tuning can
+    reorder them (result 3, third by its first timing, is the fastest tuned)."""
+    ranked = _ranked(by_cost)
+    graphs = [r.graph for r in spread(ranked, lambda r: r.graph)]
+    profiler, stats = TwoRounds(graphs), SearchStats()
+    out = profile_stage(list(ranked), rmsnorm, stats, profiler)
+    assert profiler.log == [("first", i) for i in range(6)] + [("tuned", i) for i in (5, 4, 3)]
+    assert [graphs.index(r.graph) for r in out] == [3, 5, 4, 2, 1, 0]
+    assert [r.measured_us for r in out] == [50.0, 94.0, 95.0, 98.0, 99.0, 100.0]
+    assert [r.knobs["round"] for r in out] == ["tuned"] * 3 + ["first"] * 3
+    assert "6 of 6 results timed on Two-round GPU (first timings, the fastest 3 tuned)" in \
+        stats.profile_note
+    # under a deadline the first timings take at most their share of the time left, and the
+    # tuning what is left after them: here 2 time units a measurement, 10 in all
+    profiler, stats = TwoRounds(graphs), SearchStats()
+    out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=10.0,
+                        clock=lambda: 2.0 * len(profiler.log))
+    assert profiler.log == [("first", 0), ("first", 1), ("first", 2), ("tuned", 2),
+                            ("tuned", 1)]
+    assert [r.measured_us for r in out[:3]] == [97.0, 98.0, 100.0]
+    assert "after profiling 3 of 6 results" in stats.profile_note
+    assert "(first timings, the fastest 2 tuned)" in stats.profile_note
+
+
 class Sized:
     """A profiler for which the μGraphs it has not seen (the size variants) run in 50 µs and
     the search's own results in 100 µs."""

@@ -59,8 +59,6 @@ DEFAULT_SEARCH_DIR = "egraph-mirage-out/search"
 NO_SEARCH_RESULT = "no search result: ours not measured"
 
 Log = Callable[[str], None]
-#: the knob settings at which many candidates are pre-ranked before tuning (the faster counts)
-QUICK_KNOBS: dict[str, tuple[int, ...]] = {"num_stages": (3,), "num_warps": (4, 8)}
 
 
 def _stderr(msg: str) -> None:
@@ -283,6 +281,7 @@ def measure(graphs: Sequence[KernelGraph], labels: Sequence[str], who: str, b: B
     check the fastest again on fresh inputs and time it; notes start with ``who``."""
     from ..gpu.timing import random_inputs
     from ..gpu.tune import (
+        QUICK_KNOBS,
         Trial,
         TuneCache,
         TuneResult,

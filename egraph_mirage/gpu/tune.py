@@ -237,6 +237,10 @@ def _trial(mugraph: KernelGraph, program: KernelGraph, knobs: Knobs, compiler: C
 Space = dict[str, tuple[Any, ...]]
 
 
+#: the knob settings at which many candidates get a first timing before the fastest are tuned
+QUICK_KNOBS: dict[str, tuple[int, ...]] = {"num_stages": (3,), "num_warps": (4, 8)}
+
+
 def staged_spaces(mugraph: KernelGraph, base: Mapping[str, Sequence[Any]] | None = None
                   ) -> tuple[Space, Callable[[Knobs], Space] | None]:
     """Two rounds instead of the whole product: ``base`` (default: the lowering's ``KNOBS``)

@@ -109,6 +109,13 @@ class GpuProfiler:
     timing: str = "graph"
     seed: int = 0
     std: float = 0.1
+    #: a first timing: a few knob settings (``gpu.tune.QUICK_KNOBS``, the μGraph's own knobs at
+    #: their first value) instead of tuning
+    quick: bool = False
+
+    def first_timing(self) -> GpuProfiler:
+        """This profiler for the profile stage's first timings (``quick``)."""
+        return replace(self, quick=True)
 
     @property
     def device_name(self) -> str:
@@ -129,7 +136,15 @@ class GpuProfiler:
             random_inputs,
             rotation_count,
         )
-        from ..gpu.tune import TuneCache, default_cache_dir, default_compiler, tune
+        from ..gpu.tune import (
+            QUICK_KNOBS,
+            TuneCache,
+            default_cache_dir,
+            default_compiler,
+            staged_spaces,
+            tune,
+            tune_staged,
+        )
 
         compiler = self.compiler or default_compiler()
         if compiler is None:  # nothing can be measured: the stage keeps the cost model
@@ -142,12 +157,20 @@ class GpuProfiler:
                  else 1)
         sets = input_sets(program, count, self.device, self.seed, self.std)
         check_inputs = random_inputs(program, self.device, self.seed + 10_000, self.std)
+        def tuner(h: KernelGraph, space: Any) -> Any:
+            return tune(h, program, compiler=compiler, timer=timer, input_sets=sets,
+                        check_inputs=check_inputs, device=self.device_name, cache=cache,
+                        space=space, timing=self.timing)
+
         out = []
         for h in mugraphs:
             try:
-                res = tune(h, program, compiler=compiler, timer=timer, input_sets=sets,
-                           check_inputs=check_inputs, device=self.device_name, cache=cache,
-                           space=self.space, timing=self.timing)
+                if self.quick:
+                    res = tuner(h, staged_spaces(h, self.space or QUICK_KNOBS)[0])
+                elif self.space is not None:
+                    res = tuner(h, self.space)
+                else:  # the lowering's knobs, then the μGraph's own at the best of them
+                    res = tune_staged(h, tuner)
             except Exception as exc:  # e.g. the best setting no longer compiles
                 out.append(Measurement("failed", message=f"{type(exc).__name__}: {exc}"[:300]))
                 continue
@@ -173,12 +196,17 @@ SEARCH_SHARE = 0.6
 #: (``rank.sizes.size_variants``)
 PROFILE_SIZES = 4
 PROFILE_SIZES_FORMS = 3
+#: results tuned in full after the first timings, the fastest first
+PROFILE_TUNE_TOP = 3
+#: with a deadline, the share of the profiling time left at its start that first timings may take
+FIRST_TIMING_SHARE = 0.6
 
 
 def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: SearchStats,
                   profiler: Profiler | None = None, deadline: float | None = None,
                   clock: Callable[[], float] = time.time, sizes: int = 1,
-                  sized_forms: int = PROFILE_SIZES_FORMS) -> list[SearchResult]:
+                  sized_forms: int = PROFILE_SIZES_FORMS,
+                  tune_top: int = PROFILE_TUNE_TOP) -> list[SearchResult]:
     """Stage ``profile``: ``ranked`` (the cost model's order) re-ranked by measured time.
 
     ``profiler`` None measures on the CUDA GPU (``GpuProfiler()``) where torch sees one, and
@@ -193,6 +221,13 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     The measured ones come first, by measured time, and the rest follow unmeasured in the cost
     model's order; the note says how many were measured. Without a deadline every result is
     measured, in one call to the profiler.
+
+    A profiler with ``first_timing()`` (``GpuProfiler``) times in two rounds, a cheap first
+    timing of each result and full tuning of the best few: first every result at a few knob
+    settings (``gpu.tune.QUICK_KNOBS``; under a deadline, for at most ``FIRST_TIMING_SHARE``
+    of the time left), then the fastest ``tune_top`` of those tuned over the lowering's knobs
+    (``gpu.tune.tune_staged``), each keeping the faster of its two timings.
+    Compiling every setting of every result would time one or two results in a budget.
 
     ``sizes`` > 1: each of the first ``sized_forms`` results of that order is followed by its
     structure at up to ``sizes - 1`` other sizes (``rank.sizes.size_variants``, each verified
@@ -211,27 +246,32 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     if not ranked:
         stats.profile_note = "nothing to profile"
         return ranked
-    # one result per call under a deadline, so that the deadline is checked between results
-    step = len(ranked) if deadline is None else 1
     order = spread(ranked, lambda r: r.graph)
     if sizes > 1:
         order = _with_sizes(order, program, sizes, sized_forms,
                             lambda: deadline is not None and clock() >= deadline)
         ranked = ranked + [r for r in order if all(r is not q for q in ranked)]
+    # first timings at a few knob settings where the profiler has them, then full tuning of
+    # the fastest; a profiler without (tests' fakes) tunes every result at once
+    first_timing = getattr(profiler, "first_timing", None)
+    first = first_timing() if callable(first_timing) else profiler
+    first_end = deadline
+    if deadline is not None and first is not profiler:
+        first_end = clock() + FIRST_TIMING_SHARE * max(0.0, deadline - clock())
     found: list[Measurement] = []
+    tuned = 0
     t0 = time.perf_counter()
     try:
         stats.profile_device = profiler.device_name
-        while len(found) < len(order):
-            if deadline is not None and clock() >= deadline:
-                break
-            batch = [r.graph for r in order[len(found):len(found) + step]]
-            got = profiler.measure(program, batch)
-            if len(got) != len(batch):
-                stats.profile_note = (f"the profiler returned {len(got)} measurements for "
-                                      f"{len(batch)} results: ranked by the cost model")
-                return ranked
-            found.extend(got)
+        found = _measure(first, program, [r.graph for r in order], first_end, clock)
+        if first is not profiler:
+            us = {i: m.us for i, m in enumerate(found) if m.status == "ok" and m.us is not None}
+            top = sorted(us, key=us.__getitem__)[:tune_top]
+            full = _measure(profiler, program, [order[i].graph for i in top], deadline, clock)
+            for i, m in zip(top, full):
+                tuned += 1
+                if m.status == "ok" and m.us is not None and m.us < us[i]:
+                    found[i] = m
     except KeyboardInterrupt:
         stats.interrupted = True
         stats.profile_note = "profiling interrupted: ranked by the cost model"
@@ -259,8 +299,11 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
             stats.profile_messages.append(f"{m.status}: {m.message}")
     stats.ranked_by = BY_GPU
     stats.profile_note = (f"{len(kept)} of {len(found)} results timed on "
-                          f"{stats.profile_device}; {stats.profile_failed} failed to lower or "
-                          f"run, {stats.profile_wrong} failed the numeric check (dropped)")
+                          f"{stats.profile_device}"
+                          + (f" (first timings, the fastest {tuned} tuned)"
+                             if first is not profiler else "")
+                          + f"; {stats.profile_failed} failed to lower or run, "
+                          f"{stats.profile_wrong} failed the numeric check (dropped)")
     measured = {id(r) for r in order[:len(found)]}
     rest = [r for r in ranked if id(r) not in measured]
     if rest:
@@ -270,6 +313,27 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     # the order before profiling breaks ties (it is deterministic: estimate, kernels, text)
     position = {id(r.graph): i for i, r in enumerate(ranked)}
     return sorted(kept, key=lambda r: (r.measured_us, position[id(r.graph)])) + rest
+
+
+def _measure(profiler: Profiler, program: KernelGraph, graphs: list[KernelGraph],
+             deadline: float | None, clock: Callable[[], float]) -> list[Measurement]:
+    """``graphs`` measured in order: in one call without a deadline, else one at a time until
+    ``clock()`` reaches it (the measurements of those done)."""
+    if deadline is None:
+        got = profiler.measure(program, graphs) if graphs else []
+        if len(got) != len(graphs):
+            raise LowerError(f"the profiler returned {len(got)} measurements for "
+                             f"{len(graphs)} results")
+        return list(got)
+    found: list[Measurement] = []
+    for h in graphs:
+        if clock() >= deadline:
+            break
+        got = profiler.measure(program, [h])
+        if len(got) != 1:
+            raise LowerError(f"the profiler returned {len(got)} measurements for 1 result")
+        found.extend(got)
+    return found
 
 
 def _with_sizes(order: list[SearchResult], program: KernelGraph, sizes: int, forms: int,
