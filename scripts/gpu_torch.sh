@@ -8,7 +8,8 @@
 # (egglog 13.2 cp312 and its import deps: ../shared/notes/gpu.md).
 # Usage: scripts/gpu_torch.sh OUT BUDGET BATCH...   (BUDGET: search seconds per piece)
 # Environment: MODELS ("llama hf"), MODES (default all), PRESET (llama3_8b), TIMEOUT (s per batch,
-# 420), AGAIN, GPUS (how many GPUs to use, default every one), FIRST_GPU (the first of them, 0),
+# 420), TIMING (the backend's timing option, default both), CACHE (the backend's cache, default
+# OUT/cache), AGAIN, GPUS (how many GPUs to use, default every one), FIRST_GPU (the first of them, 0),
 # WORKERS (search processes per batch, default the cores shared out).
 set -u
 out=$1; budget=$2; shift 2
@@ -20,7 +21,8 @@ one() {  # one batch on the GPU this subshell sees
   local b=$1
   timeout "${TIMEOUT:-420}" python3 -m egraph_mirage bench torch --batch "$b" \
     --models ${MODELS:-llama hf} ${MODES:+--modes $MODES} --preset "${PRESET:-llama3_8b}" \
-    --budget "$budget" --workers "$workers" --cache-dir "$out/cache" --out "$out/bench_torch_b$b.json" \
+    --budget "$budget" --workers "$workers" --cache-dir "${CACHE:-$out/cache}" \
+    --timing "${TIMING:-both}" --out "$out/bench_torch_b$b.json" \
     > "$out/bench_torch_b$b.txt" 2> "$out/bench_torch_b$b.err"
   echo "b=$b rc=$?"; tail -4 "$out/bench_torch_b$b.err"
 }
@@ -31,6 +33,6 @@ for b in "$@"; do cat "$out/bench_torch_b$b.txt"; done
 b=$1
 timeout 300 python3 -m egraph_mirage bench torch --batch "$b" --models ${MODELS:-llama hf} \
   --preset "${PRESET:-llama3_8b}" --modes egraph_mirage --budget "$budget" \
-  --workers "$(( $(nproc) - 1 ))" --cache-dir "$out/cache" --out "$out/bench_torch_again_b$b.json" \
+  --workers "$(( $(nproc) - 1 ))" --cache-dir "${CACHE:-$out/cache}" --timing "${TIMING:-both}" --out "$out/bench_torch_again_b$b.json" \
   > "$out/bench_torch_again_b$b.txt" 2> "$out/bench_torch_again_b$b.err"
 echo "again b=$b rc=$?"; cat "$out/bench_torch_again_b$b.txt"

@@ -258,6 +258,53 @@ def test_a_piece_with_nothing_found_is_searched_again_in_parts(tmp_path: Path,
     assert [p.cache for p in again.reports[0].pieces] == ["hit"] * 3 and again.searches == 0
 
 
+@pytest.mark.parametrize("timing, replaced", [("graph", True), ("plain", False),
+                                              ("both", False)])
+def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timing: str, replaced: bool) -> None:
+    """On a GPU each winner is timed against Inductor's code for its piece, under CUDA-graph
+    replay and with plain launches (here a stand-in timing: faster replayed, slower launched
+    plainly, as a piece whose host overhead outweighs its kernels' gain). ``timing`` says
+    which must be faster; the times are cached, the decision is made from them on each
+    compile, so another ``timing`` needs no search."""
+    from egraph_mirage.fx import backend as be
+
+    times = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 40.0,
+             "inductor_plain_us": 20.0}
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(be, "_time_against_inductor", lambda *a, **k: dict(times))
+    search = StandIn()
+    for rerun in (False, True):  # the second compile decides from the cached times
+        torch._dynamo.reset()
+        backend = Backend(**options(tmp_path, search=search, profile=True, timing=timing))
+        with torch.no_grad():
+            got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False),
+                                  *inputs())
+        torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+        (piece,) = backend.reports[0].pieces
+        assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
+        assert piece.cache == ("hit" if rerun else "miss") and search.calls == 1
+        assert (piece.ours_plain_us, piece.inductor_plain_us) == (40.0, 20.0)
+        assert "ours 5.0 µs / 40.0 µs, Inductor 6.0 µs / 20.0 µs" in piece.line()
+        if not replaced:
+            assert piece.reason == "not faster than Inductor's code (plain launches)"
+
+
+def test_the_timing_criterion() -> None:
+    from egraph_mirage.fx.backend import _slower
+
+    timed = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
+             "inductor_plain_us": 20.0}
+    assert _slower(timed, "both") == _slower(timed, "graph") == _slower(timed, "plain") == ""
+    slow_replay = dict(timed, ours_us=7.0)
+    assert _slower(slow_replay, "both") == "not faster than Inductor's code (CUDA-graph replay)"
+    assert _slower(slow_replay, "plain") == ""
+    assert _slower({}, "both") == ""  # not timed: no GPU
+    assert "earlier version" in _slower({"ours_us": 5.0, "inductor_us": 6.0}, "both")
+    with pytest.raises(BackendError, match="timing must be one of"):
+        BackendOptions.of({"timing": "fast"})
+
+
 def test_dynamic_true_is_a_clear_error(tmp_path: Path) -> None:
     compiled = torch.compile(relu_mm, backend=NAME, dynamic=True, options=options(tmp_path))
     with pytest.raises(Exception, match=r"static shapes only.*dynamic=True\) is not supported"

@@ -384,6 +384,10 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--cache-dir", metavar="DIR",
                    help="the backend's cache (default $EGRAPH_MIRAGE_CACHE or "
                    "~/.cache/egraph-mirage)")
+    p.add_argument("--timing", choices=("both", "graph", "plain"), default="both",
+                   help="the backend's timing option: a winner replaces its piece when faster "
+                   "than Inductor's code under CUDA-graph replay and plain launches (both, the "
+                   "default), or under one of them")
     p.add_argument("--no-cache", action="store_true",
                    help="search every piece again (neither read nor write the cache)")
     p.add_argument("--example", metavar="PATH",
@@ -416,7 +420,8 @@ def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
         modes=args.modes or (("eager", "egraph_mirage") if smoke else MODES),
         dtype=args.dtype, budget=args.budget, max_tasks=args.max_tasks, workers=args.workers,
         cache_dir=args.cache_dir, cache=not args.no_cache, rest="eager" if smoke else "inductor",
-        device="cpu" if smoke else "cuda", example=args.example)
+        device="cpu" if smoke else "cuda", example=args.example,
+        backend_options={"timing": args.timing})
 
 
 def run_command(args: Any) -> int:

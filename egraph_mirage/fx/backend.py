@@ -73,6 +73,10 @@ LOG = logging.getLogger("egraph_mirage.fx")
 Runner = Callable[[list[Any]], list[Any]]
 
 
+#: the ``timing`` option's values
+TIMINGS = ("both", "graph", "plain")
+
+
 class BackendError(EMError, ValueError):
     """The backend was given an unknown or malformed option."""
 
@@ -97,6 +101,9 @@ class BackendOptions:
     max_reductions: int = 4
     #: cut a piece the search found nothing for at its matmuls' inputs, and search the parts
     refine: bool = True
+    #: on a GPU, how a winner must beat Inductor's code for its piece to replace it: under
+    #: "graph" (CUDA-graph replay), "plain" launches, or "both"
+    timing: str = "both"
     verbose: bool = False
     #: the search (default ``em.superoptimize``): any function taking ``(graph, config,
     #: time_budget=, workers=, max_tasks=, progress=, profile=)`` and returning its results
@@ -121,6 +128,9 @@ class BackendOptions:
         elif not isinstance(config, SearchConfig):
             raise BackendError(f"egraph_mirage backend: config must be a SearchConfig or a "
                                f"mapping of its fields, got {config!r}")
+        if options.get("timing", "both") not in TIMINGS:
+            raise BackendError(f"egraph_mirage backend: timing must be one of {TIMINGS}, got "
+                               f"{options['timing']!r}")
         if options.get("rest", "inductor") not in ("inductor", "eager"):
             raise BackendError(f"egraph_mirage backend: rest must be 'inductor' or 'eager', got "
                                f"{options['rest']!r}")
@@ -245,7 +255,10 @@ class Backend:
             if self.cache is not None and lasting:
                 self.cache.put(key, record)
         _fill(out, record)
-        if record["decision"] != "replace":
+        slower = _slower(record, self.options.timing) if record["decision"] == "replace" else ""
+        if slower:
+            out.status, out.reason = rep.KEPT, slower
+        if record["decision"] != "replace" or slower:
             return out, None
         if runner is None:
             try:
@@ -327,18 +340,14 @@ class Backend:
         if error > _tolerance(g):
             record["reason"] = f"the winner differs from eager (relative error {error:.1e})"
             return record, None, True
-        record["decision"] = "replace"
-        if o.profiling() and torch.cuda.is_available():
+        record["decision"] = "replace"  # where timed, ``_slower`` decides with the times
+        if o.profiling() and _on_gpu():
             try:
-                ours, theirs = _time_against_inductor(runner, piece, mode)
+                record.update(_time_against_inductor(runner, traced, piece, mode))
             except Exception as e:
                 record.update(decision="keep", reason=f"timing failed: {type(e).__name__}: {e}")
                 LOG.warning("egraph-mirage: %s: %s", piece.name, record["reason"])
                 return record, None, False
-            record.update(ours_us=ours, inductor_us=theirs)
-            if ours >= theirs:
-                record.update(decision="keep", reason="not faster than Inductor's code")
-                return record, None, True
         return record, runner, True
 
     def _finish(self, compiled: Callable[..., Any], report: rep.CompileReport
@@ -477,10 +486,39 @@ def _tolerance(g: KernelGraph) -> float:
     return tolerance(g)
 
 
-def _time_against_inductor(runner: Runner, piece: Piece, mode: str | None = None
-                           ) -> tuple[float, float]:
-    """(ours, Inductor's) µs per call on the piece's example inputs, CUDA-graph replay;
-    Inductor compiles the piece in ``torch.compile``'s ``mode``."""
+def _on_gpu() -> bool:
+    """Whether winners are timed against Inductor here (a CUDA GPU)."""
+    return bool(torch.cuda.is_available())
+
+
+def _slower(record: Mapping[str, Any], timing: str) -> str:
+    """Why a timed winner is not used under the ``timing`` option ("" when it is faster, or was
+    not timed: no GPU)."""
+    kinds = ("graph", "plain") if timing == "both" else (timing,)
+    if record.get("ours_us") is None and record.get("ours_plain_us") is None:
+        return ""
+    for kind, (ours, theirs) in _TIMES.items():
+        if kind not in kinds:
+            continue
+        if record.get(ours) is None or record.get(theirs) is None:
+            return f"not timed under {_TIMED[kind]} (a decision cached by an earlier version)"
+        if record[ours] >= record[theirs]:
+            return f"not faster than Inductor's code ({_TIMED[kind]})"
+    return ""
+
+
+#: the record's fields of each kind of timing: ours, Inductor's
+_TIMES = {"graph": ("ours_us", "inductor_us"), "plain": ("ours_plain_us", "inductor_plain_us")}
+_TIMED = {"graph": "CUDA-graph replay", "plain": "plain launches"}
+
+
+def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
+                           mode: str | None = None) -> dict[str, float | None]:
+    """Ours and Inductor's µs per call on the piece's example inputs, under CUDA-graph replay
+    (``ours_us``, ``inductor_us``; None where a graph cannot be captured) and plain launches
+    (``ours_plain_us``, ``inductor_plain_us``); ours through the custom op the piece would
+    become, so that the plain launches count what a call costs on the host. Inductor compiles
+    the piece in ``torch.compile``'s ``mode``."""
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
@@ -493,14 +531,15 @@ def _time_against_inductor(runner: Runner, piece: Piece, mode: str | None = None
     with torch._guards.tracing(None):
         theirs = compile_fx(piece.module, xs, config_patches=dict(
             list_mode_options(mode)) if mode not in (None, "default") else None)
-
-    def time_us(fn: Callable[..., Any]) -> float:
+    op = define_piece_op(runner, traced, f"{piece.name}_timed")
+    times: dict[str, float | None] = {}
+    for name, fn in (("ours", lambda *a: op(list(a))), ("inductor", lambda *a: theirs(*a))):
         try:
-            return timer.graph(fn, [xs])
-        except Exception:  # not capturable: plain launches
-            return timer.plain(fn, [xs])
-
-    return time_us(lambda *a: runner(list(a))), time_us(lambda *a: theirs(*a))
+            times[f"{name}_us"] = timer.graph(fn, [xs])
+        except Exception:  # not capturable
+            times[f"{name}_us"] = None
+        times[f"{name}_plain_us"] = timer.plain(fn, [xs])
+    return times
 
 
 def _grids(mugraph: KernelGraph) -> list[list[int]]:
@@ -521,6 +560,8 @@ def _fill(out: rep.PieceReport, record: Mapping[str, Any]) -> None:
     out.num_kernels = record.get("num_kernels")
     out.grids = [tuple(g) for g in record.get("grids") or []]
     out.ours_us, out.inductor_us = record.get("ours_us"), record.get("inductor_us")
+    out.ours_plain_us = record.get("ours_plain_us")
+    out.inductor_plain_us = record.get("inductor_plain_us")
 
 
 register()

@@ -15,8 +15,8 @@ piece (fields separated by " | ") and one per operator left out of every piece::
       left out: cumsum: no op-table operator computes it
 
 (each entry is one line; wrapped here). On a GPU with ``profile`` on, a piece also shows
-``ours 8.1 µs, Inductor 12.0 µs``; a piece kept says why (no μGraph found, several outputs, not
-faster than Inductor's code, ...).
+``ours 8.1 µs / 30.2 µs, Inductor 12.0 µs / 25.0 µs (graph replay / plain launches)``; a piece
+kept says why (no μGraph found, several outputs, not faster than Inductor's code, ...).
 """
 
 from __future__ import annotations
@@ -50,9 +50,12 @@ class PieceReport:
     reason: str = ""
     num_kernels: int | None = None
     grids: list[tuple[int, ...]] = field(default_factory=list)
-    #: measured times (µs) of the replacement and of Inductor's code for the piece, on a GPU
+    #: measured times (µs) of the replacement and of Inductor's code for the piece, on a GPU,
+    #: under CUDA-graph replay and with plain launches
     ours_us: float | None = None
     inductor_us: float | None = None
+    ours_plain_us: float | None = None
+    inductor_plain_us: float | None = None
     #: "hit", "miss" or "off" (no cache)
     cache: str = "off"
     #: seconds the search took (None: no search ran, e.g. on a cache hit)
@@ -70,7 +73,11 @@ class PieceReport:
                          + (f", grid {grids}" if grids else ""))
         else:
             parts.append(f"{self.status}" + (f": {self.reason}" if self.reason else ""))
-        if self.ours_us is not None or self.inductor_us is not None:
+        if self.ours_plain_us is not None or self.inductor_plain_us is not None:
+            parts.append(f"ours {_us(self.ours_us)} / {_us(self.ours_plain_us)}, Inductor "
+                         f"{_us(self.inductor_us)} / {_us(self.inductor_plain_us)} "
+                         "(graph replay / plain launches)")
+        elif self.ours_us is not None or self.inductor_us is not None:
             parts.append(f"ours {_us(self.ours_us)}, Inductor {_us(self.inductor_us)}")
         cache = "no cache" if self.cache == "off" else f"cache {self.cache}"
         if self.search_seconds is not None:
