@@ -16,7 +16,9 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    settings); on a miss **search** (``em.superoptimize``) and **decide**: the winner is compiled
    (``em.compile``), checked against the piece's eager outputs on the example inputs, and, on a
    CUDA GPU with ``profile`` on, timed against Inductor's code for the same piece (CUDA-graph
-   replay) and kept only when faster; the decision is cached;
+   replay and plain launches, ours through its custom op) and used only when faster as the
+   ``timing`` option asks (both, by default); the times are cached, the decision is made
+   from them at each compile;
    **refine**: a piece the search found nothing for is cut at its matmuls' inputs
    (``partition(..., levels=True)``: an RMSNorm before a gated MLP's projections becomes a
    piece apart from them) and each of its parts goes through step 2 (``refine=False``: not);
@@ -34,7 +36,8 @@ seconds per piece (60), ``max_tasks`` search tasks per piece (None: all), ``work
 processes (None: every core), ``config`` a ``SearchConfig`` or a mapping of its fields,
 ``cache_dir`` (default ``fx.cache.default_cache_dir()``), ``cache`` (False: neither read nor
 write), ``profile`` GPU timing against Inductor (default: on where CUDA is), ``rest``,
-``max_matmuls`` / ``max_reductions`` (the partitioner's caps per piece), ``refine`` (True:
+``max_matmuls`` / ``max_reductions`` (the partitioner's caps per piece), ``timing`` ("both",
+"graph" or "plain": how a winner must beat Inductor's code), ``refine`` (True:
 cut a piece with nothing found at its matmuls and search the parts), ``verbose`` (print the
 report to stderr), ``search`` (a function standing in for ``em.superoptimize``, for tests).
 Every compilation is logged at INFO on the ``egraph_mirage.fx`` logger and kept in
