@@ -301,6 +301,10 @@ def test_the_timing_criterion() -> None:
     assert _slower(slow_replay, "plain") == ""
     assert _slower({}, "both") == ""  # not timed: no GPU
     assert "earlier version" in _slower({"ours_us": 5.0, "inductor_us": 6.0}, "both")
+    # a winner whose CUDA graph could not be captured is not used where replay counts
+    uncaptured = dict(timed, ours_us=None)
+    assert _slower(uncaptured, "graph") == "could not be timed under CUDA-graph replay"
+    assert _slower(uncaptured, "plain") == ""
     with pytest.raises(BackendError, match="timing must be one of"):
         BackendOptions.of({"timing": "fast"})
 

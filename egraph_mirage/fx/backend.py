@@ -497,14 +497,14 @@ def _on_gpu() -> bool:
 def _slower(record: Mapping[str, Any], timing: str) -> str:
     """Why a timed winner is not used under the ``timing`` option ("" when it is faster, or was
     not timed: no GPU)."""
-    kinds = ("graph", "plain") if timing == "both" else (timing,)
     if record.get("ours_us") is None and record.get("ours_plain_us") is None:
         return ""
-    for kind, (ours, theirs) in _TIMES.items():
-        if kind not in kinds:
-            continue
-        if record.get(ours) is None or record.get(theirs) is None:
+    for kind in ("graph", "plain") if timing == "both" else (timing,):
+        ours, theirs = _TIMES[kind]
+        if ours not in record or theirs not in record:
             return f"not timed under {_TIMED[kind]} (a decision cached by an earlier version)"
+        if record[ours] is None or record[theirs] is None:  # a CUDA graph could not be captured
+            return f"could not be timed under {_TIMED[kind]}"
         if record[ours] >= record[theirs]:
             return f"not faster than Inductor's code ({_TIMED[kind]})"
     return ""

@@ -201,7 +201,8 @@ def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reduct
     views = [n for n in nodes
              if _rule(n).kind != aten.COMPUTE and _root(n, inside) not in inside]  # type: ignore[union-attr]
     level = _levels(nodes) if levels else dict.fromkeys(nodes, 0)
-    computing = sorted((n for n in nodes if n not in set(views)), key=level.__getitem__)
+    viewed = set(views)
+    computing = sorted((n for n in nodes if n not in viewed), key=level.__getitem__)
     chunks: list[list[Any]] = [[]]
     for n in computing:  # a stable sort: the same order within a level
         if chunks[-1] and level[chunks[-1][-1]] != level[n]:
