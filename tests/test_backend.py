@@ -7,6 +7,7 @@ a tiny space (``tests/search_space.TINY``), and the Llama layer runs it with one
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -439,3 +440,43 @@ def test_the_interpreter_is_switched_on_after_triton_was_imported() -> None:
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["ok"]
+
+
+def test_the_pieces_of_a_compilation_share_one_pool_of_workers(tmp_path: Path,
+                                                                monkeypatch: Any) -> None:
+    """A process count starts one pool, warmed up, at the first search of a compilation: every
+    piece's search gets it (its budget is not spent starting processes), and it is shut down
+    when the compilation ends. A compilation whose pieces all hit the cache starts none."""
+    from egraph_mirage.search import pool
+
+    started: list[Any] = []
+    real = pool.worker_pool
+    monkeypatch.setattr(pool, "worker_pool", lambda n: started.append(real(n)) or started[-1])
+
+    seen: list[Any] = []
+
+    class Recording(StandIn):
+        def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+            seen.append(options["workers"])
+            return super().__call__(g, config, **options)
+
+    def chain(x: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:
+        for w in ws:
+            x = torch.relu(x @ w)
+        return x
+
+    gen = torch.Generator().manual_seed(0)
+    dims = (16, 16, 32, 32, 16)  # two pieces of two matmuls each, not alike
+    xs = (torch.randn(4, 16, generator=gen).half(),
+          *(torch.randn(a, b, generator=gen).half() / 4 for a, b in itertools.pairwise(dims)))
+    for expect_pools in (1, 1):  # the second compilation hits the cache
+        torch._dynamo.reset()
+        search = Recording()
+        backend = Backend(**options(tmp_path, search=search, workers=2, max_matmuls=2))
+        with torch.no_grad():
+            got = torch.compile(chain, backend=backend)(*xs)
+        torch.testing.assert_close(got, chain(*xs), rtol=2e-2, atol=2e-2)
+        assert len(started) == expect_pools
+    assert len(seen) == 2 and seen[0] is seen[1] is started[0]
+    assert started[0]._shutdown_thread  # shut down at the end of its compilation
+    assert [p.cache for p in backend.reports[0].pieces] == ["hit", "hit"]

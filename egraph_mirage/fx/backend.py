@@ -33,7 +33,8 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
 
 Options (``torch.compile(..., options={...})`` or ``Backend(**options)``): ``budget`` search
 seconds per piece (60), ``max_tasks`` search tasks per piece (None: all), ``workers`` search
-processes (None: every core), ``config`` a ``SearchConfig`` or a mapping of its fields,
+processes (None: every core; one pool serves every piece of a compilation) or an Executor,
+``config`` a ``SearchConfig`` or a mapping of its fields,
 ``cache_dir`` (default ``fx.cache.default_cache_dir()``), ``cache`` (False: neither read nor
 write), ``profile`` GPU timing against Inductor (default: on where CUDA is), ``rest``,
 ``max_matmuls`` / ``max_reductions`` (the partitioner's caps per piece), ``timing`` ("both",
@@ -50,8 +51,10 @@ also registers it (``register``) where the installed metadata predates the entry
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import itertools
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +66,7 @@ import torch
 from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
+from ..search import pool
 from ..search.config import SearchConfig
 from . import report as rep
 from .cache import CacheKey, SearchCache
@@ -94,7 +98,9 @@ class BackendOptions:
 
     budget: float | None = 60.0
     max_tasks: int | None = None
-    workers: int | None = None
+    #: a process count (None: every core) or a ``concurrent.futures.Executor`` (a Dask
+    #: ``Client.get_executor()``); a count starts one pool per compilation, shared by its pieces
+    workers: int | cf.Executor | None = None
     config: SearchConfig = field(default_factory=SearchConfig)
     cache_dir: str | None = None
     cache: bool = True
@@ -144,6 +150,8 @@ class BackendOptions:
                                f"seconds or None, got {budget!r}")
         for name in ("max_tasks", "workers"):
             v = options.get(name)
+            if name == "workers" and isinstance(v, cf.Executor):
+                continue
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise BackendError(f"egraph_mirage backend: {name} must be a positive integer "
                                    f"or None, got {v!r}")
@@ -175,6 +183,8 @@ class Backend:
         self.cache = SearchCache(self.options.cache_dir) if self.options.cache else None
         self.reports: list[rep.CompileReport] = []
         self.searches = 0
+        #: the worker pool of the compilation under way (``_search_workers``)
+        self._pool: cf.ProcessPoolExecutor | None = None
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any], mode: str | None = None,
                  options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -203,7 +213,10 @@ class Backend:
             LOG.warning("egraph-mirage: %s", report.note)
             compiled = _rest(gm, example_inputs, self.options.rest, mode)
         else:
-            compiled = self._compile(gm, example_inputs, report, mode)
+            try:
+                compiled = self._compile(gm, example_inputs, report, mode)
+            finally:
+                self._close_pool()
         report.seconds = time.perf_counter() - t0
         return self._finish(compiled, report)
 
@@ -318,7 +331,8 @@ class Backend:
         t0 = time.perf_counter()
         try:
             results = (o.search or superoptimize)(
-                g, o.config, time_budget=o.budget, workers=o.workers, max_tasks=o.max_tasks,
+                g, o.config, time_budget=o.budget, workers=self._search_workers(),
+                max_tasks=o.max_tasks,
                 progress=o.verbose, profile=o.profiling())
         except Exception as e:
             record["reason"] = f"the search failed: {type(e).__name__}: {e}"
@@ -352,6 +366,25 @@ class Backend:
                 LOG.warning("egraph-mirage: %s: %s", piece.name, record["reason"])
                 return record, None, False
         return record, runner, True
+
+    def _search_workers(self) -> int | cf.Executor | None:
+        """What a piece's search gets as ``workers``: the caller's Executor, or 1, or the pool
+        of this compilation, started (and warmed: the search imported in each worker) at the
+        first search, so that every piece's budget is spent searching rather than starting
+        processes and a compilation whose pieces all hit the cache starts none."""
+        w = self.options.workers
+        n = (os.cpu_count() or 1) if w is None else w
+        if not isinstance(n, int) or n == 1:
+            return w
+        if self._pool is None:
+            self._pool = pool.worker_pool(n)
+            pool.warm(self._pool, n)
+        return self._pool
+
+    def _close_pool(self) -> None:
+        executor, self._pool = self._pool, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
 
     def _finish(self, compiled: Callable[..., Any], report: rep.CompileReport
                 ) -> Callable[..., Any]:

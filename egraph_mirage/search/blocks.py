@@ -92,6 +92,11 @@ class BlockSearch:
     #: wraps the first moves of each walk (``tasks.Units``: a task resumed where it was cut;
     #: the moves it passes over are left out of the walks after them)
     first: Any = None
+    #: a complete block graph may also write accumulated tiles that it consumes (up to
+    #: ``max_outputs`` outputs in all): a first kernel then hands a later one both a loop's
+    #: result and what it computed from it (``S = X @ W`` and per-block sums of ``exp(S)``),
+    #: where the later kernel would otherwise compute the loop again
+    consumed_outputs: bool = False
 
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
@@ -138,9 +143,10 @@ class BlockSearch:
             return
         self.counters.states += 1
         sinks = [i for i, t in enumerate(tiles) if t.op != "input" and i not in consumed]
-        if (ops == self._limit and sinks and all(tiles[i].side == EPILOGUE for i in sinks)
-                and self.accept(tiles, sinks)):
-            yield list(tiles), sinks
+        if ops == self._limit and sinks and all(tiles[i].side == EPILOGUE for i in sinks):
+            for outs in self._output_sets(tiles, sinks, consumed):
+                if self.accept(tiles, outs):
+                    yield list(tiles), outs
         if ops >= self._limit:
             return
         keys = {t.key for t in tiles}
@@ -171,6 +177,16 @@ class BlockSearch:
                 child = [t for t in child if t.key not in done]
             child.extend(self._useful(self._moves_with(nxt, len(nxt) - 1)))
             yield from self._dfs(nxt, used, ops + 1, seen, child, size)
+
+    def _output_sets(self, tiles: list[Tile], sinks: list[int], consumed: set[int]
+                     ) -> Iterator[list[int]]:
+        """The sinks, and with ``consumed_outputs`` the sinks and one consumed accumulated tile
+        while there is room for another output."""
+        yield sinks
+        if self.consumed_outputs and len(sinks) < self.max_outputs:
+            for i in sorted(consumed):
+                if tiles[i].op == "accum" and tiles[i].side == EPILOGUE:
+                    yield sorted([*sinks, i])
 
     def _needs(self, tiles: list[Tile], consumed: set[int]) -> int:
         """A lower bound on the operators still needed to complete this state.

@@ -127,6 +127,24 @@ def worker_pool(n: int) -> cf.ProcessPoolExecutor:
     return cf.ProcessPoolExecutor(n, mp_context=_WorkerContext(), initializer=_ignore_sigint)
 
 
+def _ready(hold: float) -> int:
+    """A warm-up task: import what a search task imports, then hold the worker ``hold``
+    seconds so that the other warm-up tasks go to the other workers."""
+    import jax.numpy  # noqa: F401  (the verifier's)
+
+    from . import tasks  # noqa: F401
+
+    time.sleep(hold)
+    return os.getpid()
+
+
+def warm(executor: cf.ProcessPoolExecutor, n: int, hold: float = 0.2) -> int:
+    """Start the pool's ``n`` workers and import the search into each before the first task,
+    so that a time budget given afterwards is spent searching. Returns how many distinct
+    workers answered (fewer when some took two warm-up tasks)."""
+    return len({f.result() for f in [executor.submit(_ready, hold) for _ in range(n)]})
+
+
 def stop(executor: cf.ProcessPoolExecutor) -> None:
     """Cancel the queued tasks and end the workers now; the tasks they were running are lost.
     Takes at most about ``2 * TERMINATE_GRACE_S`` seconds; Ctrl-C is ignored meanwhile, so a

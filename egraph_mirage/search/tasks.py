@@ -10,6 +10,7 @@ in any process, in any order: the search's result does not depend on the number 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -232,6 +233,13 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     return tasks
 
 
+#: a tile a first kernel's block graph also consumes is written (handed on to the next kernel)
+#: only when it has at most this many times the elements of the program's outputs: handing a
+#: loop's result on then costs about what writing the output costs (a vocabulary's logits, not
+#: attention's scores)
+HANDED_ON = 1.0
+
+
 def splits_reduction(ks: KernelShape, out_classes: Sequence[Any], config: SearchConfig) -> bool:
     """Whether a grid axis of ``ks`` cuts a dimension class the output lacks into a few large
     pieces (a ``grid_splits`` count) and each block walks its piece with the loop (or loads it
@@ -333,11 +341,12 @@ class _Run:
 
     def _search(self, shape: KernelShape, accept: Any, max_outputs: int,
                 goal: int | None = None, fresh: int | None = None,
-                units: Units | None = None, goal_tiles: Any = None) -> BlockSearch:
+                units: Units | None = None, goal_tiles: Any = None,
+                consumed_outputs: bool = False) -> BlockSearch:
         return BlockSearch(shape, self.ctx.payload.reach, self.config, self.ctx.probe,
                            self.ctx.payload.scalars, accept, self.counters, self.stopped,
                            max_outputs, goal, memo=self.ctx.memo, fresh=fresh, first=units,
-                           goal_tiles=goal_tiles)
+                           goal_tiles=goal_tiles, consumed_outputs=consumed_outputs)
 
     def _step(self, shape: KernelShape, tiles: Sequence[Tile],
               outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:
@@ -431,11 +440,16 @@ class _Run:
         # in a split task every output is a partial: goal distances to those tiles prune
         goal_tiles = ((("partial", frozenset(cut), frozenset(kept), frozenset(roots),
                         frozenset(have)), partial) if partials else None)
+        most = HANDED_ON * sum(math.prod(t.dims) for t in self.ctx.target.outputs)
         search = self._search(shape, accept, self.config.max_block_outputs,
-                              goal_tiles=goal_tiles)
+                              goal_tiles=goal_tiles, consumed_outputs=True)
         for tiles, sinks in search.run(ops):
+            consumed = {a for t in tiles for a in t.args}
             options = [list(output_maps(tiles[i], shape, self.config.omaps)) for i in sinks]
             for combo in _product(options):
+                if any(i in consumed and math.prod(d) > most
+                       for i, (_, d, _) in zip(sinks, combo)):
+                    continue
                 omaps = [o for o, _, _ in combo]
                 step = self._step(shape, tiles, list(zip(sinks, omaps)))
                 if not uses_whole_shape(step):

@@ -1,0 +1,173 @@
+"""Where a replaced piece's host time goes under plain launches (GPU only).
+
+Compiles a module with ``torch.compile`` (Inductor) and with the egraph_mirage backend
+(``timing="graph"``, so that every winner replaces its piece), then times one call on the host
+(``perf_counter`` over back-to-back calls: host issue rate), with ``do_bench`` (plain launches)
+and under CUDA-graph replay, and breaks a replaced piece's host time into its layers: the custom
+op, the runner (views in and out), the compiled μGraph (input checks), the generated program's
+``launch``. Prints cProfile's top functions and torch.profiler's CPU-side operators of the
+backend's call, and whether each kernel launch took the direct path (``lower.program``).
+
+Usage: python scripts/gpu_probes/host_cost.py OUT [--model rms|layer] [--batch B] [--budget S]
+[--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import egraph_mirage.api as api
+from egraph_mirage.fx import backend as fxb
+from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
+
+COMPILED: list[Any] = []  # every CompiledGraph the backend made
+RUNNERS: list[Any] = []
+_compile = api.compile
+_runner = fxb._runner
+
+
+def _recording_compile(g: Any, **options: Any) -> Any:
+    cg = _compile(g, **options)
+    COMPILED.append(cg)
+    return cg
+
+
+def _recording_runner(*a: Any, **k: Any) -> Any:
+    api.compile = _recording_compile  # only the backend's runners: not the profile stage's
+    try:
+        r = _runner(*a, **k)
+    finally:
+        api.compile = _compile
+    RUNNERS.append(r)
+    return r
+
+
+fxb._runner = _recording_runner
+
+
+def host_us(fn: Any, xs: Any, n: int = 300) -> tuple[float, float]:
+    """µs per call on the host: issuing ``n`` calls back to back; and until they finished."""
+    with torch.no_grad():
+        for _ in range(10):
+            fn(*xs)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*xs)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+
+
+def rms_module(hidden: int) -> Any:
+    class RMS(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.g = torch.nn.Parameter(torch.randn(hidden, dtype=torch.float16, device="cuda"))
+
+        def forward(self, x: Any) -> Any:
+            v = x.float().pow(2).mean(-1, keepdim=True)
+            return (x.float() * torch.rsqrt(v + 1e-5)).half() * self.g
+
+    return RMS().eval().requires_grad_(False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--model", default="rms")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--budget", type=float, default=15)
+    p.add_argument("--workers", type=int, default=14)
+    p.add_argument("--force", action="store_true",
+                   help="replace every piece the search found a winner for, faster or not")
+    a = p.parse_args()
+    if a.force:
+        fxb._slower = lambda record, timing: ""
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.model == "rms":
+        module = rms_module(4096)
+        sets = [(torch.randn(a.batch, 4096, dtype=torch.float16, device="cuda"),)]
+    else:
+        from egraph_mirage.bench.torch_bench import load_example
+
+        ex = load_example()
+        sizes = ex.LlamaSizes.llama3_8b()
+        module = ex.LlamaLayer(sizes, dtype=torch.float16, device="cuda").eval()
+        module.requires_grad_(False)
+        sets = [ex.decode_inputs(sizes, a.batch, 0, "cuda", torch.float16)]
+    xs = sets[0]
+    timer = CudaTimer(TimingConfig())
+    rows: dict[str, Any] = {"device": torch.cuda.get_device_name(), "model": a.model,
+                            "batch": a.batch}
+    torch._dynamo.reset()
+    comp = torch.compile(module, dynamic=False)
+    backend = fxb.Backend(budget=a.budget, workers=a.workers, timing="graph",
+                          cache_dir=str(out / "cache"))
+    with torch.no_grad():
+        comp(*xs)
+    ours = torch.compile(module, backend=backend, dynamic=False)
+    with torch.no_grad():
+        ours(*xs)
+        torch.cuda.synchronize()
+    from egraph_mirage.fx.report import torch_report
+
+    (out / f"report_{a.model}.txt").write_text(torch_report(backend))
+    for name, fn in (("eager", module), ("compile", comp), ("ours", ours)):
+        issue, total = host_us(fn, xs)
+        rows[name] = {"host_issue_us": issue, "host_total_us": total,
+                      "plain_us": timer.plain(fn, sets), "graph_us": timer.graph(fn, sets)}
+        print(name, rows[name], flush=True)
+    # the layers of each replaced piece (their own inputs: from its example inputs)
+    layers = []
+    for cg in COMPILED:
+        ins = [torch.randn(d, device="cuda").to(getattr(torch, t.value)) for d, t in cg.inputs]
+        launch = cg.module.launch
+        entry = {"path": str(cg.path), "compiled_graph_us": host_us(cg, ins),
+                 "launch_us": host_us(launch, ins)}
+        entry["direct"] = {str(k[0].fn.__name__ if hasattr(k[0], "fn") else k[0]): v is not None
+                           for k, v in getattr(cg.module, "_COMPILED", {}).items()}
+        entry["unhooked"] = cg.module._unhooked() if hasattr(cg.module, "_unhooked") else None
+        layers.append(entry)
+        print("layer", entry, flush=True)
+    rows["compiled_graphs"] = layers
+    (out / f"host_{a.model}_b{a.batch}.json").write_text(json.dumps(rows, indent=1))
+    # cProfile of the backend's calls
+    prof = cProfile.Profile()
+    with torch.no_grad():
+        prof.enable()
+        for _ in range(200):
+            ours(*xs)
+        prof.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
+    (out / f"cprofile_{a.model}.txt").write_text(s.getvalue())
+    print(s.getvalue()[:6000], flush=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        for _ in range(20):
+            ours(*xs)
+        torch.cuda.synchronize()
+    table = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    (out / f"profiler_{a.model}.txt").write_text(table)
+    print(table[:8000], flush=True)
+
+
+if __name__ == "__main__":
+    main()
