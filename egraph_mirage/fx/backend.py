@@ -55,6 +55,7 @@ import concurrent.futures as cf
 import itertools
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +73,7 @@ from . import report as rep
 from .cache import CacheKey, SearchCache
 from .partition import Piece, partition
 from .trace import TracedProgram, trace_fx
+from .views import apply_steps
 
 #: the name ``torch.compile(backend=...)`` knows the backend by
 NAME = "egraph_mirage"
@@ -451,19 +453,39 @@ def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | Non
 
 def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any]) -> Runner:
     """The piece computed by ``mugraph``'s compiled kernels: a function of the piece's inputs
-    (a list) returning its outputs (a list of fresh, contiguous tensors)."""
+    (a list) returning its outputs (a list of fresh, contiguous tensors).
+
+    The first call goes through the compiled μGraph's checks (number, shapes and dtypes of its
+    inputs); later calls, whose inputs Dynamo's guards keep to the same shapes and dtypes, go
+    straight to the generated program's ``launch``: per call, only the views, the launches and
+    the outputs' reshapes run on the host."""
     from ..api import compile as compile_mugraph
 
     # in Triton's interpreter (no CUDA device), compiling also makes Triton's library functions
     # interpreted, though torch._dynamo imported triton first (``lower.compile.use_interpreter``)
     fn = compile_mugraph(mugraph, **dict(knobs))
+    views = [(v.position, v.source, v.steps) for v in traced.inputs]
+    attributes = traced.attributes
+    outs = [(o.index, o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
+    # the shapes each output takes from the graph's (after the views, before any reshape)
+    launch: list[Any] = [fn]
 
     def run(xs: list[Any]) -> list[Any]:
-        outs = traced.fx_outputs(fn(*traced.graph_inputs(*xs)))
+        ins = [apply_steps(xs[p] if p >= 0 else attributes[source], steps).contiguous()
+               for p, source, steps in views]
+        results = launch[0](*ins)
+        if launch[0] is fn and not fn.interpret:
+            launch[0] = fn.module.launch  # checked once: the shapes do not change
         fresh: list[Any] = []
-        for y in outs:  # no output may alias an input or another output (custom-op contract)
+        for index, shape, dtype in outs:
+            y = results[index]
+            if y.shape != shape:
+                y = y.reshape(shape)
+            if y.dtype != dtype:
+                y = y.to(dtype)
             y = y.contiguous()
-            if any(y.data_ptr() == t.data_ptr() for t in [*xs, *fresh] if t.numel()):
+            # no output may alias an input or another output (custom-op contract)
+            if y.numel() and any(y.data_ptr() == t.data_ptr() for t in [*xs, *fresh]):
                 y = y.clone()
             fresh.append(y)
         return fresh
@@ -474,32 +496,46 @@ def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any
 _OP_NUMBERS = itertools.count()
 
 
-def define_piece_op(runner: Runner, traced: TracedProgram,
-                    tag: str) -> Any:
-    """A new ``torch.library`` custom op ``egraph_mirage::<tag>_<n>`` (``Tensor[] -> Tensor[]``)
-    running ``runner``; its fake implementation gives the outputs' shapes and dtypes."""
-    name = f"egraph_mirage::{tag}_{next(_OP_NUMBERS)}"
-    outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
+class PieceOp:
+    """A ``torch.library`` operator ``egraph_mirage::<tag>_<n>`` (``Tensor[] -> Tensor[]``)
+    running a piece's runner, with a fake implementation giving its outputs' shapes and dtypes.
+    Registered through a ``torch.library.Library`` fragment, which this object keeps alive:
+    a call dispatches straight to the runner (``torch.library.custom_op``'s Python wrappers
+    cost several µs more per call, host time that plain launches pay)."""
 
-    def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return runner(list(xs))
+    def __init__(self, runner: Runner, traced: TracedProgram, tag: str) -> None:
+        self.name = f"{re.sub(r'[^0-9A-Za-z_]', '_', tag)}_{next(_OP_NUMBERS)}"
+        outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
 
-    op = torch.library.custom_op(name, impl, mutates_args=(), schema="(Tensor[] xs) -> Tensor[]")
+        def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            return runner(list(xs))
 
-    def fake(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        device = xs[0].device if xs else torch.device("cpu")
-        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in outs]
+        def fake(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            device = xs[0].device if xs else torch.device("cpu")
+            return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in outs]
 
-    op.register_fake(fake)
-    return op
+        self.library = torch.library.Library(NAME, "FRAGMENT")
+        self.library.define(f"{self.name}(Tensor[] xs) -> Tensor[]")
+        self.library.impl(self.name, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAME}::{self.name}", fake, lib=self.library)
+        self.op = getattr(getattr(torch.ops, NAME), self.name).default
+
+    def __call__(self, xs: list[Any]) -> list[Any]:
+        return self.op(xs)
+
+
+def define_piece_op(runner: Runner, traced: TracedProgram, tag: str) -> PieceOp:
+    """A new operator ``egraph_mirage::<tag>_<n>`` running ``runner`` (``PieceOp``)."""
+    return PieceOp(runner, traced, tag)
 
 
 class PieceCall(torch.nn.Module):
     """Stands in for a piece's submodule: calls its custom op, returns a tuple like the piece."""
 
-    def __init__(self, op: Any) -> None:
+    def __init__(self, op: PieceOp) -> None:
         super().__init__()
-        self.op = op
+        self.piece_op = op  # keeps the operator's registration alive
+        self.op = op.op
 
     def forward(self, *args: Any) -> tuple[Any, ...]:
         return tuple(self.op(list(args)))
@@ -569,7 +605,7 @@ def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
             list_mode_options(mode)) if mode not in (None, "default") else None)
     op = define_piece_op(runner, traced, f"{piece.name}_timed")
     times: dict[str, float | None] = {}
-    for name, fn in (("ours", lambda *a: op(list(a))), ("inductor", lambda *a: theirs(*a))):
+    for name, fn in (("ours", lambda *a: op.op(list(a))), ("inductor", lambda *a: theirs(*a))):
         try:
             times[f"{name}_us"] = timer.graph(fn, [xs])
         except Exception:  # not capturable
@@ -603,4 +639,4 @@ def _fill(out: rep.PieceReport, record: Mapping[str, Any]) -> None:
 register()
 
 __all__ = ["NAME", "Backend", "BackendError", "BackendOptions", "DynamicShapesError",
-           "PieceCall", "define_piece_op", "egraph_mirage_backend", "register"]
+           "PieceCall", "PieceOp", "define_piece_op", "egraph_mirage_backend", "register"]
