@@ -98,7 +98,7 @@ def test_parameters_are_graph_inputs_read_as_attributes() -> None:
     assert kinds == {"x" if "x" in kinds else traced.placeholders[0]: "placeholder",
                      "weight": "attribute", "bias": "attribute"}
     weight = next(v for v in traced.inputs if v.source == "weight")
-    assert weight.steps[0] == ("permute", ((1, 0),)) and weight.dims == (1, 8, 5)
+    assert weight.steps[0] == ("permute", ((1, 0),)) and weight.dims == (8, 5)
     assert set(traced.attributes) == {"weight", "bias"}
     assert [op.op for op in traced.graph.operators] == ["matmul", "add"]
 
@@ -110,9 +110,9 @@ def test_a_linear_on_batch_and_tokens_is_one_matrix_product_of_all_rows() -> Non
     lin = torch.nn.Linear(8, 5, bias=False)
     x = torch.randn(4, 3, 8)
     traced = _matches(lambda v: lin(v) + v[..., :5], x)
-    assert [v.dims for v in traced.inputs if v.kind == "attribute"] == [(1, 8, 5)]  # the weight
-    assert sorted(v.dims for v in traced.inputs if v.kind == "placeholder") == [(1, 12, 5),
-                                                                                (1, 12, 8)]
+    assert [v.dims for v in traced.inputs if v.kind == "attribute"] == [(8, 5)]  # the weight
+    assert sorted(v.dims for v in traced.inputs if v.kind == "placeholder") == [(12, 5),
+                                                                                (12, 8)]
     assert [op.op for op in traced.graph.operators] == ["matmul", "add"]
 
 
@@ -259,3 +259,26 @@ def test_the_front_end_is_exported_lazily_and_needs_no_torch_to_import() -> None
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == [
         "egraph-mirage: no graph compiled by the egraph_mirage backend", "needs torch"]
+
+
+def test_leading_dims_of_one_shared_by_every_tensor_are_dropped() -> None:
+    """A decode step's projection of one token of one sequence, as transformers' layers call
+    it ((1, 1, 64) through a ``Linear`` and an RMSNorm): the graph is the rank-2 program
+    (1, 64) @ (64, 32), not a batched product over a batch of one; its outputs keep their
+    torch shape. A reduction names its dim in the graph's rank."""
+    norm = torch.nn.RMSNorm(64, eps=1e-5)
+    lin = torch.nn.Linear(64, 32, bias=False)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(lin(norm(x)))
+
+    x = torch.randn(1, 1, 64)
+    traced = _matches(f, x)
+    assert all(len(t.dims) == 2 for t in traced.graph.tensors)
+    assert [t.dims for t in traced.graph.inputs if t.dims[0] == 64] == [(64, 32)]
+    assert traced.outputs[0].shape == (1, 1, 32)
+
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(1, keepdim=True) * 2  # dim 1 of the torch shape: dim 0 of the graph's
+
+    assert _matches(g, torch.randn(1, 4, 8)).graph.inputs[0].dims == (4, 8)

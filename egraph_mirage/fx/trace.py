@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import EMError, UnsupportedOpError
-from ..graph import KernelGraph
+from ..graph import KernelGraph, Tensor, new_kernel_graph
 from . import aten
 from .program import (
     DTYPES,
@@ -58,7 +58,51 @@ def trace_fx(gm: Any, example_inputs: Sequence[Any]) -> TracedProgram:
     traced = Tracer(gm, example_inputs).run()
     inputs = tuple(replace(v, source=names[v.position]) if v.kind == "placeholder" else v
                    for v in traced.inputs)
-    return replace(traced, placeholders=names, inputs=inputs)
+    return without_unit_batch(replace(traced, placeholders=names, inputs=inputs))
+
+
+def without_unit_batch(traced: TracedProgram) -> TracedProgram:
+    """``traced`` with the leading dims of size 1 that its tensors share dropped: a decode
+    step's ``(1, 1, 4096) @ (1, 4096, 4096)`` (a batch of one sequence of one token) becomes
+    ``(1, 4096) @ (4096, 4096)``, the program the search and its kernels know best.
+
+    The graph keeps rank ``R - k`` (``R`` its largest rank, at least 2): every tensor of a
+    larger rank loses its leading dims down to that rank, all of size 1 and not reduced or
+    joined along (broadcasting aligns trailing dims, so the others are unchanged). Graph inputs
+    get a reshape step; the outputs are reshaped back as before (``TracedProgram.fx_outputs``)."""
+    g = traced.graph
+    rank = max(len(t.dims) for t in g.tensors)
+    keep = rank
+    while keep > 2 and all(len(t.dims) < keep or t.dims[len(t.dims) - keep] == 1
+                           for t in g.tensors):
+        keep -= 1
+
+    def drop(t: Tensor) -> int:
+        return max(0, len(t.dims) - keep)
+
+    if keep == rank or any("dim" in t.params and t.params["dim"] % len(t.dims) < drop(t)
+                           for t in g.operators):
+        return traced
+    h = new_kernel_graph()
+    new: dict[int, Tensor] = {}
+    for t in g.tensors:
+        if t.op is None:
+            new[t.index] = h.new_input(t.dims[drop(t):], t.dtype)
+            continue
+        params = dict(t.params)
+        if "dim" in params:
+            params["dim"] = params["dim"] % len(t.dims) - drop(t)
+        new[t.index] = h.apply(t.op, [new[a.index] for a in t.operands], **params)
+    for t in g.outputs:
+        h.mark_output(new[t.index])
+    def reshaped(v: InputView, t: Tensor) -> InputView:
+        steps = v.steps[:-1] if v.steps and v.steps[-1][0] == "reshape" else v.steps
+        return replace(v, steps=(*steps, ("reshape", (t.dims[drop(t):],))),
+                       dims=t.dims[drop(t):])
+
+    inputs = tuple(reshaped(v, t) if drop(t) else v
+                   for v, t in zip(traced.inputs, g.inputs, strict=True))
+    return replace(traced, graph=h, inputs=inputs)
 
 
 def is_aten(gm: Any) -> bool:
