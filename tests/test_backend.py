@@ -480,3 +480,34 @@ def test_the_pieces_of_a_compilation_share_one_pool_of_workers(tmp_path: Path,
     assert len(seen) == 2 and seen[0] is seen[1] is started[0]
     assert started[0]._shutdown_thread  # shut down at the end of its compilation
     assert [p.cache for p in backend.reports[0].pieces] == ["hit", "hit"]
+
+
+def test_after_the_first_call_a_runner_passes_contiguous_sources_as_they_are(
+        monkeypatch: Any) -> None:
+    """A replaced piece's runner checks its inputs on the first call; later calls hand the
+    kernels each contiguous source whose views only reshape it (their pointer and element order
+    are the view's) without making the view, and views that reorder elements still apply."""
+    from egraph_mirage.fx import backend as backend_module
+    from egraph_mirage.fx.trace import trace
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w.t())  # w is read transposed: a view that reorders
+
+    x, w = torch.randn(1, 1, 64).half(), (torch.randn(32, 64) / 8).half()
+    traced = trace(f, x, w)
+    assert [len(t.dims) for t in traced.graph.inputs] == [2, 2]  # (1, 64) @ (64, 32)
+    results = em.superoptimize(traced.graph, em.SearchConfig(max_results=1), max_tasks=40,
+                               workers=1, progress=False)
+    kernels = results.best.graph
+    assert all(t.op == "customized" for t in kernels.operators)  # graph-defined kernels only
+    runner = backend_module._runner(traced, kernels, {})
+    first = runner([x, w])
+    made: list[Any] = []
+    real = backend_module.apply_steps
+    monkeypatch.setattr(backend_module, "apply_steps",
+                        lambda value, steps: made.append(steps) or real(value, steps))
+    second = runner([x, w])
+    assert len(made) == 1 and ("permute", ((1, 0),)) in made[0]  # w's only
+    torch.testing.assert_close(second[0], first[0])
+    torch.testing.assert_close(second[0], f(x, w), rtol=2e-2, atol=2e-2)
+    assert second[0].shape == (1, 1, 32)

@@ -457,36 +457,64 @@ def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any
 
     The first call goes through the compiled μGraph's checks (number, shapes and dtypes of its
     inputs); later calls, whose inputs Dynamo's guards keep to the same shapes and dtypes, go
-    straight to the generated program's ``launch``: per call, only the views, the launches and
-    the outputs' reshapes run on the host."""
+    straight to the generated program's ``launch``: per call, only the views that change the
+    element order, the launches and the outputs' reshapes run on the host."""
     from ..api import compile as compile_mugraph
 
     # in Triton's interpreter (no CUDA device), compiling also makes Triton's library functions
     # interpreted, though torch._dynamo imported triton first (``lower.compile.use_interpreter``)
     fn = compile_mugraph(mugraph, **dict(knobs))
-    views = [(v.position, v.source, v.steps) for v in traced.inputs]
+    # per graph input: where its source is, its views, and whether those only reshape (the
+    # element order stays the source's) an input that only graph-defined kernels read: a
+    # kernel reads it through its pointer in row-major order, so a contiguous source then goes
+    # in as it is, with no view made per call (a library operator needs the shape)
+    shaped = {id(a) for t in mugraph.operators if t.op != "customized" for a in t.operands}
+    views = [(v.position, v.source, v.steps, id(t) not in shaped
+              and all(name == "reshape" for name, _ in v.steps))
+             for v, t in zip(traced.inputs, mugraph.inputs, strict=True)]
     attributes = traced.attributes
     outs = [(o.index, o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
-    # the shapes each output takes from the graph's (after the views, before any reshape)
-    launch: list[Any] = [fn]
+    # the program's outputs are fresh tensors: one may alias an input or another output only
+    # where the graph returns an input, or one tensor twice
+    graph_ins = {id(t) for t in traced.graph.inputs}
+    returned: set[int] = set()
+    may_alias = []
+    for o in traced.outputs:
+        t = id(traced.graph.outputs[o.index])
+        may_alias.append(t in graph_ins or t in returned)
+        returned.add(t)
+    state = {"checked": False}
+    launch = fn.module.launch
+    if fn.interpret:
+        def launch(*ins: Any) -> list[Any]:
+            import numpy as np
+
+            with np.errstate(all="ignore"):  # as ``CompiledGraph`` calls it
+                return fn.module.launch(*ins)
 
     def run(xs: list[Any]) -> list[Any]:
-        ins = [apply_steps(xs[p] if p >= 0 else attributes[source], steps).contiguous()
-               for p, source, steps in views]
-        results = launch[0](*ins)
-        if launch[0] is fn and not fn.interpret:
-            launch[0] = fn.module.launch  # checked once: the shapes do not change
+        if state["checked"]:  # same shapes and dtypes as the first call (Dynamo's guards)
+            ins = []
+            for p, source, steps, flat in views:
+                x = xs[p] if p >= 0 else attributes[source]
+                ins.append(x if flat and x.is_contiguous() else
+                           apply_steps(x, steps).contiguous())
+            results = launch(*ins)
+        else:  # the compiled μGraph checks the number, shapes and dtypes of its inputs
+            results = fn(*[apply_steps(xs[p] if p >= 0 else attributes[source], steps)
+                           for p, source, steps, _ in views])
+            state["checked"] = True
         fresh: list[Any] = []
-        for index, shape, dtype in outs:
+        for (index, shape, dtype), alias in zip(outs, may_alias, strict=True):
             y = results[index]
             if y.shape != shape:
                 y = y.reshape(shape)
             if y.dtype != dtype:
                 y = y.to(dtype)
-            y = y.contiguous()
-            # no output may alias an input or another output (custom-op contract)
-            if y.numel() and any(y.data_ptr() == t.data_ptr() for t in [*xs, *fresh]):
-                y = y.clone()
+            if alias:  # no output may alias an input or another output (custom-op contract)
+                y = y.contiguous()
+                if y.numel() and any(y.data_ptr() == t.data_ptr() for t in [*xs, *fresh]):
+                    y = y.clone()
             fresh.append(y)
         return fresh
 
