@@ -44,6 +44,26 @@ def test_timers_on_a_copy(torch_cuda) -> None:  # type: ignore[no-untyped-def]
     assert graph <= plain * 1.5
 
 
+def test_back_to_back_calls_count_host_time(torch_cuda) -> None:  # type: ignore[no-untyped-def]
+    """A call that costs more on the host than on the GPU costs its host time back to back;
+    ``plain``'s L2 flush before every run hides it."""
+    import time
+
+    from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
+
+    torch = torch_cuda
+    timer = CudaTimer(TimingConfig(rep_ms=20))
+    x = torch.randn(1024, device="cuda", dtype=torch.float16)
+
+    def slow_host(x):  # type: ignore[no-untyped-def]
+        end = time.perf_counter() + 200e-6
+        while time.perf_counter() < end:
+            pass
+        return [x * 2]
+
+    assert timer.back_to_back(slow_host, [[x]], calls=50, repeats=3) >= 190
+
+
 @pytest.mark.parametrize("name", em.benchmarks.names())
 def test_eager_and_sdpa_baselines_are_right_in_fp16(torch_cuda, name: str  # type: ignore[no-untyped-def]
                                                    ) -> None:

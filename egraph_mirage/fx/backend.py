@@ -262,8 +262,8 @@ class Backend:
         out.shapes = tuple(tuple(t.dims) for t in g.inputs)
         out.dtypes = tuple(t.dtype.value for t in g.inputs)
         settings = self.options.search_settings()
-        if self.options.profiling():
-            settings["inductor_mode"] = mode or "default"
+        if self.options.profiling():  # what the times of a cached decision were measured by
+            settings.update(inductor_mode=mode or "default", plain_timing="back to back")
         key = CacheKey.of(g, search=settings)
         record = self.cache.get(key) if self.cache is not None else None
         out.cache = "off" if self.cache is None else ("miss" if record is None else "hit")
@@ -616,9 +616,9 @@ def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
                            mode: str | None = None) -> dict[str, float | None]:
     """Ours and Inductor's µs per call on the piece's example inputs, under CUDA-graph replay
     (``ours_us``, ``inductor_us``; None where a graph cannot be captured) and plain launches
-    (``ours_plain_us``, ``inductor_plain_us``); ours through the custom op the piece would
-    become, so that the plain launches count what a call costs on the host. Inductor compiles
-    the piece in ``torch.compile``'s ``mode``."""
+    issued back to back (``ours_plain_us``, ``inductor_plain_us``: ``CudaTimer.back_to_back``,
+    so that a call's host time counts); ours through the custom op the piece would become.
+    Inductor compiles the piece in ``torch.compile``'s ``mode``."""
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
@@ -638,7 +638,7 @@ def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
             times[f"{name}_us"] = timer.graph(fn, [xs])
         except Exception:  # not capturable
             times[f"{name}_us"] = None
-        times[f"{name}_plain_us"] = timer.plain(fn, [xs])
+        times[f"{name}_plain_us"] = timer.back_to_back(fn, [xs])
     return times
 
 

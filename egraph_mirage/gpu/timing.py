@@ -7,6 +7,8 @@ Two measurements, both the median of many runs after a warm-up, in microseconds:
   before every run; launch overhead is part of the figure.
 * ``graph``: the calls are captured into one CUDA graph and its replays are timed with events;
   launch gaps shrink to what the graph leaves.
+* ``back_to_back`` (``CudaTimer`` only): many plain calls in a row, timed together; a call's
+  host time counts wherever it exceeds its GPU time.
 
 Inputs are normal random numbers times ``std`` (0.1 by default: ``exp(Q @ K)`` over 64-long dot
 products then stays far from fp16's range), never zeros. When one set of inputs fits in the L2
@@ -155,6 +157,21 @@ class CudaTimer:
             torch.cuda.synchronize()
             times = [_event_ms(graph.replay) / calls for _ in range(c.graph_replays)]
             del graph
+        return statistics.median(times) * 1e3
+
+    def back_to_back(self, fn: Program, input_sets: Sequence[InputSet], calls: int = 200,
+                     repeats: int = 7) -> float:
+        """Median µs of one call among ``calls`` plain calls issued back to back (no L2 flush
+        between them, no wait for the GPU): what a call costs in a loop of plain launches, the
+        larger of its GPU time and its host time. ``plain``'s flush before every run hides up to
+        the flush's duration of host time, which is all of a small piece's."""
+        call = _Cycle(fn, input_sets)
+        with torch.no_grad():
+            for _ in range(max(3, len(input_sets))):
+                call()
+            torch.cuda.synchronize()
+            times = [_event_ms(lambda: [call() for _ in range(calls)]) / calls
+                     for _ in range(repeats)]
         return statistics.median(times) * 1e3
 
     def kernels(self, fn: Program, input_sets: Sequence[InputSet], calls: int = 20

@@ -9,7 +9,7 @@ op, the runner (views in and out), the compiled μGraph (input checks), the gene
 backend's call, and whether each kernel launch took the direct path (``lower.program``).
 
 Usage: python scripts/gpu_probes/host_cost.py OUT [--model rms|layer] [--batch B] [--budget S]
-[--force]
+[--force] [--stand-in] [--noop]
 """
 
 from __future__ import annotations
@@ -94,7 +94,19 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--force", action="store_true",
                    help="replace every piece the search found a winner for, faster or not")
+    p.add_argument("--stand-in", action="store_true",
+                   help="no search: every piece's own program is its winner (lowered as is)")
+    p.add_argument("--noop", action="store_true",
+                   help="a replaced piece's op returns empty outputs without launching: what "
+                        "the custom-op call costs inside Inductor's graph by itself")
     a = p.parse_args()
+    if a.noop:
+        def noop_runner(traced: Any, mugraph: Any, knobs: Any) -> Any:
+            outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
+            return lambda xs: [torch.empty(s, dtype=d, device="cuda") for s, d in outs]
+
+        fxb._runner = noop_runner
+        fxb._check = lambda runner, piece: 0.0
     if a.force:
         fxb._slower = lambda record, timing: ""
     out = Path(a.out)
@@ -116,8 +128,16 @@ def main() -> None:
                             "batch": a.batch}
     torch._dynamo.reset()
     comp = torch.compile(module, dynamic=False)
+    more: dict[str, Any] = {}
+    if a.stand_in:
+        from egraph_mirage.search.results import SearchResult, SearchResults, SearchStats
+
+        def same(g: Any, config: Any, **options: Any) -> Any:
+            return SearchResults([SearchResult(g, 0, 1e-6, 0.0, 2, 0.0, 0.0)], SearchStats())
+
+        more = {"search": same, "cache": False, "profile": False}
     backend = fxb.Backend(budget=a.budget, workers=a.workers, timing="graph",
-                          cache_dir=str(out / "cache"))
+                          cache_dir=str(out / "cache"), **more)
     with torch.no_grad():
         comp(*xs)
     ours = torch.compile(module, backend=backend, dynamic=False)
@@ -165,6 +185,9 @@ def main() -> None:
             ours(*xs)
         torch.cuda.synchronize()
     table = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    for e in tp.key_averages():
+        if any(w in e.key for w in ("ynchronize", "emcpy", "Memset", "Query")):
+            print("sync-like", e.key, e.count, flush=True)
     (out / f"profiler_{a.model}.txt").write_text(table)
     print(table[:8000], flush=True)
 
