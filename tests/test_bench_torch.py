@@ -161,3 +161,23 @@ def test_the_backend_over_max_autotune_is_compared_with_the_modes_that_are_not_o
                                  "replaced", "ours", "error"]
     assert line.split()[-9:] == ["1.50×", "/", "1.25×", "1.07×", "/", "1.00×", "2/4", "0/4",
                                  "4.0e-03"]
+
+
+def test_modes_are_timed_in_rounds_and_each_figure_is_a_median() -> None:
+    """Each round times every mode once, one after the other, so a drift of the host's speed
+    falls on all modes alike; a mode's figure is its median over the rounds."""
+    calls: list[str] = []
+    plain = {"a": iter([10.0, 30.0, 20.0]), "b": iter([5.0, 1.0, 3.0])}
+
+    class Recording:
+        def plain(self, fn: Any, sets: Any) -> float:
+            calls.append(fn)
+            return next(plain[fn])
+
+        def graph(self, fn: Any, sets: Any) -> float:
+            return 2.0
+
+    rows = [_row("compile", None, None, error=None), _row("eager", None, None, error=None)]
+    tb._time([(rows[0], "a"), (rows[1], "b")], [], Recording(), graphs=True, rounds=3)
+    assert calls == ["a", "b"] * 3
+    assert [r["plain_us"] for r in rows] == [20.0, 3.0] and rows[0]["graph_us"] == 2.0

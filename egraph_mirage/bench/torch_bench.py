@@ -18,7 +18,8 @@ For each model, batch size b and mode, in fp16 (``--dtype``):
   searches), checked against eager on the same inputs (``max_error``, the largest
   ``gpu.torch_eval.relative_error`` over the outputs; ``matches_eager`` within ``TOLERANCE``),
   then timed with ``gpu.timing.CudaTimer``: plain launches (``plain_us``, L2 flushed) and
-  CUDA-graph replay (``graph_us``), on input sets rotated where one fits in L2.
+  CUDA-graph replay (``graph_us``), on input sets rotated where one fits in L2; the modes are
+  timed in ``rounds`` rounds, one after the other in each, and each figure is a median.
 
 Rows (``KEYS``) are one per model, batch and mode; ``speedup_vs_eager`` (and ``_graph``) is the
 eager time over the mode's, and the backend's rows also carry ``speedup_vs_best`` (and
@@ -96,6 +97,10 @@ class TorchBenchConfig:
     example: str | None = None
     seed: int = 1
     backend_options: dict[str, Any] = field(default_factory=dict)
+    #: timing rounds: in each, every mode is timed once, one after the other; a mode's figures
+    #: are its medians over the rounds (a host's speed drifts over minutes: plain launches of a
+    #: decode step are host-bound). None: 3 on a GPU, 1 on the CPU
+    rounds: int | None = None
 
     def backend(self) -> dict[str, Any]:
         return {"budget": self.budget, "max_tasks": self.max_tasks, "workers": self.workers,
@@ -163,7 +168,8 @@ def _compiled(module: Any, mode: str, cfg: TorchBenchConfig) -> tuple[Any, Any]:
 
     if mode == "eager":
         return module, None
-    torch._dynamo.reset()
+    # no ``torch._dynamo.reset()`` between modes: each compiled callable keeps its own code
+    # (Dynamo guards a cache entry on its backend), so the modes can be timed in rounds
     if mode == "compile":
         return torch.compile(module, dynamic=False), None
     if mode == "max-autotune":
@@ -202,9 +208,9 @@ def _row(model: str, batch: int, mode: str, cfg: TorchBenchConfig, sizes: Any,
     return row
 
 
-def _measure(row: dict[str, Any], fn: Any, backend: Any, sets: list[tuple[Any, ...]],
-             want: Sequence[Any], timer: Any, graphs: bool) -> None:
-    """Fill ``row``: compile (first call), check against eager's ``want``, time."""
+def _prepare(row: dict[str, Any], fn: Any, backend: Any, sets: list[tuple[Any, ...]],
+             want: Sequence[Any], graphs: bool) -> None:
+    """Fill ``row`` but its times: compile (first call), check against eager's ``want``."""
     import torch
 
     from ..fx.report import torch_report
@@ -223,12 +229,28 @@ def _measure(row: dict[str, Any], fn: Any, backend: Any, sets: list[tuple[Any, .
                    report=torch_report(backend))
     row["max_error"] = max(relative_error(g, w) for g, w in zip(got, want, strict=True))
     row["matches_eager"] = row["max_error"] <= row["tolerance"]
-    row["plain_us"] = timer.plain(fn, sets)
-    if graphs:
-        try:
-            row["graph_us"] = timer.graph(fn, sets)
-        except Exception as e:  # not capturable: plain launches only
-            row["error"] = f"CUDA-graph capture failed: {type(e).__name__}: {_first(e)}"
+
+
+def _time(timed: Sequence[tuple[dict[str, Any], Any]], sets: list[tuple[Any, ...]],
+          timer: Any, graphs: bool, rounds: int) -> None:
+    """Each row's ``plain_us`` and ``graph_us``: medians over ``rounds`` rounds, each timing
+    every mode once, one after the other."""
+    plain: dict[int, list[float]] = {id(row): [] for row, _ in timed}
+    graph: dict[int, list[float]] = {id(row): [] for row, _ in timed}
+    for _ in range(max(1, rounds)):
+        for row, fn in timed:
+            plain[id(row)].append(timer.plain(fn, sets))
+            if graphs and row["error"] is None:
+                try:
+                    us = timer.graph(fn, sets)
+                except Exception as e:  # not capturable: plain launches only
+                    row["error"] = f"CUDA-graph capture failed: {type(e).__name__}: {_first(e)}"
+                else:
+                    if us is not None:
+                        graph[id(row)].append(us)
+    for row, _ in timed:
+        row["plain_us"] = statistics.median(plain[id(row)])
+        row["graph_us"] = statistics.median(graph[id(row)]) if graph[id(row)] else None
 
 
 def _first(e: BaseException) -> str:
@@ -283,16 +305,25 @@ def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
             sets = _input_sets(example, sizes, batch, cfg, dtype)
             with torch.no_grad():
                 want = module(*sets[0])
-            rows = []
+            rows, timed = [], []
+            torch._dynamo.reset()
             for mode in cfg.modes:
                 say(f"{model} b={batch} {mode} ...")
                 row = _row(model, batch, mode, cfg, sizes, device)
                 try:
                     fn, backend = _compiled(module, mode, cfg)
-                    _measure(row, fn, backend, sets, want, timer, graphs)
+                    _prepare(row, fn, backend, sets, want, graphs)
+                    timed.append((row, fn))
                 except Exception as e:  # the row says so; the other modes go on
                     row["error"] = f"{type(e).__name__}: {_first(e)}"
                 rows.append(row)
+            rounds = cfg.rounds if cfg.rounds is not None else 3 if graphs else 1
+            say(f"{model} b={batch}: timing {len(timed)} modes in {rounds} round(s)")
+            try:
+                _time(timed, sets, timer, graphs, rounds)
+            except Exception as e:
+                for row, _ in timed:
+                    row["error"] = row["error"] or f"timing: {type(e).__name__}: {_first(e)}"
             _speedups(rows)
             for row in rows:
                 if on_row is not None:
@@ -390,6 +421,9 @@ def add_arguments(p: Any) -> None:
                    "default), or under one of them")
     p.add_argument("--no-cache", action="store_true",
                    help="search every piece again (neither read nor write the cache)")
+    p.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help="timing rounds, each timing every mode once; figures are medians "
+                   "(default 3 on a GPU, 1 with --cpu-smoke)")
     p.add_argument("--example", metavar="PATH",
                    help="examples/llama_layer.py (default: the checkout's)")
     p.add_argument("--cpu-smoke", action="store_true",
@@ -403,8 +437,10 @@ def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
     if not cuda and not args.cpu_smoke:
         raise BenchTorchError("bench torch needs a CUDA GPU, and torch sees none (--cpu-smoke "
                               "runs the small layer on the CPU, as a test of the command)")
-    if any(b < 1 for b in args.batch) or args.tp < 1 or args.kv_len < 1:
-        raise BenchTorchError("bench torch: --batch, --tp and --kv-len must be positive")
+    if any(b < 1 for b in args.batch) or args.tp < 1 or args.kv_len < 1 or (
+            args.rounds is not None and args.rounds < 1):
+        raise BenchTorchError("bench torch: --batch, --tp, --kv-len and --rounds must be "
+                              "positive")
     if not args.budget > 0 or (args.max_tasks is not None and args.max_tasks < 1) or (
             args.workers is not None and args.workers < 1):
         raise BenchTorchError("bench torch: --budget must be positive, --max-tasks and "
@@ -421,7 +457,7 @@ def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
         dtype=args.dtype, budget=args.budget, max_tasks=args.max_tasks, workers=args.workers,
         cache_dir=args.cache_dir, cache=not args.no_cache, rest="eager" if smoke else "inductor",
         device="cpu" if smoke else "cuda", example=args.example,
-        backend_options={"timing": args.timing})
+        backend_options={"timing": args.timing}, rounds=args.rounds)
 
 
 def run_command(args: Any) -> int:
