@@ -274,6 +274,8 @@ def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
              "inductor_plain_us": 20.0}
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(be, "_time_against_inductor", lambda *a, **k: dict(times))
+    monkeypatch.setattr(be, "_time_graphs", lambda *a, **k: {  # the whole graph: faster
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0})
     search = StandIn()
     for rerun in (False, True):  # the second compile decides from the cached times
         torch._dynamo.reset()
@@ -289,6 +291,37 @@ def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
         assert "ours 5.0 µs / 40.0 µs, Inductor 6.0 µs / 20.0 µs" in piece.line()
         if not replaced:
             assert piece.reason == "not faster than Inductor's code (plain launches)"
+
+
+@pytest.mark.parametrize("whole, replaced", [((1.0, 2.0), True), ((3.0, 2.0), False)])
+def test_the_whole_graph_is_never_slower_than_inductors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: tuple[float, float],
+        replaced: bool) -> None:
+    """Pieces faster alone can make the graph slower (each call's host time, where Inductor's
+    code for the piece is fused into the graph's): the graph with its pieces replaced is timed
+    against Inductor's code for Dynamo's graph, and where it is slower every piece is kept and
+    Inductor's code runs, with a note saying why."""
+    from egraph_mirage.fx import backend as be
+
+    faster = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
+              "inductor_plain_us": 20.0}
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(be, "_time_against_inductor", lambda *a, **k: dict(faster))
+    ours, theirs = whole
+    monkeypatch.setattr(be, "_time_graphs", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours, "inductor_plain_us": theirs})
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False), *inputs())
+    torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+    report = backend.reports[0]
+    (piece,) = report.pieces
+    assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
+    if not replaced:
+        assert piece.reason == "the whole graph was slower with it replaced"
+        assert report.note == ("the graph with its 1 replaced piece(s): not faster than "
+                               "Inductor's code (plain launches): ours 1.0 / 3.0 µs, Inductor "
+                               "2.0 / 2.0 µs (graph replay / plain launches); every piece kept")
 
 
 def test_the_timing_criterion() -> None:

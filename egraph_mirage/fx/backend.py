@@ -244,7 +244,35 @@ class Backend:
         report.left_out = dict(parts.left_out)
         # nothing replaced: the rest is the whole graph as Dynamo gave it, compiled exactly as
         # torch.compile would without the backend
-        return _rest(parts.module if replaced else gm, example_inputs, self.options.rest, mode)
+        compiled = _rest(parts.module if replaced else gm, example_inputs, self.options.rest,
+                         mode)
+        if replaced and self.options.profiling() and _on_gpu():
+            return self._whole(compiled, gm, example_inputs, report, mode)
+        return compiled
+
+    def _whole(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
+               report: rep.CompileReport, mode: str | None) -> Callable[..., Any]:
+        """Never slower, for the graph as a whole: ``compiled`` (with the replaced pieces) is
+        timed against Inductor's code for Dynamo's graph under the ``timing`` option; where it
+        is slower, every piece is kept and Inductor's code is returned. A piece faster alone
+        can make the graph slower: its call costs host time that Inductor's code for it, fused
+        into the graph's, does not."""
+        inductor = _rest(gm, example_inputs, self.options.rest, mode)
+        try:
+            times = _time_graphs(compiled, inductor, example_inputs, self.options.timing)
+        except Exception as e:  # not measurable: Inductor's code, which is never slower
+            why = f"could not be timed ({type(e).__name__}: {e})"
+        else:
+            why = _slower(times, self.options.timing)
+            why = why and f"{why}: {_fmt_times(times)}"
+        if not why:
+            return compiled
+        replaced = [p for p in report.pieces if p.status == rep.REPLACED]
+        report.note = (f"the graph with its {len(replaced)} replaced piece(s): {why}; every "
+                       "piece kept")
+        for p in replaced:
+            p.status, p.reason = rep.KEPT, "the whole graph was slower with it replaced"
+        return inductor
 
     def _piece(self, index: int, piece: Piece, mode: str | None = None
                ) -> tuple[rep.PieceReport, Any]:
@@ -594,7 +622,7 @@ def _on_gpu() -> bool:
 def _slower(record: Mapping[str, Any], timing: str) -> str:
     """Why a timed winner is not used under the ``timing`` option ("" when it is faster, or was
     not timed: no GPU)."""
-    if record.get("ours_us") is None and record.get("ours_plain_us") is None:
+    if "ours_us" not in record and "ours_plain_us" not in record:
         return ""
     for kind in ("graph", "plain") if timing == "both" else (timing,):
         ours, theirs = _TIMES[kind]
@@ -640,6 +668,41 @@ def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
             times[f"{name}_us"] = None
         times[f"{name}_plain_us"] = timer.back_to_back(fn, [xs])
     return times
+
+
+def _time_graphs(ours: Callable[..., Any], inductor: Callable[..., Any],
+                 example_inputs: Sequence[Any], timing: str) -> dict[str, float | None]:
+    """The whole graph's µs per call with the pieces replaced (``ours``) and as Inductor
+    compiled it, under the kinds of timing ``timing`` asks (keys as ``_time_against_inductor``
+    returns them: ``ours_us``, ``inductor_plain_us``, ...)."""
+    from ..gpu.timing import CudaTimer, TimingConfig
+
+    timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
+    xs = list(example_inputs)
+    times: dict[str, float | None] = {}
+    for name, fn in (("ours", ours), ("inductor", inductor)):
+        if timing in ("both", "graph"):
+            try:
+                times[f"{name}_us"] = timer.graph(lambda *a: fn(*a), [xs])
+            except Exception:  # not capturable
+                times[f"{name}_us"] = None
+        if timing in ("both", "plain"):
+            times[f"{name}_plain_us"] = timer.back_to_back(lambda *a: fn(*a), [xs])
+    return times
+
+
+def _fmt_times(times: Mapping[str, float | None]) -> str:
+    """``ours 1.0 / 2.0 µs, Inductor 1.5 / 2.5 µs (graph replay / plain launches)``: the kinds
+    of timing in ``times``."""
+    kinds = [k for k in ("graph", "plain") if _TIMES[k][0] in times]
+    say = {"graph": "graph replay", "plain": "plain launches"}
+
+    def cell(who: str) -> str:
+        vals = [times[f"{who}_us" if k == "graph" else f"{who}_plain_us"] for k in kinds]
+        return " / ".join("–" if v is None else f"{v:.1f}" for v in vals)
+
+    return (f"ours {cell('ours')} µs, Inductor {cell('inductor')} µs "
+            f"({' / '.join(say[k] for k in kinds)})")
 
 
 def _grids(mugraph: KernelGraph) -> list[list[int]]:
