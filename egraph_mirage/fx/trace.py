@@ -95,6 +95,7 @@ def without_unit_batch(traced: TracedProgram) -> TracedProgram:
         new[t.index] = h.apply(t.op, [new[a.index] for a in t.operands], **params)
     for t in g.outputs:
         h.mark_output(new[t.index])
+
     def reshaped(v: InputView, t: Tensor) -> InputView:
         steps = v.steps[:-1] if v.steps and v.steps[-1][0] == "reshape" else v.steps
         return replace(v, steps=(*steps, ("reshape", (t.dims[drop(t):],))),
