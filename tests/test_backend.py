@@ -515,16 +515,18 @@ def test_the_pieces_of_a_compilation_share_one_pool_of_workers(tmp_path: Path,
     assert [p.cache for p in backend.reports[0].pieces] == ["hit", "hit"]
 
 
-def test_after_the_first_call_a_runner_passes_contiguous_sources_as_they_are(
+def test_after_the_first_call_a_runner_passes_its_sources_in_place(
         monkeypatch: Any) -> None:
     """A replaced piece's runner checks its inputs on the first call; later calls hand the
-    kernels each contiguous source whose views only reshape it (their pointer and element order
-    are the view's) without making the view, and views that reorder elements still apply."""
+    kernels each contiguous source whose views only reshape it as it is (no view made), and a
+    weight read transposed (``nn.Linear``'s W, stored (out, in)) through the strides of its
+    view, with no copy: the kernels were compiled for them."""
+    import egraph_mirage.api as api
     from egraph_mirage.fx import backend as backend_module
     from egraph_mirage.fx.trace import trace
 
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x @ w.t())  # w is read transposed: a view that reorders
+        return torch.relu(x @ w.t())
 
     x, w = torch.randn(1, 1, 64).half(), (torch.randn(32, 64) / 8).half()
     traced = trace(f, x, w)
@@ -533,14 +535,22 @@ def test_after_the_first_call_a_runner_passes_contiguous_sources_as_they_are(
                                workers=1, progress=False)
     kernels = results.best.graph
     assert all(t.op == "customized" for t in kernels.operators)  # graph-defined kernels only
-    runner = backend_module._runner(traced, kernels, {})
+    compiled: list[Any] = []
+    real_compile = api.compile
+    monkeypatch.setattr(api, "compile", lambda g, **o: compiled.append(real_compile(g, **o))
+                        or compiled[-1])
+    runner = backend_module._runner(traced, kernels, {}, (x, w))
+    (fn,) = compiled
+    assert fn.strides == [None, (1, 64)]
     first = runner([x, w])
-    made: list[Any] = []
-    real = backend_module.apply_steps
-    monkeypatch.setattr(backend_module, "apply_steps",
-                        lambda value, steps: made.append(steps) or real(value, steps))
+    launched: list[Any] = []
+    real_launch = fn.module.launch
+    monkeypatch.setattr(fn.module, "launch", lambda *ins: launched.append(ins)
+                        or real_launch(*ins))
     second = runner([x, w])
-    assert len(made) == 1 and ("permute", ((1, 0),)) in made[0]  # w's only
+    (ins,) = launched
+    assert ins[0] is x  # as it is: the graph's (1, 64) is x's (1, 1, 64), row-major
+    assert ins[1].data_ptr() == w.data_ptr() and ins[1].stride() == (1, 64)  # no copy
     torch.testing.assert_close(second[0], first[0])
     torch.testing.assert_close(second[0], f(x, w), rtol=2e-2, atol=2e-2)
     assert second[0].shape == (1, 1, 32)

@@ -644,3 +644,30 @@ def test_a_concat_of_equal_halves_is_a_join_not_a_gather(halves: tuple[int, int]
     assert ("tl.join(" in source) == equal and ("tl.gather(" in source) != equal
     _check(g, em.float16, reference=lambda xs: [
         xs[4] * xs[2] + np.concatenate([-xs[1], xs[0]], axis=1) * xs[3]])
+
+
+def test_an_input_is_read_in_place_through_the_strides_of_its_view() -> None:
+    """``input_strides``: the kernels read a transposed weight (``nn.Linear``'s W, stored
+    (out, in), used as Wᵀ) through the view's strides, with no contiguous copy; the program
+    matches the one reading a contiguous copy, and a copy with other strides is made to fit."""
+    import torch
+
+    g = em.new_kernel_graph()
+    x = g.new_input((4, 64), em.float16)
+    w = g.new_input((64, 32), em.float16)
+    g.mark_output(g.relu(g.matmul(x, w)))
+    found = em.superoptimize(g, em.SearchConfig(max_results=1), max_tasks=40, workers=1,
+                             progress=False).best.graph
+    assert all(t.op == "customized" for t in found.operators)
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.randn(4, 64, generator=gen).half()
+    stored = (torch.randn(32, 64, generator=gen) / 8).half()  # (out, in)
+    wt = stored.t()  # (64, 32), strides (1, 64)
+    plain = em.compile(found)
+    strided = em.compile(found, input_strides=(None, (1, 64)))
+    assert "(1, 64)" in strided.source and strided.source != plain.source
+    want = plain(xs, wt.contiguous())[0]
+    torch.testing.assert_close(strided(xs, wt)[0], want)
+    torch.testing.assert_close(strided.module.launch(xs, wt)[0], want)  # in place, no copy
+    assert not torch.allclose(plain.module.launch(xs, wt)[0], want)  # read row-major: wrong
+    torch.testing.assert_close(strided(xs, wt.contiguous())[0], want)  # copied to fit

@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from ..errors import EMError
+from ..errors import EMError, LowerError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
 from ..search import pool
@@ -308,7 +308,8 @@ class Backend:
             return out, None
         if runner is None:
             try:
-                runner = _runner(traced, loads(record["mugraph"]), record.get("knobs") or {})
+                runner = _runner(traced, loads(record["mugraph"]), record.get("knobs") or {},
+                                 piece.example_inputs)
             except Exception as e:  # e.g. the cached winner no longer lowers
                 out.status, out.reason = rep.KEPT, f"the cached μGraph failed to compile: {e}"
                 return out, None
@@ -378,7 +379,7 @@ class Backend:
         record.update(mugraph=dumps(best.graph), knobs=best.knobs, num_kernels=best.num_kernels,
                       grids=_grids(best.graph), estimated_us=best.estimated_seconds * 1e6)
         try:
-            runner = _runner(traced, best.graph, best.knobs or {})
+            runner = _runner(traced, best.graph, best.knobs or {}, piece.example_inputs)
             error = _check(runner, piece)
         except Exception as e:
             record["reason"] = f"the winner failed to compile or run: {type(e).__name__}: {e}"
@@ -479,9 +480,15 @@ def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | Non
     return compile_fx(module, list(example_inputs), config_patches=patches or None)
 
 
-def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any]) -> Runner:
+def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any],
+            example_inputs: Sequence[Any] | None = None) -> Runner:
     """The piece computed by ``mugraph``'s compiled kernels: a function of the piece's inputs
     (a list) returning its outputs (a list of fresh, contiguous tensors).
+
+    With the piece's ``example_inputs``, a graph input that is a view reordering its source's
+    elements without copying them (``nn.Linear``'s weight, stored (out, in), read as Wᵀ) is
+    read in place through the view's strides (``LowerOptions.input_strides``), not copied at
+    every call.
 
     The first call goes through the compiled μGraph's checks (number, shapes and dtypes of its
     inputs); later calls, whose inputs Dynamo's guards keep to the same shapes and dtypes, go
@@ -491,15 +498,22 @@ def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any
 
     # in Triton's interpreter (no CUDA device), compiling also makes Triton's library functions
     # interpreted, though torch._dynamo imported triton first (``lower.compile.use_interpreter``)
-    fn = compile_mugraph(mugraph, **dict(knobs))
+    strides = _view_strides(traced, example_inputs) if example_inputs is not None else ()
+    try:
+        fn = compile_mugraph(mugraph, **dict(knobs), **(
+            {"input_strides": strides} if any(strides) else {}))
+    except LowerError:  # a layout the lowering does not read in place: copies, as before
+        strides = ()
+        fn = compile_mugraph(mugraph, **dict(knobs))
     # per graph input: where its source is, its views, and whether those only reshape (the
     # element order stays the source's) an input that only graph-defined kernels read: a
     # kernel reads it through its pointer in row-major order, so a contiguous source then goes
     # in as it is, with no view made per call (a library operator needs the shape)
     shaped = {id(a) for t in mugraph.operators if t.op != "customized" for a in t.operands}
     views = [(v.position, v.source, v.steps, id(t) not in shaped
-              and all(name == "reshape" for name, _ in v.steps))
-             for v, t in zip(traced.inputs, mugraph.inputs, strict=True)]
+              and all(name == "reshape" for name, _ in v.steps),
+              strides[i] if strides else None)
+             for i, (v, t) in enumerate(zip(traced.inputs, mugraph.inputs, strict=True))]
     attributes = traced.attributes
     outs = [(o.index, o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
     # the program's outputs are fresh tensors: one may alias an input or another output only
@@ -523,14 +537,22 @@ def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any
     def run(xs: list[Any]) -> list[Any]:
         if state["checked"]:  # same shapes and dtypes as the first call (Dynamo's guards)
             ins = []
-            for p, source, steps, flat in views:
+            for p, source, steps, flat, read in views:
                 x = xs[p] if p >= 0 else attributes[source]
-                ins.append(x if flat and x.is_contiguous() else
-                           apply_steps(x, steps).contiguous())
+                if flat and x.is_contiguous():
+                    ins.append(x)
+                    continue
+                x = apply_steps(x, steps)
+                if read is None:
+                    x = x.contiguous()
+                elif x.stride() != read:  # not the layout compiled for: a copy that has it
+                    x = torch.empty_strided(x.shape, read, dtype=x.dtype,
+                                            device=x.device).copy_(x)
+                ins.append(x)
             results = launch(*ins)
         else:  # the compiled μGraph checks the number, shapes and dtypes of its inputs
             results = fn(*[apply_steps(xs[p] if p >= 0 else attributes[source], steps)
-                           for p, source, steps, _ in views])
+                           for p, source, steps, *_ in views])
             state["checked"] = True
         fresh: list[Any] = []
         for (index, shape, dtype), alias in zip(outs, may_alias, strict=True):
@@ -547,6 +569,28 @@ def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any
         return fresh
 
     return run
+
+
+def _view_strides(traced: TracedProgram, example_inputs: Sequence[Any]
+                  ) -> tuple[tuple[int, ...] | None, ...]:
+    """Per graph input, the strides of its view of the example source where that view reorders
+    the source's elements without gaps, overlaps or copies (a transpose or permute of a
+    contiguous tensor), else None: the inputs the kernels can read in place."""
+    out: list[tuple[int, ...] | None] = []
+    for v in traced.graph_inputs(*example_inputs):
+        out.append(tuple(v.stride()) if not v.is_contiguous() and _permuted(v) else None)
+    return tuple(out)
+
+
+def _permuted(v: Any) -> bool:
+    """Whether ``v``'s strides are those of a contiguous tensor with its dims reordered."""
+    dims = sorted((st, size) for size, st in zip(v.shape, v.stride()) if size > 1)
+    want = 1
+    for st, size in dims:
+        if st != want:
+            return False
+        want *= size
+    return True
 
 
 _OP_NUMBERS = itertools.count()

@@ -92,10 +92,12 @@ class CompiledGraph:
     ``run_reference``). ``source`` is the generated program, ``path`` its file."""
 
     def __init__(self, graph: KernelGraph, module: ModuleType, source: str, path: Path,
-                 interpret: bool) -> None:
+                 interpret: bool, input_strides: Sequence[tuple[int, ...] | None] = ()) -> None:
         import torch
 
         self.inputs = [(t.dims, t.dtype) for t in graph.inputs]
+        #: per input, the strides the program reads it with (None: row-major)
+        self.strides = list(input_strides) or [None] * len(graph.inputs)
         self.module, self.source, self.path, self.interpret = module, source, path, interpret
         self._expected = [(torch.Size(dims), getattr(torch, dtype.value))
                           for dims, dtype in self.inputs]
@@ -117,7 +119,8 @@ class CompiledGraph:
                              f"{str(e)[:2000]}") from e
 
     def _checked(self, inputs: Sequence[Any]) -> list[Any]:
-        """The inputs, contiguous, after typed checks of their number, types, shapes, dtypes."""
+        """The inputs, contiguous (or with the strides the program reads them with), after
+        typed checks of their number, types, shapes, dtypes."""
         import torch
 
         if len(inputs) != len(self._expected):
@@ -133,7 +136,12 @@ class CompiledGraph:
                                  f"expected {tuple(shape)}")
             if x.dtype != dtype:
                 raise DTypeError(f"compiled μGraph: input {k} is {x.dtype}, expected {dtype}")
-            xs.append(x if x.is_contiguous() else x.contiguous())
+            strides = self.strides[k]
+            if strides is None:
+                x = x if x.is_contiguous() else x.contiguous()
+            elif tuple(x.stride()) != strides:
+                x = torch.empty_strided(shape, strides, dtype=dtype, device=x.device).copy_(x)
+            xs.append(x)
         return xs
 
 
@@ -141,7 +149,7 @@ def compile_graph(graph: KernelGraph, *, interpret: bool | None = None,
                   **options: Any) -> CompiledGraph:
     """Lower ``graph`` and load it. ``options`` are ``LowerOptions`` fields (``num_warps``,
     ``num_stages``, ``fp32_dots``, ``fp32_precision``, ``fuse_combines``, ``swap_dots``,
-    ``pdl``).
+    ``pdl``, ``input_strides``: inputs read in place through a view, a transposed weight).
     ``interpret``: run in Triton's interpreter (default: when ``TRITON_INTERPRET=1`` or no CUDA
     device). ``fp32_dots`` defaults to True for bfloat16 graphs in the interpreter, whose bf16
     ``tl.dot`` is wrong."""
@@ -153,9 +161,10 @@ def compile_graph(graph: KernelGraph, *, interpret: bool | None = None,
         use_interpreter()
     if options.get("fp32_dots") is None:
         options["fp32_dots"] = interpret and _has(graph, DType.bfloat16)
-    source = generate_source(graph, options_from(options))
+    lowering = options_from(options)
+    source = generate_source(graph, lowering)
     module, path = _import(source, interpret)
-    return CompiledGraph(graph, module, source, path, interpret)
+    return CompiledGraph(graph, module, source, path, interpret, lowering.input_strides)
 
 
 def _has(graph: KernelGraph, dtype: DType) -> bool:

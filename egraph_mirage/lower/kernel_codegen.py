@@ -96,6 +96,9 @@ class KernelRole:
     unroll: bool = False
     #: first lines of the body (the programmatic-dependent-launch wait and trigger)
     head: tuple[str, ...] = ()
+    #: (input position, element strides) of inputs read through a view of their own layout
+    #: (``LowerOptions.input_strides``); the others are row-major
+    input_strides: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 class KernelWriter:
@@ -205,7 +208,8 @@ class KernelWriter:
         tb, k = self.tb, t.params["position"]
         src = tb.sources[k]
         imap, fdim = t.params["input_map"], t.params["forloop_dim"]
-        padded, strides, rank = self.pad[t.index], _strides(src.dims), len(t.dims)
+        strides = dict(self.role.input_strides).get(k) or _strides(src.dims)
+        padded, rank = self.pad[t.index], len(t.dims)
         starts = self._starts(imap, src.dims)
         name = f"b{t.index}"
         self.pre.append(f"# b{t.index}: tile {t.dims} of input {k} {src.dims}, "

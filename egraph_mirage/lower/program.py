@@ -95,6 +95,9 @@ class LowerOptions:
     fuse_combines: bool = True
     swap_dots: bool = False
     pdl: bool = False
+    #: per graph input, the element strides it is read with (a transposed view of a weight,
+    #: read in place), or None: row-major; empty: every input row-major
+    input_strides: tuple[tuple[int, ...] | None, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("num_warps", "num_stages"):
@@ -108,6 +111,12 @@ class LowerOptions:
             if not isinstance(getattr(self, name), bool):
                 raise LowerError(f"lowering option {name} must be True or False, got "
                                  f"{getattr(self, name)!r}")
+        if not isinstance(self.input_strides, tuple) or not all(
+                v is None or (isinstance(v, tuple) and all(isinstance(x, int) and x >= 0
+                                                           for x in v))
+                for v in self.input_strides):
+            raise LowerError(f"lowering option input_strides must be a tuple of stride tuples "
+                             f"or None, got {self.input_strides!r}")
         if self.fp32_precision not in PRECISIONS:
             raise LowerError(f"lowering option fp32_precision must be one of {PRECISIONS}, got "
                              f"{self.fp32_precision!r}")
@@ -201,14 +210,28 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         calls the consumer's function), with its programmatic-dependent-launch lines."""
         head = pdl_head(at, len(plan.order)) if pdl else ()
         where = f"@{at}" if pdl else ""  # a block graph launched twice: each with its own head
+        views = strides_of(kernel)
         if c is None:
-            return kernel_name(kernel.tb, "plain" + where, lambda: KernelRole(head=head))
+            return kernel_name(kernel.tb, "plain" + where,
+                               lambda: KernelRole(head=head, input_strides=views))
+        if strides_of(c.consumer):
+            raise LowerError("a kernel that combines partials in the kernel before it reads an "
+                             "input through a view of its own strides: not supported (give "
+                             "that input contiguous)")
 
         def role() -> KernelRole:
             inner = kernel_name(c.consumer.tb, "consumer", lambda: fuse.consumer_role(c))
-            return replace(fuse.producer_role(c, inner), head=head)
+            return replace(fuse.producer_role(c, inner), head=head, input_strides=views)
 
         return kernel_name(c.producer.tb, "producer" + where, role)
+
+    strided = input_strides(graph, options)
+    operands = {id(t.params["kernel"]): t.operands for t in graph.operators
+                if lookup(t.op).graph_defined}  # type: ignore[arg-type]
+
+    def strides_of(kernel: GraphDefinedKernel) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        return tuple((k, strided[o.index]) for k, o in enumerate(operands[id(kernel)])
+                     if o.index in strided)
 
     launched: set[int] = set()
     body: list[str] = []
@@ -244,6 +267,26 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args)},), "
                     f"num_warps, num_stages{after})")
     return Emitted(kernel_sources, body)
+
+
+def input_strides(graph: KernelGraph, options: LowerOptions) -> dict[int, tuple[int, ...]]:
+    """Graph input tensor index -> the element strides ``options.input_strides`` gives it
+    (inputs read row-major are left out); a ``LowerError`` names a malformed entry."""
+    given = options.input_strides
+    if not given:
+        return {}
+    if len(given) != len(graph.inputs):
+        raise LowerError(f"lowering option input_strides has {len(given)} entries for "
+                         f"{len(graph.inputs)} inputs")
+    out = {}
+    for k, (t, strides) in enumerate(zip(graph.inputs, given)):
+        if strides is None:
+            continue
+        if len(strides) != len(t.dims):
+            raise LowerError(f"lowering option input_strides: input {k} of dims {t.dims} "
+                             f"has strides {strides}")
+        out[t.index] = strides
+    return out
 
 
 #: The lowering as named stages, in order: each takes the graph, the options and the artefacts
@@ -290,12 +333,16 @@ def pdl_head(position: int, launches: int) -> tuple[str, ...]:
 #: completion counters (``fuse``)
 HELPERS = """
 
-def _checked(xs):
+def _checked(xs):  # each input row-major, or with the strides INPUTS gives it
     out = []
-    for k, (x, (dims, dtype)) in enumerate(zip(xs, INPUTS)):
+    for k, (x, (dims, dtype, strides)) in enumerate(zip(xs, INPUTS)):
         if tuple(x.shape) != dims or x.dtype != dtype:
             raise ValueError(f'input {k}: expected {dtype} {dims}, got {x.dtype} {tuple(x.shape)}')
-        out.append(x.contiguous())
+        if strides is None:
+            x = x.contiguous()
+        elif tuple(x.stride()) != strides:
+            x = torch.empty_strided(dims, strides, dtype=dtype, device=x.device).copy_(x)
+        out.append(x)
     return out
 
 
@@ -366,7 +413,9 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
     described = "\n".join(f"    {names[t.index]}: {t.dtype.value} {t.dims}" for t in graph.inputs)
     returned = "\n".join(f"    {names[t.index]}: {t.dtype.value} {t.dims}"
                          for t in graph.outputs)
-    specs = ", ".join(f"({t.dims}, {TORCH_DTYPE[t.dtype]})" for t in graph.inputs)
+    strided = input_strides(graph, options)
+    specs = ", ".join(f"({t.dims}, {TORCH_DTYPE[t.dtype]}, {strided.get(t.index)})"
+                      for t in graph.inputs)
     lines = [
         f'"""Triton program generated by egraph-mirage from a μGraph ({_count(ins, "input")}, '
         f'{_count(kernel_sources, "kernel")}, {_count(outs, "output")}).',
