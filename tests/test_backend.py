@@ -539,7 +539,7 @@ def test_after_the_first_call_a_runner_passes_its_sources_in_place(
     real_compile = api.compile
     monkeypatch.setattr(api, "compile", lambda g, **o: compiled.append(real_compile(g, **o))
                         or compiled[-1])
-    runner = backend_module._runner(traced, kernels, {}, (x, w))
+    runner = backend_module.make_runner(traced, kernels, {}, (x, w))
     (fn,) = compiled
     assert fn.strides == [None, (1, 64)]
     first = runner([x, w])

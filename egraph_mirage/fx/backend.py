@@ -55,7 +55,6 @@ import concurrent.futures as cf
 import itertools
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -64,7 +63,7 @@ from typing import Any
 
 import torch
 
-from ..errors import EMError, LowerError
+from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
 from ..search import pool
@@ -72,14 +71,12 @@ from ..search.config import SearchConfig
 from . import report as rep
 from .cache import CacheKey, SearchCache
 from .partition import Piece, partition
+from .runtime import PieceCall, PieceOp, Runner, define_piece_op, make_runner
 from .trace import TracedProgram, trace_fx
-from .views import apply_steps
 
 #: the name ``torch.compile(backend=...)`` knows the backend by
 NAME = "egraph_mirage"
 LOG = logging.getLogger("egraph_mirage.fx")
-#: a piece computed by compiled kernels: its inputs (a list) -> its outputs (a list)
-Runner = Callable[[list[Any]], list[Any]]
 
 
 #: the ``timing`` option's values
@@ -308,7 +305,7 @@ class Backend:
             return out, None
         if runner is None:
             try:
-                runner = _runner(traced, loads(record["mugraph"]), record.get("knobs") or {},
+                runner = make_runner(traced, loads(record["mugraph"]), record.get("knobs") or {},
                                  piece.example_inputs)
             except Exception as e:  # e.g. the cached winner no longer lowers
                 out.status, out.reason = rep.KEPT, f"the cached μGraph failed to compile: {e}"
@@ -379,7 +376,7 @@ class Backend:
         record.update(mugraph=dumps(best.graph), knobs=best.knobs, num_kernels=best.num_kernels,
                       grids=_grids(best.graph), estimated_us=best.estimated_seconds * 1e6)
         try:
-            runner = _runner(traced, best.graph, best.knobs or {}, piece.example_inputs)
+            runner = make_runner(traced, best.graph, best.knobs or {}, piece.example_inputs)
             error = _check(runner, piece)
         except Exception as e:
             record["reason"] = f"the winner failed to compile or run: {type(e).__name__}: {e}"
@@ -478,167 +475,6 @@ def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | Non
         # cannot pickle their implementations): off for graphs that call them
         patches["fx_graph_cache"] = False
     return compile_fx(module, list(example_inputs), config_patches=patches or None)
-
-
-def _runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any],
-            example_inputs: Sequence[Any] | None = None) -> Runner:
-    """The piece computed by ``mugraph``'s compiled kernels: a function of the piece's inputs
-    (a list) returning its outputs (a list of fresh, contiguous tensors).
-
-    With the piece's ``example_inputs``, a graph input that is a view reordering its source's
-    elements without copying them (``nn.Linear``'s weight, stored (out, in), read as Wᵀ) is
-    read in place through the view's strides (``LowerOptions.input_strides``), not copied at
-    every call.
-
-    The first call goes through the compiled μGraph's checks (number, shapes and dtypes of its
-    inputs); later calls, whose inputs Dynamo's guards keep to the same shapes and dtypes, go
-    straight to the generated program's ``launch``: per call, only the views that change the
-    element order, the launches and the outputs' reshapes run on the host."""
-    from ..api import compile as compile_mugraph
-
-    # in Triton's interpreter (no CUDA device), compiling also makes Triton's library functions
-    # interpreted, though torch._dynamo imported triton first (``lower.compile.use_interpreter``)
-    strides = _view_strides(traced, example_inputs) if example_inputs is not None else ()
-    try:
-        fn = compile_mugraph(mugraph, **dict(knobs), **(
-            {"input_strides": strides} if any(strides) else {}))
-    except LowerError:  # a layout the lowering does not read in place: copies, as before
-        strides = ()
-        fn = compile_mugraph(mugraph, **dict(knobs))
-    # per graph input: where its source is, its views, and whether those only reshape (the
-    # element order stays the source's) an input that only graph-defined kernels read: a
-    # kernel reads it through its pointer in row-major order, so a contiguous source then goes
-    # in as it is, with no view made per call (a library operator needs the shape)
-    shaped = {id(a) for t in mugraph.operators if t.op != "customized" for a in t.operands}
-    views = [(v.position, v.source, v.steps, id(t) not in shaped
-              and all(name == "reshape" for name, _ in v.steps),
-              strides[i] if strides else None)
-             for i, (v, t) in enumerate(zip(traced.inputs, mugraph.inputs, strict=True))]
-    attributes = traced.attributes
-    outs = [(o.index, o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
-    # the program's outputs are fresh tensors: one may alias an input or another output only
-    # where the graph returns an input, or one tensor twice
-    graph_ins = {id(t) for t in traced.graph.inputs}
-    returned: set[int] = set()
-    may_alias = []
-    for o in traced.outputs:
-        t = id(traced.graph.outputs[o.index])
-        may_alias.append(t in graph_ins or t in returned)
-        returned.add(t)
-    state = {"checked": False}
-    launch = fn.module.launch
-    if fn.interpret:
-        def launch(*ins: Any) -> list[Any]:
-            import numpy as np
-
-            with np.errstate(all="ignore"):  # as ``CompiledGraph`` calls it
-                return fn.module.launch(*ins)
-
-    def run(xs: list[Any]) -> list[Any]:
-        if state["checked"]:  # same shapes and dtypes as the first call (Dynamo's guards)
-            ins = []
-            for p, source, steps, flat, read in views:
-                x = xs[p] if p >= 0 else attributes[source]
-                if flat and x.is_contiguous():
-                    ins.append(x)
-                    continue
-                x = apply_steps(x, steps)
-                if read is None:
-                    x = x.contiguous()
-                elif x.stride() != read:  # not the layout compiled for: a copy that has it
-                    x = torch.empty_strided(x.shape, read, dtype=x.dtype,
-                                            device=x.device).copy_(x)
-                ins.append(x)
-            results = launch(*ins)
-        else:  # the compiled μGraph checks the number, shapes and dtypes of its inputs
-            results = fn(*[apply_steps(xs[p] if p >= 0 else attributes[source], steps)
-                           for p, source, steps, *_ in views])
-            state["checked"] = True
-        fresh: list[Any] = []
-        for (index, shape, dtype), alias in zip(outs, may_alias, strict=True):
-            y = results[index]
-            if y.shape != shape:
-                y = y.reshape(shape)
-            if y.dtype != dtype:
-                y = y.to(dtype)
-            if alias:  # no output may alias an input or another output (custom-op contract)
-                y = y.contiguous()
-                if y.numel() and any(y.data_ptr() == t.data_ptr() for t in [*xs, *fresh]):
-                    y = y.clone()
-            fresh.append(y)
-        return fresh
-
-    return run
-
-
-def _view_strides(traced: TracedProgram, example_inputs: Sequence[Any]
-                  ) -> tuple[tuple[int, ...] | None, ...]:
-    """Per graph input, the strides of its view of the example source where that view reorders
-    the source's elements without gaps, overlaps or copies (a transpose or permute of a
-    contiguous tensor), else None: the inputs the kernels can read in place."""
-    out: list[tuple[int, ...] | None] = []
-    for v in traced.graph_inputs(*example_inputs):
-        out.append(tuple(v.stride()) if not v.is_contiguous() and _permuted(v) else None)
-    return tuple(out)
-
-
-def _permuted(v: Any) -> bool:
-    """Whether ``v``'s strides are those of a contiguous tensor with its dims reordered."""
-    dims = sorted((st, size) for size, st in zip(v.shape, v.stride()) if size > 1)
-    want = 1
-    for st, size in dims:
-        if st != want:
-            return False
-        want *= size
-    return True
-
-
-_OP_NUMBERS = itertools.count()
-
-
-class PieceOp:
-    """A ``torch.library`` operator ``egraph_mirage::<tag>_<n>`` (``Tensor[] -> Tensor[]``)
-    running a piece's runner, with a fake implementation giving its outputs' shapes and dtypes.
-    Registered through a ``torch.library.Library`` fragment, which this object keeps alive:
-    a call dispatches straight to the runner (``torch.library.custom_op``'s Python wrappers
-    cost several µs more per call, host time that plain launches pay)."""
-
-    def __init__(self, runner: Runner, traced: TracedProgram, tag: str) -> None:
-        self.name = f"{re.sub(r'[^0-9A-Za-z_]', '_', tag)}_{next(_OP_NUMBERS)}"
-        outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
-
-        def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-            return runner(list(xs))
-
-        def fake(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-            device = xs[0].device if xs else torch.device("cpu")
-            return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in outs]
-
-        self.library = torch.library.Library(NAME, "FRAGMENT")
-        self.library.define(f"{self.name}(Tensor[] xs) -> Tensor[]")
-        self.library.impl(self.name, impl, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{NAME}::{self.name}", fake, lib=self.library)
-        self.op = getattr(getattr(torch.ops, NAME), self.name).default
-
-    def __call__(self, xs: list[Any]) -> list[Any]:
-        return self.op(xs)
-
-
-def define_piece_op(runner: Runner, traced: TracedProgram, tag: str) -> PieceOp:
-    """A new operator ``egraph_mirage::<tag>_<n>`` running ``runner`` (``PieceOp``)."""
-    return PieceOp(runner, traced, tag)
-
-
-class PieceCall(torch.nn.Module):
-    """Stands in for a piece's submodule: calls its custom op, returns a tuple like the piece."""
-
-    def __init__(self, op: PieceOp) -> None:
-        super().__init__()
-        self.piece_op = op  # keeps the operator's registration alive
-        self.op = op.op
-
-    def forward(self, *args: Any) -> tuple[Any, ...]:
-        return tuple(self.op(list(args)))
 
 
 def _check(runner: Runner, piece: Piece) -> float:
