@@ -554,3 +554,34 @@ def test_after_the_first_call_a_runner_passes_its_sources_in_place(
     torch.testing.assert_close(second[0], first[0])
     torch.testing.assert_close(second[0], f(x, w), rtol=2e-2, atol=2e-2)
     assert second[0].shape == (1, 1, 32)
+
+
+def test_a_layout_the_lowering_refuses_is_copied_instead(monkeypatch: Any) -> None:
+    """Where the lowering cannot read an input in place (``LowerError``: a fused combine that
+    reads it), the runner compiles the μGraph for row-major inputs and copies the view at
+    each call, as before: still right."""
+    import egraph_mirage.api as api
+    from egraph_mirage.errors import LowerError
+    from egraph_mirage.fx import runtime
+    from egraph_mirage.fx.trace import trace
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w.t())
+
+    x, w = torch.randn(2, 64).half(), (torch.randn(32, 64) / 8).half()
+    traced = trace(f, x, w)
+    kernels = em.superoptimize(traced.graph, em.SearchConfig(max_results=1), max_tasks=40,
+                               workers=1, progress=False).best.graph
+    real_compile, asked = api.compile, []
+
+    def refusing(g: em.KernelGraph, **options: Any) -> Any:
+        asked.append(options.get("input_strides"))
+        if options.get("input_strides"):
+            raise LowerError("not supported")
+        return real_compile(g, **options)
+
+    monkeypatch.setattr(api, "compile", refusing)
+    runner = runtime.make_runner(traced, kernels, {}, (x, w))
+    assert asked == [(None, (1, 64)), None]
+    for _ in range(2):  # the checked first call, then the direct one
+        torch.testing.assert_close(runner([x, w])[0], f(x, w), rtol=2e-2, atol=2e-2)
