@@ -504,7 +504,7 @@ def _slower(record: Mapping[str, Any], timing: str) -> str:
     not timed: no GPU)."""
     if "ours_us" not in record and "ours_plain_us" not in record:
         return ""
-    for kind in ("graph", "plain") if timing == "both" else (timing,):
+    for kind in _kinds(timing):
         ours, theirs = _TIMES[kind]
         if ours not in record or theirs not in record:
             return f"not timed under {_TIMED[kind]} (a decision cached by an earlier version)"
@@ -520,19 +520,39 @@ _TIMES = {"graph": ("ours_us", "inductor_us"), "plain": ("ours_plain_us", "induc
 _TIMED = {"graph": "CUDA-graph replay", "plain": "plain launches"}
 
 
-def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
-                           mode: str | None = None) -> dict[str, float | None]:
-    """Ours and Inductor's µs per call on the piece's example inputs, under CUDA-graph replay
-    (``ours_us``, ``inductor_us``; None where a graph cannot be captured) and plain launches
-    issued back to back (``ours_plain_us``, ``inductor_plain_us``: ``CudaTimer.back_to_back``,
-    so that a call's host time counts); ours through the custom op the piece would become.
-    Inductor compiles the piece in ``torch.compile``'s ``mode``."""
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
+def _kinds(timing: str) -> tuple[str, ...]:
+    """The kinds of timing (``_TIMES``' keys) the ``timing`` option asks for."""
+    return ("graph", "plain") if timing == "both" else (timing,)
 
+
+def _time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[Any],
+               kinds: Sequence[str]) -> dict[str, float | None]:
+    """Ours and Inductor's µs per call on inputs ``xs`` under each of ``kinds``: CUDA-graph
+    replay (None where a graph cannot be captured) and plain launches issued back to back
+    (``CudaTimer.back_to_back``, so that a call's host time counts); keys from ``_TIMES``."""
     from ..gpu.timing import CudaTimer, TimingConfig
 
     timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
+    times: dict[str, float | None] = {}
+    for who, fn in ((0, ours), (1, inductor)):
+        if "graph" in kinds:
+            try:
+                times[_TIMES["graph"][who]] = timer.graph(fn, [xs])
+            except Exception:  # not capturable
+                times[_TIMES["graph"][who]] = None
+        if "plain" in kinds:
+            times[_TIMES["plain"][who]] = timer.back_to_back(fn, [xs])
+    return times
+
+
+def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
+                           mode: str | None = None) -> dict[str, float | None]:
+    """Ours and Inductor's µs per call on the piece's example inputs, both kinds of timing
+    (``_time_pair``); ours through the custom op the piece would become. Inductor compiles
+    the piece in ``torch.compile``'s ``mode``."""
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
     xs = list(piece.example_inputs)
     # outside Dynamo's tracing context: compiling the piece must not add guards (on symbols
     # of its own) to the shape environment of the graph being compiled
@@ -540,35 +560,14 @@ def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
         theirs = compile_fx(piece.module, xs, config_patches=dict(
             list_mode_options(mode)) if mode not in (None, "default") else None)
     op = define_piece_op(runner, traced, f"{piece.name}_timed")
-    times: dict[str, float | None] = {}
-    for name, fn in (("ours", lambda *a: op.op(list(a))), ("inductor", lambda *a: theirs(*a))):
-        try:
-            times[f"{name}_us"] = timer.graph(fn, [xs])
-        except Exception:  # not capturable
-            times[f"{name}_us"] = None
-        times[f"{name}_plain_us"] = timer.back_to_back(fn, [xs])
-    return times
+    return _time_pair(lambda *a: op.op(list(a)), lambda *a: theirs(*a), xs, ("graph", "plain"))
 
 
 def _time_graphs(ours: Callable[..., Any], inductor: Callable[..., Any],
                  example_inputs: Sequence[Any], timing: str) -> dict[str, float | None]:
     """The whole graph's µs per call with the pieces replaced (``ours``) and as Inductor
-    compiled it, under the kinds of timing ``timing`` asks (keys as ``_time_against_inductor``
-    returns them: ``ours_us``, ``inductor_plain_us``, ...)."""
-    from ..gpu.timing import CudaTimer, TimingConfig
-
-    timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
-    xs = list(example_inputs)
-    times: dict[str, float | None] = {}
-    for name, fn in (("ours", ours), ("inductor", inductor)):
-        if timing in ("both", "graph"):
-            try:
-                times[f"{name}_us"] = timer.graph(lambda *a: fn(*a), [xs])
-            except Exception:  # not capturable
-                times[f"{name}_us"] = None
-        if timing in ("both", "plain"):
-            times[f"{name}_plain_us"] = timer.back_to_back(lambda *a: fn(*a), [xs])
-    return times
+    compiled it, under the kinds of timing ``timing`` asks (``_time_pair``)."""
+    return _time_pair(ours, inductor, list(example_inputs), _kinds(timing))
 
 
 def _fmt_times(times: Mapping[str, float | None]) -> str:
@@ -577,12 +576,11 @@ def _fmt_times(times: Mapping[str, float | None]) -> str:
     kinds = [k for k in ("graph", "plain") if _TIMES[k][0] in times]
     say = {"graph": "graph replay", "plain": "plain launches"}
 
-    def cell(who: str) -> str:
-        vals = [times[f"{who}_us" if k == "graph" else f"{who}_plain_us"] for k in kinds]
+    def cell(who: int) -> str:
+        vals = [times[_TIMES[k][who]] for k in kinds]
         return " / ".join("–" if v is None else f"{v:.1f}" for v in vals)
 
-    return (f"ours {cell('ours')} µs, Inductor {cell('inductor')} µs "
-            f"({' / '.join(say[k] for k in kinds)})")
+    return (f"ours {cell(0)} µs, Inductor {cell(1)} µs ({' / '.join(say[k] for k in kinds)})")
 
 
 def _grids(mugraph: KernelGraph) -> list[list[int]]:

@@ -99,8 +99,7 @@ def make_runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str,
                 ins.append(x)
             results = launch(*ins)
         else:  # the compiled μGraph checks the number, shapes and dtypes of its inputs
-            results = fn(*[apply_steps(xs[p] if p >= 0 else attributes[source], steps)
-                           for p, source, steps, *_ in views])
+            results = fn(*traced.graph_inputs(*xs))
             state["checked"] = True
         fresh: list[Any] = []
         for (index, shape, dtype), alias in zip(outs, may_alias, strict=True):
