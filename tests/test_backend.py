@@ -300,7 +300,8 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     """Pieces faster alone can make the graph slower (each call's host time, where Inductor's
     code for the piece is fused into the graph's): the graph with its pieces replaced is timed
     against Inductor's code for Dynamo's graph, and where it is slower every piece is kept and
-    Inductor's code runs, with a note saying why."""
+    Inductor's code runs, with a note saying why. The times are cached: a second compile of
+    the same graph times nothing and decides the same."""
     from egraph_mirage.fx import backend as be
 
     faster = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
@@ -308,20 +309,38 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(be, "_time_against_inductor", lambda *a, **k: dict(faster))
     ours, theirs = whole
-    monkeypatch.setattr(be, "_time_graphs", lambda *a, **k: {
-        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours, "inductor_plain_us": theirs})
+    timed: list[int] = []
+
+    def time_graphs(*args: Any, **kwargs: Any) -> dict[str, float]:
+        timed.append(1)
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours,
+                "inductor_plain_us": theirs}
+
+    monkeypatch.setattr(be, "_time_graphs", time_graphs)
+    for rerun in (False, True):
+        torch._dynamo.reset()
+        backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
+        with torch.no_grad():
+            got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False),
+                                  *inputs())
+        torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+        report = backend.reports[0]
+        (piece,) = report.pieces
+        assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
+        assert len(timed) == 1, "the second compile decides from the cached times"
+        assert report.whole_cache == ("hit" if rerun else "miss")
+        if not replaced:
+            assert piece.reason == "the whole graph was slower with it replaced"
+            assert report.note == ("the graph with its 1 replaced piece(s): not faster than "
+                                   "Inductor's code (plain launches): ours 1.0 / 3.0 µs, "
+                                   "Inductor 2.0 / 2.0 µs (graph replay / plain launches); "
+                                   "every piece kept")
+    # another graph (here: other shapes) is timed again
+    torch._dynamo.reset()
     backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
     with torch.no_grad():
-        got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False), *inputs())
-    torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
-    report = backend.reports[0]
-    (piece,) = report.pieces
-    assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
-    if not replaced:
-        assert piece.reason == "the whole graph was slower with it replaced"
-        assert report.note == ("the graph with its 1 replaced piece(s): not faster than "
-                               "Inductor's code (plain launches): ours 1.0 / 3.0 µs, Inductor "
-                               "2.0 / 2.0 µs (graph replay / plain launches); every piece kept")
+        torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs(rows=4))
+    assert backend.reports[0].whole_cache == "miss" and len(timed) == 2
 
 
 def test_the_timing_criterion() -> None:

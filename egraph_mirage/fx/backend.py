@@ -27,7 +27,10 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    (opaque to Dynamo and Inductor, capturable in a CUDA graph);
 4. **the rest**: the rewritten module (everything not replaced) is compiled by Inductor
    (``torch._inductor.compile_fx.compile_fx``, ``rest="inductor"``, the default) or run as is
-   (``rest="eager"``, for tests). Dynamo gets that callable (a function of the graph's flat
+   (``rest="eager"``, for tests); on a CUDA GPU with ``profile`` on, the graph with its
+   replaced pieces is timed against Inductor's code for Dynamo's graph, and where it is
+   slower under ``timing`` every piece is kept (``_whole``; the times are cached as a piece's
+   are). Dynamo gets that callable (a function of the graph's flat
    inputs returning its outputs), with the ``CompileReport`` attached as
    ``egraph_mirage_report``.
 
@@ -52,7 +55,9 @@ also registers it (``register``) where the installed metadata predates the entry
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import itertools
+import json
 import logging
 import os
 import sys
@@ -250,18 +255,29 @@ class Backend:
     def _whole(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
                report: rep.CompileReport, mode: str | None) -> Callable[..., Any]:
         """Never slower, for the graph as a whole: ``compiled`` (with the replaced pieces) is
-        timed against Inductor's code for Dynamo's graph under the ``timing`` option; where it
-        is slower, every piece is kept and Inductor's code is returned. A piece faster alone
-        can make the graph slower: its call costs host time that Inductor's code for it, fused
-        into the graph's, does not."""
-        inductor = _rest(gm, example_inputs, self.options.rest, mode)
-        try:
-            times = _time_graphs(compiled, inductor, example_inputs, self.options.timing)
-        except Exception as e:  # not measurable: Inductor's code, which is never slower
-            why = f"could not be timed ({type(e).__name__}: {e})"
-        else:
-            why = _slower(times, self.options.timing)
-            why = why and f"{why}: {_fmt_times(times)}"
+        timed against Inductor's code for Dynamo's graph (both kinds of timing), and where it
+        is slower under the ``timing`` option, every piece is kept and Inductor's code is
+        returned. A piece faster alone can make the graph slower: its call costs host time
+        that Inductor's code for it, fused into the graph's, does not. The times are cached
+        (``_whole_key``: the graph, its inputs' layout and the replaced pieces' winners), and
+        the decision is made from them at each compile, as for a piece."""
+        key = _whole_key(gm, example_inputs, report, mode, self.options.search_settings())
+        record = self.cache.get(key) if self.cache is not None else None
+        report.whole_cache = "off" if self.cache is None else ("miss" if record is None else "hit")
+        inductor = None
+        if record is None:
+            inductor = _rest(gm, example_inputs, self.options.rest, mode)
+            try:
+                record = _time_graphs(compiled, inductor, example_inputs)
+            except Exception as e:  # not measurable: Inductor's code, which is never slower
+                why = f"could not be timed ({type(e).__name__}: {e})"
+                record = None
+            else:
+                if self.cache is not None:
+                    self.cache.put(key, record)
+        if record is not None:
+            why = _slower(record, self.options.timing)
+            why = why and f"{why}: {_fmt_times(record)}"
         if not why:
             return compiled
         replaced = [p for p in report.pieces if p.status == rep.REPLACED]
@@ -269,7 +285,8 @@ class Backend:
                        "piece kept")
         for p in replaced:
             p.status, p.reason = rep.KEPT, "the whole graph was slower with it replaced"
-        return inductor
+        return inductor if inductor is not None else _rest(gm, example_inputs,
+                                                           self.options.rest, mode)
 
     def _piece(self, index: int, piece: Piece, mode: str | None = None
                ) -> tuple[rep.PieceReport, Any]:
@@ -564,10 +581,31 @@ def _time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
 
 
 def _time_graphs(ours: Callable[..., Any], inductor: Callable[..., Any],
-                 example_inputs: Sequence[Any], timing: str) -> dict[str, float | None]:
+                 example_inputs: Sequence[Any]) -> dict[str, float | None]:
     """The whole graph's µs per call with the pieces replaced (``ours``) and as Inductor
-    compiled it, under the kinds of timing ``timing`` asks (``_time_pair``)."""
-    return _time_pair(ours, inductor, list(example_inputs), _kinds(timing))
+    compiled it, under both kinds of timing (``_time_pair``)."""
+    return _time_pair(ours, inductor, list(example_inputs), ("graph", "plain"))
+
+
+def _whole_key(gm: Any, example_inputs: Sequence[Any], report: rep.CompileReport,
+               mode: str | None, settings: Mapping[str, Any]) -> CacheKey:
+    """The cache key of a whole-graph check: Dynamo's graph (its code), its inputs' shapes,
+    strides and dtypes, the replaced pieces and their winners, Inductor's mode, the rules,
+    lowering and device (``CacheKey``'s defaults) and the search settings."""
+    from .cache import default_rules_digest, device_name, lowering_fingerprint
+
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    layout = [[list(x.shape), list(x.stride()), str(x.dtype).removeprefix("torch.")]
+              for x in tensors]
+    replaced = [[p.name, p.winner] for p in report.pieces if p.status == rep.REPLACED]
+    program = json.dumps({"code": gm.code, "inputs": layout, "replaced": replaced},
+                         sort_keys=True)
+    return CacheKey(program=hashlib.sha256(program.encode()).hexdigest(),
+                    operators=("whole graph",), shapes=tuple(tuple(s) for s, _, _ in layout),
+                    dtypes=tuple(d for _, _, d in layout), rules=default_rules_digest(),
+                    device=device_name(), lowering=lowering_fingerprint(),
+                    search=dict(settings, inductor_mode=mode or "default",
+                                plain_timing="back to back"))
 
 
 def _fmt_times(times: Mapping[str, float | None]) -> str:
@@ -603,6 +641,9 @@ def _fill(out: rep.PieceReport, record: Mapping[str, Any]) -> None:
     out.ours_us, out.inductor_us = record.get("ours_us"), record.get("inductor_us")
     out.ours_plain_us = record.get("ours_plain_us")
     out.inductor_plain_us = record.get("inductor_plain_us")
+    if record.get("mugraph"):
+        text = json.dumps([record["mugraph"], record.get("knobs")], sort_keys=True)
+        out.winner = hashlib.sha256(text.encode()).hexdigest()
 
 
 register()

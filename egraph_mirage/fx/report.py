@@ -60,6 +60,9 @@ class PieceReport:
     cache: str = "off"
     #: seconds the search took (None: no search ran, e.g. on a cache hit)
     search_seconds: float | None = None
+    #: SHA-256 of the winner's μGraph JSON and knobs ("" when there is none): what the
+    #: whole-graph decision's cache key records of a replaced piece
+    winner: str = ""
 
     def line(self) -> str:
         shapes = " ".join("x".join(map(str, s)) for s in self.shapes)
@@ -113,6 +116,9 @@ class CompileReport:
     note: str = ""
     #: searches run (a cache hit runs none)
     searches: int = 0
+    #: the whole-graph check of a graph with replaced pieces (on a GPU): "hit" or "miss" in
+    #: the cache, "off" (no cache), "" (not checked)
+    whole_cache: str = ""
     seconds: float = 0.0
 
     def count(self, status: str) -> int:
@@ -120,8 +126,8 @@ class CompileReport:
 
     def head(self) -> str:
         """The one-line summary (the log line of a compilation)."""
-        hits = sum(p.cache == "hit" for p in self.pieces)
-        misses = sum(p.cache == "miss" for p in self.pieces)
+        hits = sum(p.cache == "hit" for p in self.pieces) + (self.whole_cache == "hit")
+        misses = sum(p.cache == "miss" for p in self.pieces) + (self.whole_cache == "miss")
         return (f"egraph-mirage: graph {self.graph}: {len(self.pieces)} piece(s), "
                 f"{self.count(REPLACED)} replaced, {self.count(KEPT)} kept, "
                 f"{self.count(UNSUPPORTED)} unsupported, {len(self.left_out)} operator(s) left "
