@@ -9,7 +9,7 @@ op, the runner (views in and out), the compiled μGraph (input checks), the gene
 backend's call, and whether each kernel launch took the direct path (``lower.program``).
 
 Usage: python scripts/gpu_probes/host_cost.py OUT [--model rms|layer] [--batch B] [--budget S]
-[--force] [--stand-in] [--noop]
+[--force] [--stand-in] [--noop] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -99,6 +99,9 @@ def main() -> None:
     p.add_argument("--noop", action="store_true",
                    help="a replaced piece's op returns empty outputs without launching: what "
                         "the custom-op call costs inside Inductor's graph by itself")
+    p.add_argument("--cache", default=None,
+                   help="the backend's cache folder (default OUT/cache): decisions of an earlier "
+                        "run (bench torch's, with the same --budget) are used without searching")
     a = p.parse_args()
     if a.noop:
         def noop_runner(traced: Any, mugraph: Any, knobs: Any) -> Any:
@@ -137,7 +140,7 @@ def main() -> None:
 
         more = {"search": same, "cache": False, "profile": False}
     backend = fxb.Backend(budget=a.budget, workers=a.workers, timing="graph",
-                          cache_dir=str(out / "cache"), **more)
+                          cache_dir=a.cache or str(out / "cache"), **more)
     with torch.no_grad():
         comp(*xs)
     ours = torch.compile(module, backend=backend, dynamic=False)
