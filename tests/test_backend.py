@@ -329,6 +329,8 @@ def test_the_whole_graph_is_never_slower_than_inductors(
         assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
         assert len(timed) == 1, "the second compile decides from the cached times"
         assert report.whole_cache == ("hit" if rerun else "miss")
+        assert (f"  whole graph: ours 1.0 / {ours} µs, Inductor 2.0 / {theirs} µs (graph replay "
+                f"/ plain launches) | cache {report.whole_cache}") in report.text()
         if not replaced:
             assert piece.reason == "the whole graph was slower with it replaced"
             assert report.note == ("the graph with its 1 replaced piece(s): not faster than "

@@ -276,6 +276,7 @@ class Backend:
                 if self.cache is not None:
                     self.cache.put(key, record)
         if record is not None:
+            report.whole_times = _fmt_times(record)
             why = _slower(record, self.options.timing)
             why = why and f"{why}: {_fmt_times(record)}"
         if not why:

@@ -119,6 +119,8 @@ class CompileReport:
     #: the whole-graph check of a graph with replaced pieces (on a GPU): "hit" or "miss" in
     #: the cache, "off" (no cache), "" (not checked)
     whole_cache: str = ""
+    #: that check's times: the graph with its replaced pieces and Inductor's code for it
+    whole_times: str = ""
     seconds: float = 0.0
 
     def count(self, status: str) -> int:
@@ -138,6 +140,8 @@ class CompileReport:
         lines = [self.head()]
         if self.note:
             lines.append(f"  note: {self.note}")
+        if self.whole_times:
+            lines.append(f"  whole graph: {self.whole_times} | cache {self.whole_cache}")
         lines += [p.line() for p in self.pieces]
         lines += [f"  left out: {name}: {why}" for name, why in self.left_out.items()]
         return "\n".join(lines)

@@ -9,7 +9,11 @@ op, the runner (views in and out), the compiled μGraph (input checks), the gene
 backend's call, and whether each kernel launch took the direct path (``lower.program``).
 
 Usage: python scripts/gpu_probes/host_cost.py OUT [--model rms|layer] [--batch B] [--budget S]
-[--force] [--stand-in] [--noop] [--cache DIR]
+[--force] [--stand-in] [--noop] [--cache DIR] [--partitioned]
+
+With ``--partitioned``, first: Dynamo's graph of the module compiled by Inductor as it is and as
+the partitioner's rewritten module with nothing replaced, each timed back to back (plain
+launches) and under CUDA-graph replay: what the partitioning alone costs Inductor's code.
 """
 
 from __future__ import annotations
@@ -72,6 +76,34 @@ def host_us(fn: Any, xs: Any, n: int = 300) -> tuple[float, float]:
     return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
 
 
+def partitioned_cost(module: Any, xs: Any, timer: CudaTimer) -> dict[str, Any]:
+    """Inductor's code for Dynamo's graph of ``module``, and for the partitioner's rewritten
+    module of that graph with nothing replaced: µs back to back and under graph replay."""
+    from egraph_mirage.fx.backend import _rest
+    from egraph_mirage.fx.partition import partition
+
+    captured: dict[str, Any] = {}
+
+    def grab(gm: Any, example_inputs: Any) -> Any:
+        captured["gm"], captured["xs"] = gm, list(example_inputs)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(module, backend=grab, dynamic=False)(*xs)
+        gm, ins = captured["gm"], captured["xs"]
+        parts = partition(gm, ins)
+        made = {"as is": _rest(gm, ins, "inductor", None),
+                "partitioned": _rest(parts.module, ins, "inductor", None)}
+    res: dict[str, Any] = {"pieces": len(parts.pieces)}
+    for _ in range(2):  # two rounds, the two one after the other in each
+        for name, fn in made.items():
+            res.setdefault(name, []).append({"back_to_back_us": timer.back_to_back(fn, [ins]),
+                                             "graph_us": timer.graph(fn, [ins])})
+    print("partitioned", res, flush=True)
+    return res
+
+
 def rms_module(hidden: int) -> Any:
     class RMS(torch.nn.Module):
         def __init__(self) -> None:
@@ -102,6 +134,8 @@ def main() -> None:
     p.add_argument("--cache", default=None,
                    help="the backend's cache folder (default OUT/cache): decisions of an earlier "
                         "run (bench torch's, with the same --budget) are used without searching")
+    p.add_argument("--partitioned", action="store_true",
+                   help="also time Inductor's code for the partitioned graph, nothing replaced")
     a = p.parse_args()
     if a.noop:
         def noop_runner(traced: Any, mugraph: Any, knobs: Any) -> Any:
@@ -129,6 +163,9 @@ def main() -> None:
     timer = CudaTimer(TimingConfig())
     rows: dict[str, Any] = {"device": torch.cuda.get_device_name(), "model": a.model,
                             "batch": a.batch}
+    if a.partitioned:
+        rows["partitioned"] = partitioned_cost(module, xs, timer)
+        (out / f"partitioned_{a.model}_b{a.batch}.json").write_text(json.dumps(rows, indent=1))
     torch._dynamo.reset()
     comp = torch.compile(module, dynamic=False)
     more: dict[str, Any] = {}
