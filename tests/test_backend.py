@@ -606,3 +606,69 @@ def test_a_layout_the_lowering_refuses_is_copied_instead(monkeypatch: Any) -> No
     assert asked == [(None, (1, 64)), None]
     for _ in range(2):  # the checked first call, then the direct one
         torch.testing.assert_close(runner([x, w])[0], f(x, w), rtol=2e-2, atol=2e-2)
+
+
+def _launch_by(fn: Any) -> Any:
+    """A stand-in for ``make_inductor_launch``: the piece as ``fn(*args)``."""
+    def make(traced: Any, mugraph: Any, knobs: Any, example_inputs: Any) -> Any:
+        return lambda *xs: fn(*xs)
+    return make
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_inductor_launches_the_replaced_pieces_where_its_outputs_match(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right: bool) -> None:
+    """On a GPU the replaced pieces are traced into Inductor's graph (``launch="inductor"``:
+    Inductor launches their kernels itself, no custom-op call per piece), but only where the
+    graph so compiled matches Dynamo's graph on the example inputs; otherwise each piece stays
+    a call of its custom op. Here a stand-in of the traced launch (torch operators; on a GPU it
+    is the generated program's ``launch_traced``), right or wrong."""
+    from egraph_mirage.fx import backend as be
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    fn = ((lambda x, w: (torch.relu(x @ w) * 2,)) if right
+          else (lambda x, w: (torch.zeros(x.shape[0], w.shape[1], dtype=x.dtype),)))
+    monkeypatch.setattr(be, "make_inductor_launch", _launch_by(fn))
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=False, rest="inductor"))
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False), *inputs())
+    torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+    report = backend.reports[0]
+    (piece,) = report.pieces
+    assert piece.status == REPLACED
+    assert report.launch == ("inductor" if right else "op")
+    assert len(ops) == (0 if right else 1), "launched by Inductor: no call of the custom op"
+    if not right:
+        assert "outputs differ from Dynamo's graph" in report.launch_note
+        assert "kernels launched by: op (launched by their ops: Inductor's" in report.text()
+
+
+def test_inductor_launch_needs_a_gpu_and_a_valid_option(tmp_path: Path) -> None:
+    """On the CPU (Triton's interpreter) the kernels stay launched by the custom ops."""
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=False, rest="inductor"))
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False), *inputs())
+    torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+    assert backend.reports[0].launch == "op" and len(ops) == 1
+    with pytest.raises(BackendError, match="launch must be 'inductor' or 'op'"):
+        BackendOptions.of({"launch": "triton"})
+
+
+@pytest.mark.gpu
+def test_inductor_launches_the_generated_kernels_on_a_gpu(tmp_path: Path) -> None:
+    """The generated program's ``launch_traced`` (the fused RMSNorm + Linear kernel through
+    ``wrap_triton``) traced into Inductor's graph: the output matches eager and no custom op
+    runs."""
+    from egraph_mirage.bench.reference import rmsnorm_linear
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    backend = Backend(**options(tmp_path, search=StandIn(winner=rmsnorm_linear), profile=False,
+                                rest="inductor"))
+    x, w = (t.cuda() for t in inputs())
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(rms_mm, backend=backend, dynamic=False), x, w)
+    torch.testing.assert_close(got, rms_mm(x, w), rtol=2e-3, atol=2e-3)
+    report = backend.reports[0]
+    assert report.pieces[0].status == REPLACED
+    assert report.launch == "inductor" and ops == [], report.text()

@@ -76,7 +76,7 @@ from ..search.config import SearchConfig
 from . import report as rep
 from .cache import CacheKey, SearchCache
 from .partition import Piece, partition
-from .runtime import PieceCall, PieceOp, Runner, define_piece_op, make_runner
+from .runtime import PieceCall, PieceOp, Runner, define_piece_op, make_inductor_launch, make_runner
 from .trace import TracedProgram, trace_fx
 
 #: the name ``torch.compile(backend=...)`` knows the backend by
@@ -117,6 +117,10 @@ class BackendOptions:
     #: on a GPU, how a winner must beat Inductor's code for its piece to replace it: under
     #: "graph" (CUDA-graph replay), "plain" launches, or "both"
     timing: str = "both"
+    #: how the replaced pieces' kernels are launched on a GPU: "inductor" (Inductor launches
+    #: them itself, from its own code, where it compiles them and the graph's outputs match
+    #: Dynamo's graph; else as "op"), or "op" (each piece a call of its custom op)
+    launch: str = "inductor"
     verbose: bool = False
     #: the search (default ``em.superoptimize``): any function taking ``(graph, config,
     #: time_budget=, workers=, max_tasks=, progress=, profile=)`` and returning its results
@@ -144,6 +148,9 @@ class BackendOptions:
         if options.get("timing", "both") not in TIMINGS:
             raise BackendError(f"egraph_mirage backend: timing must be one of {TIMINGS}, got "
                                f"{options['timing']!r}")
+        if options.get("launch", "inductor") not in ("inductor", "op"):
+            raise BackendError(f"egraph_mirage backend: launch must be 'inductor' or 'op', got "
+                               f"{options['launch']!r}")
         if options.get("rest", "inductor") not in ("inductor", "eager"):
             raise BackendError(f"egraph_mirage backend: rest must be 'inductor' or 'eager', got "
                                f"{options['rest']!r}")
@@ -248,8 +255,44 @@ class Backend:
         # torch.compile would without the backend
         compiled = _rest(parts.module if replaced else gm, example_inputs, self.options.rest,
                          mode)
+        if replaced:
+            compiled = self._launched_by_inductor(compiled, parts.module, gm, example_inputs,
+                                                  report, mode)
         if replaced and self.options.profiling() and _on_gpu():
             return self._whole(compiled, gm, example_inputs, report, mode)
+        return compiled
+
+    def _launched_by_inductor(self, compiled: Callable[..., Any], module: Any, gm: Any,
+                              example_inputs: Sequence[Any], report: rep.CompileReport,
+                              mode: str | None) -> Callable[..., Any]:
+        """``module`` compiled again with its replaced pieces traced into Inductor's graph
+        (``PieceCall.by_inductor``: Inductor launches their kernels itself), where every one
+        has an Inductor launch, that compiles and its outputs on the example inputs match
+        Dynamo's graph within the pieces' tolerance; else ``compiled`` (the pieces' custom
+        ops). ``report.launch`` says which."""
+        calls = [m for m in module.modules() if isinstance(m, PieceCall)]
+        report.launch = "op"
+        if not calls or any(c.inductor_launch is None for c in calls):
+            return compiled
+        for c in calls:
+            c.by_inductor = True
+        try:
+            ours = _rest(module, example_inputs, self.options.rest, mode)
+            with torch.no_grad():
+                got, want = ours(*example_inputs), gm(*example_inputs)
+            error = _outputs_error(got, want)
+        except Exception as e:
+            error, why = float("inf"), f"{type(e).__name__}: {e}"
+        else:
+            why = f"outputs differ from Dynamo's graph (relative error {error:.1e})"
+        if error <= TOLERANCE:
+            report.launch = "inductor"
+            return ours
+        for c in calls:
+            c.by_inductor = False
+        LOG.warning("egraph-mirage: the replaced pieces' kernels stay launched by their ops: "
+                    "Inductor's launch of them failed: %s", why)
+        report.launch_note = f"launched by their ops: Inductor's launch of them failed: {why}"
         return compiled
 
     def _whole(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
@@ -328,7 +371,14 @@ class Backend:
             except Exception as e:  # e.g. the cached winner no longer lowers
                 out.status, out.reason = rep.KEPT, f"the cached μGraph failed to compile: {e}"
                 return out, None
-        return out, PieceCall(define_piece_op(runner, traced, piece.name))
+        launch = None
+        if self.options.launch == "inductor" and self.options.rest == "inductor" and _on_gpu():
+            try:
+                launch = make_inductor_launch(traced, loads(record["mugraph"]),
+                                              record.get("knobs") or {}, piece.example_inputs)
+            except Exception as e:  # e.g. a layout the lowering refuses: the op launches it
+                LOG.info("egraph-mirage: %s: launched by its op: %s", piece.name, e)
+        return out, PieceCall(define_piece_op(runner, traced, piece.name), launch)
 
     def _refine(self, index: int, piece: Piece, piece_report: rep.PieceReport,
                 report: rep.CompileReport, mode: str | None = None) -> Any:
@@ -506,6 +556,23 @@ def _check(runner: Runner, piece: Piece) -> float:
     return max((relative_error(a, b) for a, b in zip(got, ref, strict=True)), default=0.0)
 
 
+#: relative error (``gpu.torch_eval.relative_error``) of a graph's outputs with Inductor
+#: launching the pieces' kernels, against Dynamo's graph run as is (fp16's tolerance)
+TOLERANCE = 1e-2
+
+
+def _outputs_error(got: Any, want: Any) -> float:
+    """The largest relative error between two graphs' outputs (tuples or lists of tensors)."""
+    from ..gpu.torch_eval import relative_error
+
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    want = list(want) if isinstance(want, (list, tuple)) else [want]
+    if len(got) != len(want):
+        return float("inf")
+    return max((relative_error(a, b) for a, b in zip(got, want) if isinstance(b, torch.Tensor)),
+               default=0.0)
+
+
 def _tolerance(g: KernelGraph) -> float:
     from ..gpu.tune import tolerance
 
@@ -591,16 +658,17 @@ def _time_graphs(ours: Callable[..., Any], inductor: Callable[..., Any],
 def _whole_key(gm: Any, example_inputs: Sequence[Any], report: rep.CompileReport,
                mode: str | None, settings: Mapping[str, Any]) -> CacheKey:
     """The cache key of a whole-graph check: Dynamo's graph (its code), its inputs' shapes,
-    strides and dtypes, the replaced pieces and their winners, Inductor's mode, the rules,
-    lowering and device (``CacheKey``'s defaults) and the search settings."""
+    strides and dtypes, the replaced pieces, their winners and who launches their kernels,
+    Inductor's mode, the rules, lowering and device (``CacheKey``'s defaults) and the search
+    settings."""
     from .cache import default_rules_digest, device_name, lowering_fingerprint
 
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     layout = [[list(x.shape), list(x.stride()), str(x.dtype).removeprefix("torch.")]
               for x in tensors]
     replaced = [[p.name, p.winner] for p in report.pieces if p.status == rep.REPLACED]
-    program = json.dumps({"code": gm.code, "inputs": layout, "replaced": replaced},
-                         sort_keys=True)
+    program = json.dumps({"code": gm.code, "inputs": layout, "replaced": replaced,
+                          "launch": report.launch}, sort_keys=True)
     return CacheKey(program=hashlib.sha256(program.encode()).hexdigest(),
                     operators=("whole graph",), shapes=tuple(tuple(s) for s, _, _ in layout),
                     dtypes=tuple(d for _, _, d in layout), rules=default_rules_digest(),

@@ -121,6 +121,10 @@ class CompileReport:
     whole_cache: str = ""
     #: that check's times: the graph with its replaced pieces and Inductor's code for it
     whole_times: str = ""
+    #: how the replaced pieces' kernels are launched: "inductor" (from Inductor's code), "op"
+    #: (their custom ops), "" (nothing replaced); and why not by Inductor where that failed
+    launch: str = ""
+    launch_note: str = ""
     seconds: float = 0.0
 
     def count(self, status: str) -> int:
@@ -140,6 +144,9 @@ class CompileReport:
         lines = [self.head()]
         if self.note:
             lines.append(f"  note: {self.note}")
+        if self.launch:
+            lines.append(f"  kernels launched by: {self.launch}"
+                         + (f" ({self.launch_note})" if self.launch_note else ""))
         if self.whole_times:
             lines.append(f"  whole graph: {self.whole_times} | cache {self.whole_cache}")
         lines += [p.line() for p in self.pieces]

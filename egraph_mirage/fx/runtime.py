@@ -118,6 +118,38 @@ def make_runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str,
     return run
 
 
+def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str, Any],
+                         example_inputs: Sequence[Any]) -> Callable[..., tuple[Any, ...]]:
+    """The piece as a function of its inputs that torch's tracing can follow: the views as
+    torch operators, each graph-defined kernel called through ``torch.library.wrap_triton``
+    (the generated program's ``launch_traced``), so that Inductor, compiling the graph that
+    calls it, launches the kernels itself with its own launcher: no operator call, runner or
+    Triton launcher per call on the host. Compiled without programmatic dependent launch
+    (which ``wrap_triton`` does not pass on). Raises ``LowerError`` where the lowering refuses
+    the layout or the knobs; only a CUDA device can trace it (Triton's interpreter runs
+    kernels as Python)."""
+    from ..api import compile as compile_mugraph
+
+    strides = _view_strides(traced, example_inputs)
+    fn = compile_mugraph(mugraph, **{**dict(knobs), "pdl": False}, **(
+        {"input_strides": strides} if any(strides) else {}))
+    launch = fn.module.launch_traced
+    views = [(v.position, v.source, v.steps, strides[i])
+             for i, v in enumerate(traced.inputs)]
+    attributes = traced.attributes
+    outs = [(o.index, o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
+
+    def run(*xs: Any) -> tuple[Any, ...]:
+        ins = []
+        for p, source, steps, read in views:
+            x = apply_steps(xs[p] if p >= 0 else attributes[source], steps)
+            ins.append(x if read is not None else x.contiguous())
+        results = launch(*ins)
+        return tuple(results[index].reshape(shape).to(dtype) for index, shape, dtype in outs)
+
+    return run
+
+
 def _view_strides(traced: TracedProgram, example_inputs: Sequence[Any]
                   ) -> tuple[tuple[int, ...] | None, ...]:
     """Per graph input, the strides of its view of the example source where that view reorders
@@ -177,15 +209,23 @@ def define_piece_op(runner: Runner, traced: TracedProgram, tag: str) -> PieceOp:
 
 
 class PieceCall(torch.nn.Module):
-    """Stands in for a piece's submodule: calls its custom op, returns a tuple like the piece."""
+    """Stands in for a piece's submodule: calls its custom op, returns a tuple like the piece.
+    With ``inductor_launch`` (``make_inductor_launch``) and ``by_inductor`` set, it calls that
+    instead, so that Inductor, tracing it, launches the kernels itself."""
 
-    def __init__(self, op: PieceOp) -> None:
+    def __init__(self, op: PieceOp, inductor_launch: Callable[..., tuple[Any, ...]] | None = None
+                 ) -> None:
         super().__init__()
         self.piece_op = op  # keeps the operator's registration alive
         self.op = op.op
+        self.inductor_launch = inductor_launch
+        self.by_inductor = False
 
     def forward(self, *args: Any) -> tuple[Any, ...]:
+        if self.by_inductor and self.inductor_launch is not None:
+            return self.inductor_launch(*args)
         return tuple(self.op(list(args)))
 
 
-__all__ = ["NAMESPACE", "PieceCall", "PieceOp", "Runner", "define_piece_op", "make_runner"]
+__all__ = ["NAMESPACE", "PieceCall", "PieceOp", "Runner", "define_piece_op",
+           "make_inductor_launch", "make_runner"]

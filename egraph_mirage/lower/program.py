@@ -11,8 +11,8 @@ outputs. Launches after the first skip Triton's per-call argument binding (``HEL
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..dtypes import DType
@@ -172,6 +172,11 @@ class Emitted:
 
     kernel_sources: list[str]
     body: list[str]
+    #: the same body for ``launch_traced``: each graph-defined kernel called through
+    #: ``torch.library.wrap_triton`` (a call torch's tracing records, so that Inductor launches
+    #: the kernel itself), without programmatic dependent launch, a fused combine's counters
+    #: a fresh zeroed buffer per call
+    traced: list[str] = field(default_factory=list)
 
 
 def plan_launches(graph: KernelGraph, options: LowerOptions) -> LaunchPlan:
@@ -235,9 +240,11 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
 
     launched: set[int] = set()
     body: list[str] = []
+    traced: list[str] = []
     for t in graph.operators:
         if not lookup(t.op).graph_defined:  # type: ignore[arg-type]
             body.append(_host_call(t, names))
+            traced.append(body[-1])
             continue
         kernel = t.params["kernel"]
         if id(kernel) in launched:
@@ -251,22 +258,27 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         device = names[t.operands[0].index]
         at = plan.position(kernel)
         name = launched_name(kernel, c, at)
+        counters = []
         if c is not None:
             b_outs = outputs[id(c.consumer)]
             args += [names[b_outs[0].operands[j].index] for j, k in enumerate(c.from_producer)
                      if k is None]
             args += [names[u.index] for u in b_outs]
-            args.append(f"_counters({device}.device, {c.groups})")
+            counters = [f"_counters({device}.device, {c.groups})",
+                        f"torch.zeros(({c.groups},), dtype=torch.int32, device={device}.device)"]
             outs += b_outs
         private = {outputs[id(c.producer)][k].index for k in c.private} if c else set()
         for u in outs:
             dtype = "torch.float32" if u.index in private else TORCH_DTYPE[u.dtype]
             body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype={dtype}, "
                         f"device={device}.device)")
+            traced.append(body[-1])
         after = ", pdl=PDL" if pdl and at > 0 else ""
-        body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args)},), "
+        body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args + counters[:1])},), "
                     f"num_warps, num_stages{after})")
-    return Emitted(kernel_sources, body)
+        traced.append(f"_traceable({name})[{kernel.tb.grid_dim}]({', '.join(args + counters[1:])}, "
+                      "num_warps=num_warps, num_stages=num_stages)")
+    return Emitted(kernel_sources, body, traced)
 
 
 def input_strides(graph: KernelGraph, options: LowerOptions) -> dict[int, tuple[int, ...]]:
@@ -296,7 +308,7 @@ STAGES: tuple[tuple[str, Callable[[KernelGraph, LowerOptions, dict[str, Any]], A
     ("emit", lambda g, o, done: emit(g, done["plan"], o)),
     ("program", lambda g, o, done: _file(g, done["plan"].names, o, done["emit"].kernel_sources,
                                          done["emit"].body, bool(done["plan"].combines),
-                                         done["plan"].pdl)),
+                                         done["plan"].pdl, done["emit"].traced)),
 )
 
 
@@ -372,6 +384,10 @@ def _launch(kernel, grid, args, num_warps, num_stages, pdl=False):
         _COMPILED[key] = compiled if direct else None
 
 
+def _traceable(kernel):  # a launch torch's tracing records (``launch_traced``)
+    return torch.library.wrap_triton(kernel)
+
+
 def _unhooked():  # no launch hook is set (each is None, or a chain of no calls)
     return all(h is None or getattr(h, "calls", None) == []
                for h in (_RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook))
@@ -406,7 +422,8 @@ PDL_SWITCH = [
 
 
 def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
-          kernel_sources: list[str], body: list[str], counters: bool, pdl: bool) -> str:
+          kernel_sources: list[str], body: list[str], counters: bool, pdl: bool,
+          traced: Sequence[str] = ()) -> str:
     ins = [names[t.index] for t in graph.inputs]
     outs = [names[t.index] for t in graph.outputs]
     signature = ", ".join(ins)
@@ -454,6 +471,14 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
         '    """``run`` on inputs already checked: contiguous tensors of the shapes and dtypes in',
         '    INPUTS."""',
         *[f"    {line}" for line in body],
+        f"    return [{', '.join(outs)}]",
+        "",
+        "",
+        f"def launch_traced({signature}, *, num_warps=NUM_WARPS, num_stages=NUM_STAGES):",
+        '    """``launch`` for torch\'s tracing (``torch.compile``\'s Inductor then launches the',
+        '    kernels itself): each kernel through ``torch.library.wrap_triton``, no programmatic',
+        '    dependent launch."""',
+        *[f"    {line}" for line in traced],
         f"    return [{', '.join(outs)}]",
         "",
     ]
