@@ -24,7 +24,10 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    piece apart from them) and each of its parts goes through step 2 (``refine=False``: not);
 3. **replace** each chosen piece by a call of a ``torch.library`` custom op that applies the
    ``TracedProgram``'s input views, launches the compiled kernels and reshapes the outputs
-   (opaque to Dynamo and Inductor, capturable in a CUDA graph);
+   (opaque to Dynamo and Inductor, capturable in a CUDA graph); on a GPU, by default, the
+   piece is traced into Inductor's graph instead (``_launched_by_inductor``: its views as
+   torch operators and its kernels through ``torch.library.wrap_triton``), so that Inductor
+   launches the kernels itself, where the graph so compiled matches Dynamo's;
 4. **the rest**: the rewritten module (everything not replaced) is compiled by Inductor
    (``torch._inductor.compile_fx.compile_fx``, ``rest="inductor"``, the default) or run as is
    (``rest="eager"``, for tests); on a CUDA GPU with ``profile`` on, the graph with its
@@ -41,7 +44,9 @@ processes (None: every core; one pool serves every piece of a compilation) or an
 ``cache_dir`` (default ``fx.cache.default_cache_dir()``), ``cache`` (False: neither read nor
 write), ``profile`` GPU timing against Inductor (default: on where CUDA is), ``rest``,
 ``max_matmuls`` / ``max_reductions`` (the partitioner's caps per piece), ``timing`` ("both",
-"graph" or "plain": how a winner must beat Inductor's code), ``refine`` (True:
+"graph" or "plain": how a winner must beat Inductor's code), ``launch`` ("inductor": on a
+GPU, Inductor launches the replaced pieces' kernels from its own code, where that matches
+Dynamo's graph; "op": each piece a call of its custom op), ``refine`` (True:
 cut a piece with nothing found at its matmuls and search the parts), ``verbose`` (print the
 report to stderr), ``search`` (a function standing in for ``em.superoptimize``, for tests).
 Every compilation is logged at INFO on the ``egraph_mirage.fx`` logger and kept in
