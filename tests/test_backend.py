@@ -643,8 +643,12 @@ def test_inductor_launches_the_replaced_pieces_where_its_outputs_match(
         assert "kernels launched by: op (launched by their ops: Inductor's" in report.text()
 
 
-def test_inductor_launch_needs_a_gpu_and_a_valid_option(tmp_path: Path) -> None:
-    """On the CPU (Triton's interpreter) the kernels stay launched by the custom ops."""
+def test_inductor_launch_needs_a_gpu_and_a_valid_option(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU (Triton's interpreter) the kernels stay launched by the custom ops."""
+    from egraph_mirage.fx import backend as be
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: False)
     backend = Backend(**options(tmp_path, search=StandIn(), profile=False, rest="inductor"))
     with torch.no_grad():
         got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False), *inputs())
