@@ -126,8 +126,9 @@ def test_a_partial_that_is_also_returned_keeps_its_dtype() -> None:
     h.mark_output(P)
     (c,) = _combines(h)
     assert c.private == frozenset({1})
-    source = generate_source(h)
-    assert source.count("dtype=torch.float32") == 1  # the sums of squares only
+    launch, traced = generate_source(h).split("def launch_traced")
+    # the sums of squares only, in ``launch`` and in its traced twin
+    assert launch.count("dtype=torch.float32") == traced.count("dtype=torch.float32") == 1
 
 
 @pytest.mark.parametrize("tiles", [hw.Tiles(grid=16, loop=32, splits=4),
@@ -138,6 +139,21 @@ def test_fused_split_k_matches_the_program(tiles: hw.Tiles) -> None:
     assert _combines(h)[0].group == tiles.splits
     assert _max_rel_error(h, g) < 1e-2
     assert _max_rel_error(h, g, fuse_combines=False) < 1e-2
+
+
+def test_the_traced_launch_of_a_fused_combine_matches_its_launch() -> None:
+    """``launch_traced`` (what Inductor traces to launch the kernels itself) gives each call a
+    fresh zeroed counter buffer instead of the shared one: the same outputs as ``launch``."""
+    g = _split_k_program()
+    fn = em.compile(hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4)))
+    rng = np.random.default_rng(1)
+    xs = [torch.tensor(0.1 * rng.standard_normal(t.dims), dtype=torch.float16, device=DEVICE)
+          for t in g.inputs]
+    with np.errstate(all="ignore"):
+        (want,) = fn.module.launch(*xs)
+        for _ in range(2):
+            (got,) = fn.module.launch_traced(*xs)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_fused_split_kv_attention_matches_the_program() -> None:
