@@ -258,27 +258,27 @@ class Backend:
         report.left_out = dict(parts.left_out)
         # nothing replaced: the rest is the whole graph as Dynamo gave it, compiled exactly as
         # torch.compile would without the backend
-        compiled = _rest(parts.module if replaced else gm, example_inputs, self.options.rest,
-                         mode)
-        if replaced:
-            compiled = self._launched_by_inductor(compiled, parts.module, gm, example_inputs,
-                                                  report, mode)
+        compiled = (self._launched_by_inductor(parts.module, gm, example_inputs, report, mode)
+                    if replaced else None)
+        if compiled is None:
+            compiled = _rest(parts.module if replaced else gm, example_inputs, self.options.rest,
+                             mode)
         if replaced and self.options.profiling() and _on_gpu():
             return self._whole(compiled, gm, example_inputs, report, mode)
         return compiled
 
-    def _launched_by_inductor(self, compiled: Callable[..., Any], module: Any, gm: Any,
-                              example_inputs: Sequence[Any], report: rep.CompileReport,
-                              mode: str | None) -> Callable[..., Any]:
-        """``module`` compiled again with its replaced pieces traced into Inductor's graph
+    def _launched_by_inductor(self, module: Any, gm: Any, example_inputs: Sequence[Any],
+                              report: rep.CompileReport, mode: str | None
+                              ) -> Callable[..., Any] | None:
+        """``module`` compiled with its replaced pieces traced into Inductor's graph
         (``PieceCall.by_inductor``: Inductor launches their kernels itself), where every one
         has an Inductor launch, that compiles and its outputs on the example inputs match
-        Dynamo's graph within the pieces' tolerance; else ``compiled`` (the pieces' custom
-        ops). ``report.launch`` says which."""
+        Dynamo's graph within ``TOLERANCE``; else None (the pieces' custom ops launch them).
+        ``report.launch`` says which."""
         calls = [m for m in module.modules() if isinstance(m, PieceCall)]
         report.launch = "op"
         if not calls or any(c.inductor_launch is None for c in calls):
-            return compiled
+            return None
         for c in calls:
             c.by_inductor = True
         try:
@@ -298,7 +298,7 @@ class Backend:
         LOG.warning("egraph-mirage: the replaced pieces' kernels stay launched by their ops: "
                     "Inductor's launch of them failed: %s", why)
         report.launch_note = f"launched by their ops: Inductor's launch of them failed: {why}"
-        return compiled
+        return None
 
     def _whole(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
                report: rep.CompileReport, mode: str | None) -> Callable[..., Any]:

@@ -123,8 +123,8 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
     """The piece as a function of its inputs that torch's tracing can follow: the views as
     torch operators, each graph-defined kernel called through ``torch.library.wrap_triton``
     (the generated program's ``launch_traced``), so that Inductor, compiling the graph that
-    calls it, launches the kernels itself with its own launcher: no operator call, runner or
-    Triton launcher per call on the host. Compiled without programmatic dependent launch
+    calls it, launches the kernels from its own code as it launches its own: no operator call
+    or runner per call on the host. Compiled without programmatic dependent launch
     (which ``wrap_triton`` does not pass on). Raises ``LowerError`` where the lowering refuses
     the layout or the knobs; only a CUDA device can trace it (Triton's interpreter runs
     kernels as Python)."""

@@ -9,7 +9,7 @@ op, the runner (views in and out), the compiled μGraph (input checks), the gene
 backend's call, and whether each kernel launch took the direct path (``lower.program``).
 
 Usage: python scripts/gpu_probes/host_cost.py OUT [--model rms|layer] [--batch B] [--budget S]
-[--force] [--stand-in] [--noop] [--cache DIR] [--partitioned]
+[--force] [--stand-in] [--noop] [--cache DIR] [--partitioned] [--launch inductor|op]
 
 With ``--partitioned``, first: Dynamo's graph of the module compiled by Inductor as it is and as
 the partitioner's rewritten module with nothing replaced, each timed back to back (plain
@@ -134,11 +134,13 @@ def main() -> None:
     p.add_argument("--cache", default=None,
                    help="the backend's cache folder (default OUT/cache): decisions of an earlier "
                         "run (bench torch's, with the same --budget) are used without searching")
+    p.add_argument("--launch", default="inductor", choices=("inductor", "op"),
+                   help="the backend's launch option (--noop implies op)")
     p.add_argument("--partitioned", action="store_true",
                    help="also time Inductor's code for the partitioned graph, nothing replaced")
     a = p.parse_args()
     if a.noop:
-        def noop_runner(traced: Any, mugraph: Any, knobs: Any) -> Any:
+        def noop_runner(traced: Any, mugraph: Any, knobs: Any, *rest: Any) -> Any:
             outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
             return lambda xs: [torch.empty(s, dtype=d, device="cuda") for s, d in outs]
 
@@ -177,6 +179,7 @@ def main() -> None:
 
         more = {"search": same, "cache": False, "profile": False}
     backend = fxb.Backend(budget=a.budget, workers=a.workers, timing="graph",
+                          launch="op" if a.noop else a.launch,
                           cache_dir=a.cache or str(out / "cache"), **more)
     with torch.no_grad():
         comp(*xs)
