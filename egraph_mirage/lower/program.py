@@ -6,6 +6,8 @@ kernels in graph order (one launch per kernel, all of its outputs at once; a com
 fused into its producer by ``fuse`` is no launch of its own) and computes library operators with
 torch, in fp32, through each op-table entry's ``triton.host`` emission. It returns the list of
 outputs. Launches after the first skip Triton's per-call argument binding (``HELPERS``).
+``launch_traced`` does the same through ``torch.library.wrap_triton``, for torch's tracing:
+``torch.compile``'s Inductor then launches the kernels from its own code (``fx.runtime``).
 """
 
 from __future__ import annotations
