@@ -676,3 +676,38 @@ def test_inductor_launches_the_generated_kernels_on_a_gpu(tmp_path: Path) -> Non
     report = backend.reports[0]
     assert report.pieces[0].status == REPLACED
     assert report.launch == "inductor" and ops == [], report.text()
+
+
+def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host-bound plain launch measures slower whenever the host is busy: ours and
+    Inductor's code are timed one after the other, ``PLAIN_ROUNDS`` times, and each side's
+    fastest round counts, so that a slow spell of the host falls on both sides."""
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.gpu import timing
+
+    calls: list[str] = []
+    slow = iter([False, False, True, True] + [False] * 100)  # a busy host in round 2
+
+    class Timer:
+        def __init__(self, config: Any = None) -> None:
+            pass
+
+        def graph(self, fn: Any, sets: Any) -> float:
+            return fn()
+
+        def back_to_back(self, fn: Any, sets: Any, repeats: int = 7) -> float:
+            calls.append(fn.__name__)
+            return fn() + (500.0 if next(slow) else 0.0)
+
+    def ours() -> float:
+        return 10.0
+
+    def inductor() -> float:
+        return 12.0
+
+    monkeypatch.setattr(timing, "CudaTimer", Timer)
+    times = be._time_pair(ours, inductor, [], ("graph", "plain"))
+    assert calls == ["ours", "inductor"] * be.PLAIN_ROUNDS
+    assert times == {"ours_us": 10.0, "inductor_us": 12.0, "ours_plain_us": 10.0,
+                     "inductor_plain_us": 12.0}
