@@ -123,6 +123,28 @@ def test_links_are_probed_the_same_at_small_sizes() -> None:
     assert probed > 50
 
 
+def test_the_probe_limit_binds_only_an_operator_probed_at_its_own_sizes() -> None:
+    """Operators are probed at small sizes, so a program larger than ``PROBE_LIMIT`` elements
+    per operator (MQA at b = 16: 16 × 1,024 × 4,096 scores) gets its dimension classes; an
+    operator whose parameters keep it at its own sizes (a slice's bounds) is still refused by
+    name, not probed for minutes."""
+    big = em.benchmarks.get("mqa", batch=16)
+    assert max(_elements(t.op, big) for t in big.operators) > dims_mod.PROBE_LIMIT
+    ins, outs = dims_mod.dim_classes(big, dims_mod.LinkProbe())
+    assert len(ins) == 3 and outs[0][0] is not None
+    rows = dims_mod.PROBE_LIMIT // 256 + 1
+    with pytest.raises(em.EMError, match=rf"slice_last of shapes \[\({rows}, 512\)\].*can probe"):
+        dims_mod.LinkProbe().links("slice_last", [(rows, 512)], {"start": 0, "stop": 256})
+
+
+def _elements(op: str, g: em.KernelGraph) -> int:
+    """The elements of ``g``'s largest operator of kind ``op`` (operands and result)."""
+    import math
+
+    return max((sum(math.prod(a.dims) for a in t.operands) + math.prod(t.dims)
+                for t in g.operators if t.op == op), default=0)
+
+
 @pytest.mark.parametrize("name, ops", [("rmsnorm_linear", 5), ("gqa", 4)])
 def test_partial_goal_distances_lose_no_first_kernel(name: str, ops: int,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:

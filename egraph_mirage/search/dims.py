@@ -33,8 +33,9 @@ Contractions = tuple[tuple[tuple[int, int], tuple[int, int]], ...]
 
 
 #: the most elements (operands and result together) of one operator the search probes (2**27:
-#: 1 GiB of float64 per copy, and seconds of numpy time); a larger program is refused with a
-#: ``SearchError`` naming the operator and its shapes
+#: 1 GiB of float64 per copy, and seconds of numpy time). Operators are probed at small sizes
+#: (``_shrunk``), so the limit binds only one whose parameters keep it at its own sizes; such
+#: an operator over the limit is refused with a ``SearchError`` naming it and its shapes
 PROBE_LIMIT = 2**27
 
 
@@ -54,12 +55,13 @@ class LinkProbe:
         if key not in self.cache:
             shapes = [tuple(d) for d in dims]
             out = lookup(op).shape(op, shapes, params)
-            n = sum(math.prod(d) for d in shapes) + math.prod(out)
+            small, small_params = _shrunk(shapes, params)
+            probed = lookup(op).shape(op, small, small_params) if small != shapes else out
+            n = sum(math.prod(d) for d in small) + math.prod(probed)
             if n > PROBE_LIMIT:
                 raise SearchError(f"{op} of shapes {shapes} (result {tuple(out)}): {n:.3g} "
                                   f"elements, more than the {PROBE_LIMIT:.3g} the search can "
                                   "probe; search a program of smaller shapes")
-            small, small_params = _shrunk(shapes, params)
             try:
                 self.cache[key] = _probe(op, small, small_params)
             except MemoryError:
@@ -75,7 +77,7 @@ SMALL = 16
 #: parameters that are left alone (an axis index, a scalar) or that hold sizes of the operands'
 #: dimensions (mapped like the dimensions); an operator with any other parameter is probed at
 #: its own sizes
-_SHRINKABLE = {"dim": False, "scalar": False, "normalized_shape": True}
+_SHRINKABLE = {"dim": False, "scalar": False, "eps": False, "normalized_shape": True}
 
 
 def _shrunk(dims: list[Dims], params: dict[str, Any]) -> tuple[list[Dims], dict[str, Any]]:
