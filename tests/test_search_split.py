@@ -123,17 +123,17 @@ def test_links_are_probed_the_same_at_small_sizes() -> None:
     assert probed > 50
 
 
-def test_the_probe_limit_binds_only_an_operator_probed_at_its_own_sizes() -> None:
-    """Operators are probed at small sizes, so a program larger than ``PROBE_LIMIT`` elements
-    per operator (MQA at b = 16: 16 × 1,024 × 4,096 scores) gets its dimension classes; an
-    operator whose parameters keep it at its own sizes (a slice's bounds) is still refused by
-    name, not probed for minutes."""
+def test_mqa_at_b16_is_within_the_search_and_a_larger_program_is_refused_by_name() -> None:
+    """Links are probed at small sizes, but candidates are checked at the program's own sizes,
+    so the search takes operators of up to ``PROBE_LIMIT`` elements: MQA at b = 16 (16 × 1,024
+    × 4,096 scores, one operator over 2**27 elements) gets its dimension classes; a larger
+    operator is refused by name before any work."""
     big = em.benchmarks.get("mqa", batch=16)
-    assert max(_elements(t.op, big) for t in big.operators) > dims_mod.PROBE_LIMIT
+    assert max(_elements(t.op, big) for t in big.operators) > 2**27
     ins, outs = dims_mod.dim_classes(big, dims_mod.LinkProbe())
     assert len(ins) == 3 and outs[0][0] is not None
-    rows = dims_mod.PROBE_LIMIT // 256 + 1
-    with pytest.raises(em.EMError, match=rf"slice_last of shapes \[\({rows}, 512\)\].*can probe"):
+    rows = dims_mod.PROBE_LIMIT // 256
+    with pytest.raises(em.EMError, match=rf"slice_last of shapes \[\({rows}, 512\)\].*can take"):
         dims_mod.LinkProbe().links("slice_last", [(rows, 512)], {"start": 0, "stop": 256})
 
 

@@ -32,11 +32,12 @@ Links = tuple[tuple[int | None, ...], ...]
 Contractions = tuple[tuple[tuple[int, int], tuple[int, int]], ...]
 
 
-#: the most elements (operands and result together) of one operator the search probes (2**27:
-#: 1 GiB of float64 per copy, and seconds of numpy time). Operators are probed at small sizes
-#: (``_shrunk``), so the limit binds only one whose parameters keep it at its own sizes; such
-#: an operator over the limit is refused with a ``SearchError`` naming it and its shapes
-PROBE_LIMIT = 2**27
+#: the most elements (operands and result together) of one operator the search takes (2**28:
+#: 2 GiB of float64 per copy). Links are probed at small sizes (``_shrunk``), but the search's
+#: numeric check evaluates every candidate at the program's own sizes in float64, so a larger
+#: program is refused up front with a ``SearchError`` naming the operator and its shapes
+#: (MQA at b = 16, whose scores are 16 × 1,024 × 4,096, is within it)
+PROBE_LIMIT = 2**28
 
 
 def _freeze(params: dict[str, Any]) -> tuple:
@@ -55,13 +56,12 @@ class LinkProbe:
         if key not in self.cache:
             shapes = [tuple(d) for d in dims]
             out = lookup(op).shape(op, shapes, params)
-            small, small_params = _shrunk(shapes, params)
-            probed = lookup(op).shape(op, small, small_params) if small != shapes else out
-            n = sum(math.prod(d) for d in small) + math.prod(probed)
+            n = sum(math.prod(d) for d in shapes) + math.prod(out)
             if n > PROBE_LIMIT:
                 raise SearchError(f"{op} of shapes {shapes} (result {tuple(out)}): {n:.3g} "
                                   f"elements, more than the {PROBE_LIMIT:.3g} the search can "
-                                  "probe; search a program of smaller shapes")
+                                  "take; search a program of smaller shapes")
+            small, small_params = _shrunk(shapes, params)
             try:
                 self.cache[key] = _probe(op, small, small_params)
             except MemoryError:
