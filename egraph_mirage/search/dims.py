@@ -36,7 +36,6 @@ Contractions = tuple[tuple[tuple[int, int], tuple[int, int]], ...]
 #: 2 GiB of float64 per copy). Links are probed at small sizes (``_shrunk``), but the search's
 #: numeric check evaluates every candidate at the program's own sizes in float64, so a larger
 #: program is refused up front with a ``SearchError`` naming the operator and its shapes
-#: (MQA at b = 16, whose scores are 16 × 1,024 × 4,096, is within it)
 PROBE_LIMIT = 2**28
 
 
