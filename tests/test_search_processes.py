@@ -17,6 +17,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -258,3 +259,31 @@ def test_a_main_module_without_a_file_is_put_back_after_workers_start(monkeypatc
     with pool.worker_pool(1) as ex:
         assert ex.submit(textwrap.dedent, "  x").result() == "x"
     assert main.__file__ == "<stdin>" and main.__spec__ is None
+
+
+def test_a_ctrl_c_while_waiting_for_tasks_is_raised_when_the_wait_is_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The searching process waits for its workers' tasks in short slices, and a Ctrl-C during
+    a wait is held back until the wait returns: raised inside ``concurrent.futures.wait``, it
+    could leave the locks of the futures it was taking held, and the pool's manager thread,
+    setting their results, would then block for ever (the clean-up and the exit with it)."""
+    import concurrent.futures as cf
+
+    from egraph_mirage.search import driver
+    from egraph_mirage.search.progress import Progress
+
+    fut: cf.Future = cf.Future()
+    waits: list[str] = []
+
+    def wait(fs: Any, timeout: float | None = None, return_when: Any = None) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while waiting
+        time.sleep(0.05)  # where a Ctrl-C would be raised at once
+        waits.append("returned")
+        fut.set_result(None)
+        return {fut}, set()
+
+    monkeypatch.setattr(driver.cf, "wait", wait)
+    with pytest.raises(KeyboardInterrupt):
+        driver._collect([fut], None, lambda res, fresh: None, [False],
+                        Progress("off", 1.0, time.perf_counter()), lambda: None)
+    assert waits == ["returned"], "the Ctrl-C was raised inside the wait"

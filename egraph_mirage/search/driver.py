@@ -293,18 +293,27 @@ def _stage_search(run: Run) -> None:
     stats.budget_exhausted = stats.stopped_by in (TIME_BUDGET, TASK_BUDGET)
 
 
+#: seconds one wait for finished tasks lasts at most: a Ctrl-C waits for its end (``_collect``)
+WAIT_SLICE_S = 0.5
+
+
 def _collect(futures: list[cf.Future[TaskResult]], deadline: float | None,
              absorb: Callable[[TaskResult, bool], None], enough: list[bool],
              report: Progress, tick: Callable[[], None]) -> bool:
     """Absorb the tasks' results as they come (in the order submitted among those that come
     together); queued tasks are cancelled once the time budget is spent (running ones stop at
-    it by themselves). Wakes at least every ``report.interval`` seconds (1 s at the least) for
-    the progress log. Returns False when it stopped with tasks still out (``max_results``)."""
+    it by themselves). Wakes every ``WAIT_SLICE_S`` seconds for the progress log (which writes
+    at its own interval). Returns False when it stopped with tasks still out
+    (``max_results``)."""
     order = {fut: i for i, fut in enumerate(futures)}
     pending = set(futures)
     while pending:
-        finished, pending = cf.wait(pending, timeout=max(report.interval, 1.0),
-                                    return_when=cf.FIRST_COMPLETED)
+        # a Ctrl-C is held back while waiting: raised inside ``cf.wait``, it can leave the
+        # locks of futures it was taking held, and the pool's manager thread, setting their
+        # results, then blocks for ever (and with it the clean-up and the interpreter's exit)
+        with pool.sigint_deferred():
+            finished, pending = cf.wait(pending, timeout=WAIT_SLICE_S,
+                                        return_when=cf.FIRST_COMPLETED)
         for fut in sorted(finished, key=order.__getitem__):
             if not fut.cancelled():
                 absorb(fut.result(), True)
