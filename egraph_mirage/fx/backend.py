@@ -326,7 +326,7 @@ class Backend:
         if record is not None:
             report.whole_times = _fmt_times(record)
             why = _slower(record, self.options.timing)
-            why = why and f"{why}: {_fmt_times(record)}"
+            why = why and f"{why}: {report.whole_times}"
         if not why:
             return compiled
         replaced = [p for p in report.pieces if p.status == rep.REPLACED]

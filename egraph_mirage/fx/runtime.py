@@ -19,6 +19,7 @@ import torch
 
 from ..errors import LowerError
 from ..graph import KernelGraph
+from ..lower.compile import laid_out
 from .program import TracedProgram
 from .views import apply_steps
 
@@ -90,13 +91,8 @@ def make_runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str,
                 if flat and x.is_contiguous():
                     ins.append(x)
                     continue
-                x = apply_steps(x, steps)
-                if read is None:
-                    x = x.contiguous()
-                elif x.stride() != read:  # not the layout compiled for: a copy that has it
-                    x = torch.empty_strided(x.shape, read, dtype=x.dtype,
-                                            device=x.device).copy_(x)
-                ins.append(x)
+                # the layout compiled for (a copy that has it where the view has another)
+                ins.append(laid_out(apply_steps(x, steps), read))
             results = launch(*ins)
         else:  # the compiled μGraph checks the number, shapes and dtypes of its inputs
             results = fn(*traced.graph_inputs(*xs))

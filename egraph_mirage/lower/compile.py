@@ -136,13 +136,21 @@ class CompiledGraph:
                                  f"expected {tuple(shape)}")
             if x.dtype != dtype:
                 raise DTypeError(f"compiled μGraph: input {k} is {x.dtype}, expected {dtype}")
-            strides = self.strides[k]
-            if strides is None:
-                x = x if x.is_contiguous() else x.contiguous()
-            elif tuple(x.stride()) != strides:
-                x = torch.empty_strided(shape, strides, dtype=dtype, device=x.device).copy_(x)
-            xs.append(x)
+            xs.append(laid_out(x, self.strides[k]))
         return xs
+
+
+def laid_out(x: Any, strides: Sequence[int] | None) -> Any:
+    """Torch tensor ``x`` as a program reads it: contiguous (``strides`` None), or with
+    ``strides`` (``LowerOptions.input_strides``), copied only where it has other strides."""
+    import torch
+
+    if strides is None:
+        return x if x.is_contiguous() else x.contiguous()
+    if tuple(x.stride()) == tuple(strides):
+        return x
+    return torch.empty_strided(x.shape, tuple(strides), dtype=x.dtype,
+                               device=x.device).copy_(x)
 
 
 def compile_graph(graph: KernelGraph, *, interpret: bool | None = None,

@@ -260,14 +260,18 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         device = names[t.operands[0].index]
         at = plan.position(kernel)
         name = launched_name(kernel, c, at)
-        counters = []
+        # a fused combine's completion counters: the shared buffer (``launch``), or a fresh
+        # zeroed one per call (``launch_traced``)
+        counters: list[str] = []
+        fresh_counters: list[str] = []
         if c is not None:
             b_outs = outputs[id(c.consumer)]
             args += [names[b_outs[0].operands[j].index] for j, k in enumerate(c.from_producer)
                      if k is None]
             args += [names[u.index] for u in b_outs]
-            counters = [f"_counters({device}.device, {c.groups})",
-                        f"torch.zeros(({c.groups},), dtype=torch.int32, device={device}.device)"]
+            counters = [f"_counters({device}.device, {c.groups})"]
+            fresh_counters = [f"torch.zeros(({c.groups},), dtype=torch.int32, "
+                              f"device={device}.device)"]
             outs += b_outs
         private = {outputs[id(c.producer)][k].index for k in c.private} if c else set()
         for u in outs:
@@ -276,9 +280,10 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
                         f"device={device}.device)")
             traced.append(body[-1])
         after = ", pdl=PDL" if pdl and at > 0 else ""
-        body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args + counters[:1])},), "
+        body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args + counters)},), "
                     f"num_warps, num_stages{after})")
-        traced.append(f"_traceable({name})[{kernel.tb.grid_dim}]({', '.join(args + counters[1:])}, "
+        traced.append(f"_traceable({name})[{kernel.tb.grid_dim}]("
+                      f"{', '.join(args + fresh_counters)}, "
                       "num_warps=num_warps, num_stages=num_stages)")
     return Emitted(kernel_sources, body, traced)
 
