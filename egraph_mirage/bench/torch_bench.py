@@ -19,7 +19,9 @@ For each model, batch size b and mode, in fp16 (``--dtype``):
   ``gpu.torch_eval.relative_error`` over the outputs; ``matches_eager`` within ``TOLERANCE``),
   then timed with ``gpu.timing.CudaTimer``: plain launches (``plain_us``, L2 flushed) and
   CUDA-graph replay (``graph_us``), on input sets rotated where one fits in L2; the modes are
-  timed in ``rounds`` rounds, one after the other in each, and each figure is a median.
+  timed in ``rounds`` rounds, one after the other in each; ``plain_us`` is the fastest round
+  (a decode step's plain launches are bound by the host, whose speed drifts and only ever adds
+  time; every round is kept in ``plain_rounds``), ``graph_us`` the median.
 
 Rows (``KEYS``) are one per model, batch and mode; ``speedup_vs_eager`` (and ``_graph``) is the
 eager time over the mode's, and the backend's rows also carry ``speedup_vs_best`` (and
@@ -59,7 +61,7 @@ MODES = ("eager", "compile", "max-autotune", "egraph_mirage", "egraph_mirage-max
 BACKEND_MODES = ("egraph_mirage", "egraph_mirage-max-autotune")
 #: the keys of every row
 KEYS = ("model", "preset", "sizes", "batch", "dtype", "device", "timing", "mode", "plain_us",
-        "graph_us", "speedup_vs_eager", "speedup_vs_eager_graph", "speedup_vs_best",
+        "graph_us", "plain_rounds", "speedup_vs_eager", "speedup_vs_eager_graph", "speedup_vs_best",
         "speedup_vs_best_graph", "compile_s", "max_error", "matches_eager", "tolerance",
         "pieces", "replaced", "searches", "cache_hits", "report", "error")
 #: the largest relative error against eager a mode may have (a whole layer: looser than one
@@ -97,9 +99,10 @@ class TorchBenchConfig:
     example: str | None = None
     seed: int = 1
     backend_options: dict[str, Any] = field(default_factory=dict)
-    #: timing rounds: in each, every mode is timed once, one after the other; a mode's figures
-    #: are its medians over the rounds (a host's speed drifts over minutes: plain launches of a
-    #: decode step are host-bound). None: 3 on a GPU, 1 on the CPU
+    #: timing rounds: in each, every mode is timed once, one after the other; a mode's plain
+    #: figure is its fastest round, its graph figure the median (a host's speed drifts over
+    #: minutes, and plain launches of a decode step are host-bound). None: 5 on a GPU, 1 on the
+    #: CPU
     rounds: int | None = None
 
     def backend(self) -> dict[str, Any]:
@@ -233,8 +236,9 @@ def _prepare(row: dict[str, Any], fn: Any, backend: Any, sets: list[tuple[Any, .
 
 def _time(timed: Sequence[tuple[dict[str, Any], Any]], sets: list[tuple[Any, ...]],
           timer: Any, graphs: bool, rounds: int) -> None:
-    """Each row's ``plain_us`` and ``graph_us``: medians over ``rounds`` rounds, each timing
-    every mode once, one after the other."""
+    """Each row's ``plain_us`` (the fastest of ``rounds`` rounds, all of them in
+    ``plain_rounds``) and ``graph_us`` (their median), each round timing every mode once, one
+    after the other."""
     plain: dict[int, list[float]] = {id(row): [] for row, _ in timed}
     graph: dict[int, list[float]] = {id(row): [] for row, _ in timed}
     for _ in range(max(1, rounds)):
@@ -249,7 +253,8 @@ def _time(timed: Sequence[tuple[dict[str, Any], Any]], sets: list[tuple[Any, ...
                     if us is not None:
                         graph[id(row)].append(us)
     for row, _ in timed:
-        row["plain_us"] = statistics.median(plain[id(row)])
+        row["plain_us"] = min(plain[id(row)])
+        row["plain_rounds"] = plain[id(row)]
         row["graph_us"] = statistics.median(graph[id(row)]) if graph[id(row)] else None
 
 
@@ -317,7 +322,7 @@ def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
                 except Exception as e:  # the row says so; the other modes go on
                     row["error"] = f"{type(e).__name__}: {_first(e)}"
                 rows.append(row)
-            rounds = cfg.rounds if cfg.rounds is not None else 3 if graphs else 1
+            rounds = cfg.rounds if cfg.rounds is not None else 5 if graphs else 1
             say(f"{model} b={batch}: timing {len(timed)} modes in {rounds} round(s)")
             try:
                 _time(timed, sets, timer, graphs, rounds)
@@ -422,8 +427,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="search every piece again (neither read nor write the cache)")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
-                   help="timing rounds, each timing every mode once; figures are medians "
-                   "(default 3 on a GPU, 1 with --cpu-smoke)")
+                   help="timing rounds, each timing every mode once; plain figures are the "
+                   "fastest round, graph figures medians (default 5 on a GPU, 1 with --cpu-smoke)")
     p.add_argument("--example", metavar="PATH",
                    help="examples/llama_layer.py (default: the checkout's)")
     p.add_argument("--cpu-smoke", action="store_true",
