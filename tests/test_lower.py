@@ -254,12 +254,12 @@ def _batch_of_one(dimx: int = 12) -> em.KernelGraph:
 
 def _transformer_ops() -> em.KernelGraph:
     """The element-wise operators and reductions of transformer blocks on padded (6, 12) tiles:
-    mean and amax over either dimension, rms_norm with eps."""
+    mean and amax over either dimension, rms_norm with eps, a division by a count."""
     h, (X, Y) = _graph((12, 48), (12, 48))
     tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4)
     x = tb.new_input(X, (0, -1, -1), forloop_dim=1)       # (6, 12)
     y = tb.new_input(Y, (0, -1, -1), forloop_dim=1)
-    s = tb.sub(tb.sigmoid(x), tb.tanh(tb.neg(y)))
+    s = tb.sub(tb.sigmoid(x), tb.tanh(tb.neg(tb.div_count(y, 3))))
     g = tb.add(tb.gelu_tanh(x), tb.gelu_erf(y))
     r = tb.rsqrt(tb.add_scalar(tb.mean(tb.mul(x, x), 1), 0.5))  # (6, 1)
     tb.new_output(tb.forloop_accum(tb.add(tb.mul(s, r), tb.amax(g, 0))), (0, -1, -1))
@@ -485,7 +485,8 @@ def test_host_emission_matches_reference(name: str) -> None:
               "rms_norm": [(2, 3, 4), (1, 1, 4)]}.get(name, [(2, 3, 4), (2, 1, 4)])
     spec = em.OPS[name]
     shapes = shapes[:spec.num_inputs[1]]
-    params = {"dim": -1, "scalar": 0.25, "normalized_shape": (4,), "start": 1, "stop": 3}
+    params = {"dim": -1, "scalar": 0.25, "normalized_shape": (4,), "start": 1, "stop": 3,
+              "count": 4}
     params = {k: params[k] for k in spec.params}
     xs = [np.abs(rng.standard_normal(s)) + 0.1 for s in shapes]
     text = spec.triton.host([f"x{k}" for k in range(len(xs))], shapes, params)

@@ -180,3 +180,43 @@ def test_partial_goal_distances_lose_no_first_kernel(name: str, ops: int,
     plain, plain_states = first_kernels()
     assert plain and pruned == plain
     assert pruned_states < plain_states
+
+
+def test_split_k_whose_combine_reads_per_piece_sums_of_squares_is_discovered() -> None:
+    """RMSNorm + Linear split along the hidden dimension: kernel 1 writes each piece's partial
+    products X @ W and, beside them, each piece's sums of squares of X (a tile without W's
+    column class, written once per column block); kernel 2 sums both over the pieces, divides
+    by the hidden size (``div_count``) and never reads X again. The split tasks of 4 operators,
+    in task order, find it; it is exact, and its lowering (fused combine or two launches)
+    matches the program in Triton's interpreter."""
+    import numpy as np
+    import torch
+
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    payload = prepare(g, SearchConfig())
+    ctx = Context(payload)
+    tasks = [t for t in list_tasks(payload, ctx) if t.kind == SPLIT and t.ops == (4, 4)]
+    for task in tasks[:MAX_TASKS]:
+        for text, *_ in run_task(payload, task, ctx=ctx).found:
+            h = em.loads(text)
+            kernels = [t for t in h.operators if t.op == "customized" and t.params["output"] == 0]
+            ops = [b.op for b in kernels[-1].params["kernel"].tb.tensors]
+            if (len(kernels) == 2 and "div_count" in ops
+                    and not set(kernels[-1].operands) & set(h.inputs)):
+                break
+        else:
+            continue
+        break
+    else:
+        pytest.fail(f"no split-K form with per-piece sums of squares in {MAX_TASKS} split tasks")
+    assert _fused_split(h)
+    assert em.verify(g, h, tests=4, seed=5).equivalent
+    assert em.check_numerics(h, g) < 1e-6
+    rng = np.random.default_rng(0)
+    xs = [torch.tensor(0.1 * rng.standard_normal(t.dims), dtype=torch.float16) for t in g.inputs]
+    (want,) = g.evaluate([x.double().numpy() for x in xs])
+    for fused in (True, False):
+        fn = em.compile(h, fuse_combines=fused)
+        for _ in range(2):  # the second call finds the counters the first left at zero
+            (got,) = fn(*xs)
+        assert np.abs(got.double().numpy() - want).max() <= 1e-2 * np.abs(want).max()

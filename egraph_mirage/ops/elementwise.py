@@ -95,6 +95,38 @@ def with_scalar(name: str, ctor: str, sign: str, fn: Callable[[Any, float], Any]
     )
 
 
+def count_of(p: Params, op: str = "div_count") -> int:
+    """The ``count`` parameter of ``op``: a whole number from 1 to 2**53 (exact as a float)."""
+    c = p.get("count")
+    if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 2**53:
+        raise ShapeError(f"{op}: the count must be a whole number from 1 to 2**53, got {c!r}")
+    return c
+
+
+def _div_count() -> OpSpec:
+    """``x / count`` for a whole number ``count``: the last step of a mean, written as the
+    mean's own expression ``(Div x (Num count))`` (``Const`` scalars are floats, counts are
+    not), so that a sum accumulated in pieces can be finished into a mean or an rms. The search
+    tries the counts of the program's expression (``tasks.Context.counts``)."""
+    def shape(op: str, shapes: Sequence[Shape], p: Params) -> Shape:
+        count_of(p, op)
+        return sh.same_shape(op, shapes, p)
+
+    def code(args: Sequence[str], p: Params) -> str:
+        return f"{args[0]} / {float(count_of(p))!r}"
+
+    return OpSpec(
+        name="div_count", num_inputs=(1, 1), params=("count",), shape=shape,
+        dtype=sh.same_dtype, expr=lambda ts, shapes, p: app("Div", ts[0], app("Num", count_of(p))),
+        reference=lambda xs, p: xs[0] / count_of(p), ff=ff.div_count,
+        torch=lambda xs, p: xs[0] / count_of(p), terms=(), levels=ALL_LEVELS,
+        commutative=False,
+        triton=TritonEmission(tile=lambda args, ctx, p: code(args, p),
+                              host=lambda args, shapes, p: code(args, p), dims=aligned,
+                              keeps_zero=True),
+        doc="divide every element by a whole number (a mean's last step), (Div x (Num count))")
+
+
 def _sub_expr(ts: Sequence[Term], shapes: Sequence[Shape], p: Params) -> Term:
     return app("Add", ts[0], app("Mul", ts[1], MINUS_ONE))
 
@@ -194,7 +226,8 @@ MORE_ELEMENTWISE: list[OpSpec] = [
                       "torch.nn.functional.gelu({x})", True)),
     with_scalar("add_scalar", "Add", "+", operator.add, ff.add_scalar, False,
                 "add a constant to every element"),
+    _div_count(),
 ]
 
-__all__ = ["ALL_LEVELS", "ELEMENTWISE", "GELU_K", "MORE_ELEMENTWISE", "binary", "scalar_text",
-           "term", "unary", "with_scalar"]
+__all__ = ["ALL_LEVELS", "ELEMENTWISE", "GELU_K", "MORE_ELEMENTWISE", "binary", "count_of",
+           "scalar_text", "term", "unary", "with_scalar"]

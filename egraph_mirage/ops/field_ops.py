@@ -92,6 +92,13 @@ def mul_scalar(f: Any, xs: FFs, p: Params) -> Any:
     return f.mul(xs[0], f.constant(p["scalar"], xs[0]))
 
 
+def div_count(f: Any, xs: FFs, p: Params) -> Any:
+    """x / count: x times the exact rational 1 / count."""
+    from fractions import Fraction
+
+    return f.mul(xs[0], f.constant(Fraction(1, int(p["count"])), xs[0]))
+
+
 def add_scalar(f: Any, xs: FFs, p: Params) -> Any:
     return f.add(xs[0], f.constant(p["scalar"], xs[0]))
 

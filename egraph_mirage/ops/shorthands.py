@@ -60,6 +60,9 @@ class OpShorthands(Generic[T]):
     def mul_scalar(self, A: T, scalar: float) -> T:
         return self.apply("mul_scalar", (A,), scalar=scalar)
 
+    def div_count(self, A: T, count: int) -> T:
+        return self.apply("div_count", (A,), count=count)
+
     def reduction(self, A: T, dim: int) -> T:
         """Sum over ``dim``, kept with size 1."""
         return self.apply("reduction", (A,), dim=dim)

@@ -97,6 +97,8 @@ class BlockSearch:
     #: result and what it computed from it (``S = X @ W`` and per-block sums of ``exp(S)``),
     #: where the later kernel would otherwise compute the loop again
     consumed_outputs: bool = False
+    #: the whole numbers ``div_count`` may divide by (``tasks.Context.counts``)
+    counts: tuple[int, ...] = ()
 
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
@@ -117,10 +119,13 @@ class BlockSearch:
         for limit in range(lo, hi + 1):
             self._limit = limit
             for found in self._dfs(tiles, set(), 0, set(), moves, self._smem(tiles)):
-                # one block graph per output class, except that a running max is part of what
-                # is computed: its rescaled accumulators have the plain ones' classes
+                # one block graph per output class and set of loaded tensors it reads (a
+                # combine may read the partials alone, or the program's inputs again), except
+                # that a running max is part of what is computed: its rescaled accumulators
+                # have the plain ones' classes
                 sig = (frozenset(found[0][i].key for i in found[1]),
-                       frozenset(t.key for t in found[0] if t.op == "max"))
+                       frozenset(t.key for t in found[0] if t.op == "max"),
+                       _loads_read(found[0], found[1]))
                 if sig not in done:
                     done.add(sig)
                     yield found
@@ -388,6 +393,8 @@ class BlockSearch:
                 choices.append([(dims[0][-1],)])
             elif p == "scalar":
                 choices.append(list(self.scalars))
+            elif p == "count":
+                choices.append(list(self.counts))
             else:
                 return
         for combo in itertools.product(*choices):
@@ -492,6 +499,18 @@ class BlockSearch:
         if cls is not None:
             return cls, cls
         return None, (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
+
+
+def _loads_read(tiles: Sequence[Tile], sinks: Sequence[int]) -> frozenset[int]:
+    """The loader positions of the input tiles that ``sinks`` are computed from."""
+    need: set[int] = set()
+    stack = list(sinks)
+    while stack:
+        i = stack.pop()
+        if i not in need:
+            need.add(i)
+            stack.extend(tiles[i].args)
+    return frozenset(dict(tiles[i].params)["position"] for i in need if tiles[i].op == "input")
 
 
 def _identity(t: Tile) -> bool:

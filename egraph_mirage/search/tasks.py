@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
+from ..mugraph.threadblock import EPILOGUE
 from .blocks import BlockSearch, Counters, Tile
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe
@@ -160,6 +161,17 @@ class Context:
         #: the split shapes whose blocks walk their piece with the loop (FlashDecoding's split-KV,
         #: split-K GEMMs), searched early; those loading a whole piece at once come late
         self.early_splits = [i for i in self.split_shapes if self.first_shapes[i].frange > 1]
+
+    @cached_property
+    def counts(self) -> tuple[int, ...]:
+        """The whole numbers of the program's expression (the sizes of its sums, means and
+        norms), which ``div_count`` may divide by in a block: a sum accumulated in pieces is
+        finished into the program's mean or rms."""
+        from ..graph import abstract_term
+
+        term = abstract_term(self.target.outputs[0])
+        return tuple(sorted({a for t in term.walk() for a in t.args
+                             if isinstance(a, int) and not isinstance(a, bool) and a > 1}))
 
     @cached_property
     def library_moves(self) -> list[tuple[list[DTensor], list[Step]]]:
@@ -346,7 +358,8 @@ class _Run:
         return BlockSearch(shape, self.ctx.payload.reach, self.config, self.ctx.probe,
                            self.ctx.payload.scalars, accept, self.counters, self.stopped,
                            max_outputs, goal, memo=self.ctx.memo, fresh=fresh, first=units,
-                           goal_tiles=goal_tiles, consumed_outputs=consumed_outputs)
+                           goal_tiles=goal_tiles, consumed_outputs=consumed_outputs,
+                           counts=self.ctx.counts)
 
     def _step(self, shape: KernelShape, tiles: Sequence[Tile],
               outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:
@@ -357,7 +370,7 @@ class _Run:
     def finals(self, tensors: list[DTensor], steps: list[Step], must_use: int,
                ops: tuple[int, int] | None = None, after: KernelShape | None = None,
                units: Units | None = None) -> None:
-        """Last kernels over ``tensors`` that read one from position ``must_use`` on.
+        """Last kernels over ``tensors`` that read every one from position ``must_use`` on.
         ``after``: the previous kernel's shape, when it wrote partial results: the last kernel
         then only combines them (it keeps ``after``'s grid axes or leaves them, and each of its
         operators uses what ``after`` wrote). ``units``: each shape is a unit of the task."""
@@ -387,10 +400,10 @@ class _Run:
         goal = roots[0] if self.config.use_oracle else None
         for tiles, sinks in self._search(shape, accept, 1, goal, fresh, units).run(ops):
             tile = tiles[sinks[0]]
-            if must_use is not None and not any(
-                    shape.loaders[dict(tiles[i].params)["position"]].tensor.ref >= must_use
-                    for i in used_tiles(tiles, sinks) if tiles[i].op == "input"):
-                continue
+            read = {shape.loaders[dict(tiles[i].params)["position"]].tensor.ref
+                    for i in used_tiles(tiles, sinks) if tiles[i].op == "input"}
+            if must_use is not None and not set(range(must_use, len(tensors))) <= read:
+                continue  # every tensor the plan wrote before is read (none written in vain)
             for omap, dims, _ in output_maps(tile, shape, self.config.omaps):
                 if dims == want:
                     step = self._step(shape, tiles, [(sinks[0], omap)])
@@ -425,6 +438,19 @@ class _Run:
             the cut classes the output keeps."""
             return unseen(t) and reduced(t) and kept <= set(t.dcls)
 
+        def beside(t: Tile) -> bool:
+            """A tile a split task's first kernel may write beside a partial: a new result
+            after the loop that lacks a class the output keeps (the per-piece sums of squares
+            of X beside the partial products X @ W). It is written once per block along that
+            class, so that each block of the combine reads its own copy (``tiling._axis_dim``)
+            instead of computing it again. (A property of the tile's key, as goal distances
+            need: not of the operator that made it.)"""
+            return (unseen(t) and reduced(t) and t.side == EPILOGUE
+                    and not kept <= set(t.dcls))
+
+        def written(t: Tile) -> bool:
+            return partial(t) or beside(t)
+
         def accept(tiles: list[Tile], sinks: list[int]) -> bool:
             if not (len(sinks) <= self.config.max_block_outputs
                     and all(unseen(tiles[i]) for i in sinks)):
@@ -434,12 +460,14 @@ class _Run:
             ops = sum(1 for t in tiles if t.op != "input")
             split = ops >= SPLIT_MIN and all(reduced(tiles[i]) for i in sinks)
             if split and partials:
-                return all(partial(tiles[i]) for i in sinks)
+                return (all(written(tiles[i]) for i in sinks)
+                        and sum(1 for i in sinks if beside(tiles[i])) < len(sinks))
             return partials == split
 
-        # in a split task every output is a partial: goal distances to those tiles prune
+        # in a split task every output is a partial or beside one: goal distances to those
+        # tiles prune
         goal_tiles = ((("partial", frozenset(cut), frozenset(kept), frozenset(roots),
-                        frozenset(have)), partial) if partials else None)
+                        frozenset(have)), written) if partials else None)
         most = HANDED_ON * sum(math.prod(t.dims) for t in self.ctx.target.outputs)
         search = self._search(shape, accept, self.config.max_block_outputs,
                               goal_tiles=goal_tiles, consumed_outputs=True)

@@ -68,8 +68,7 @@ def _class_sizes(tensors: Sequence[DTensor]) -> dict[Any, list[int]]:
 
 def _loader(t: DTensor, grid: tuple[int, int, int], axis_classes: Sequence[Any], frange: int,
             loop_class: Any, config: SearchConfig) -> Loader | None:
-    imap = tuple(t.dcls.index(c) if c is not None and c in t.dcls else -1
-                 for c in axis_classes)
+    imap = tuple(_axis_dim(t, c, g) for c, g in zip(axis_classes, grid))
     fdim = -1
     if loop_class is not None:
         if loop_class in t.dcls:
@@ -87,6 +86,18 @@ def _loader(t: DTensor, grid: tuple[int, int, int], axis_classes: Sequence[Any],
         return None
     classes = tuple(c if s > 1 else None for c, s in zip(t.dcls, tile))
     return Loader(t, imap, fdim, tile, classes)  # type: ignore[arg-type]
+
+
+def _axis_dim(t: DTensor, cls: Any, count: int) -> int:
+    """The dimension of ``t`` a grid axis that cuts ``cls`` into ``count`` parts splits, or -1.
+    Besides a dimension of that class, an earlier kernel's result that lacks the class may have
+    been written once per part of a grid of the same cut (a per-piece sum of squares beside
+    split partial products, ``plan.output_maps``): each block then reads its own copy."""
+    if cls is None:
+        return -1
+    if cls in t.dcls:
+        return t.dcls.index(cls)
+    return next((d for d, c in enumerate(t.dcls) if split_of(c) == (cls, count)), -1)
 
 
 def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
