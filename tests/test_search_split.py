@@ -20,7 +20,7 @@ from egraph_mirage.ops import OPS
 from egraph_mirage.search import SearchConfig
 from egraph_mirage.search import dims as dims_mod
 from egraph_mirage.search.driver import prepare
-from egraph_mirage.search.tasks import SPLIT, Context, list_tasks, run_task
+from egraph_mirage.search.tasks import BESIDE, SPLIT, Context, list_tasks, run_task
 from egraph_mirage.search.tiling import KernelShape, kernel_shapes, split_of
 
 #: split tasks of 5 operators a small search may run before the test gives up
@@ -145,11 +145,13 @@ def _elements(op: str, g: em.KernelGraph) -> int:
                 for t in g.operators if t.op == op), default=0)
 
 
-@pytest.mark.parametrize("name, ops", [("rmsnorm_linear", 5), ("gqa", 4)])
-def test_partial_goal_distances_lose_no_first_kernel(name: str, ops: int,
+@pytest.mark.parametrize("name, ops, beside", [("rmsnorm_linear", 5, False),
+                                               ("rmsnorm_linear", 5, True), ("gqa", 4, False)])
+def test_partial_goal_distances_lose_no_first_kernel(name: str, ops: int, beside: bool,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A split task's first kernel is pruned by goal distances to the tiles it may write (the
-    partials): it writes exactly what the plain walk's first kernels write, in fewer states."""
+    partials, and in a beside task the results beside them): it writes exactly what the plain
+    walk's first kernels write, in fewer states."""
     from egraph_mirage.search.driver import prepare
     from egraph_mirage.search.tasks import Context, _Run
 
@@ -162,7 +164,8 @@ def test_partial_goal_distances_lose_no_first_kernel(name: str, ops: int,
             for k in range(2, ops + 1):  # one run per split task
                 run = _Run(ctx, None)
                 for tensors, steps in run.intermediates(ctx.first_shapes[i],
-                                                        list(payload.inputs), [], (k, k), True):
+                                                        list(payload.inputs), [], (k, k), True,
+                                                        beside=beside):
                     # what the kernel writes (the walk keeps one block graph per set of
                     # output classes, which one depends on the order of the walk)
                     found.add((i, k, tuple(tensors)))
@@ -186,7 +189,7 @@ def test_split_k_whose_combine_reads_per_piece_sums_of_squares_is_discovered() -
     """RMSNorm + Linear split along the hidden dimension: kernel 1 writes each piece's partial
     products X @ W and, beside them, each piece's sums of squares of X (a tile without W's
     column class, written once per column block); kernel 2 sums both over the pieces, divides
-    by the hidden size (``div_count``) and never reads X again. The split tasks of 4 operators,
+    by the hidden size (``div_count``) and never reads X again. The beside tasks of 4 operators,
     in task order, find it; it is exact, and its lowering (fused combine or two launches)
     matches the program in Triton's interpreter."""
     import numpy as np
@@ -195,7 +198,7 @@ def test_split_k_whose_combine_reads_per_piece_sums_of_squares_is_discovered() -
     g = em.benchmarks.get("rmsnorm_linear", small=True)
     payload = prepare(g, SearchConfig())
     ctx = Context(payload)
-    tasks = [t for t in list_tasks(payload, ctx) if t.kind == SPLIT and t.ops == (4, 4)]
+    tasks = [t for t in list_tasks(payload, ctx) if t.kind == BESIDE and t.ops == (4, 4)]
     for task in tasks[:MAX_TASKS]:
         for text, *_ in run_task(payload, task, ctx=ctx).found:
             h = em.loads(text)

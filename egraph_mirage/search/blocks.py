@@ -226,7 +226,8 @@ class BlockSearch:
         memo_key = ("dist", tuple((t.key, t.dcls, t.anchored) for t in inputs),
                     self.shape.frange,
                     self.reduction_dimx(self.shape),
-                    self.goal if self.goal_tiles is None else self.goal_tiles[0], most)
+                    self.goal if self.goal_tiles is None else self.goal_tiles[0], most,
+                    self.counts)
         if memo_key in self.memo:
             return self.memo[memo_key]
         closed: list[Tile] = list(inputs)
@@ -340,7 +341,7 @@ class BlockSearch:
         """Every reachable tile one block operator makes of ``operands`` (memoised by their
         keys): templates whose ``args`` the caller fills in."""
         memo_key = ("ops", tuple((t.key, t.dcls) for t in operands), swapped,
-                    self.shape.frange)
+                    self.shape.frange, self.counts)
         hit = self.memo.get(memo_key)
         if hit is None:
             hit = []
@@ -362,8 +363,9 @@ class BlockSearch:
 
     def _candidates(self, dims: tuple[Dims, ...], swapped: bool
                     ) -> list[tuple[str, dict[str, Any]]]:
-        """Operators (with parameters) that take operands of these dims: memoised by dims."""
-        memo_key = ("candidates", dims, swapped)
+        """Operators (with parameters) that take operands of these dims: memoised by dims (and
+        the counts ``div_count`` may take)."""
+        memo_key = ("candidates", dims, swapped, self.counts)
         if memo_key not in self.memo:
             out = []
             for name, spec in OPS.items():  # read now: the table may have grown since import

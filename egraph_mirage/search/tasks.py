@@ -40,13 +40,19 @@ from .tiling import DTensor, KernelShape, can_finish, kernel_shapes, reduced_cut
 
 T = TypeVar("T")
 
-FINAL, INTERMEDIATE, LIBRARY, SPLIT = "final", "intermediate", "library", "split"
+FINAL, INTERMEDIATE, LIBRARY, SPLIT, BESIDE = ("final", "intermediate", "library", "split",
+                                                "beside")
 #: block graphs of two-kernel plans: first kernels up to this many operators, then the larger ones
 SHALLOW = 5
 #: a split task whose first kernel has ``k`` operators runs after the one-kernel tasks of
 #: ``k + SPLIT_LAG`` (for the split shapes whose blocks walk their piece with the loop; the
 #: others follow the one-kernel tasks)
 SPLIT_LAG = 0
+#: a *beside* task (a split task whose first kernel also writes a result beside its partials,
+#: ``_Run.intermediates``) of ``k`` operators runs after the one-kernel tasks of
+#: ``k + BESIDE_LAG``: its first kernels are several times as many as a split task's (qknorm's
+#: split-KV task of 7 operators: 1,830 against 452), so the plain split forms come first
+BESIDE_LAG = 2
 #: split tasks start at first kernels of this many operators (one operator only accumulates an
 #: input: those plans are searched with the other two-kernel plans)
 SPLIT_MIN = 2
@@ -218,7 +224,10 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     only partial results; its second kernel only combines them (``_Run.finals`` with ``after``).
     It runs right after the one-kernel tasks of ``k + SPLIT_LAG`` operators for the split shapes
     whose blocks walk their piece with the loop (``Context.early_splits``); the others follow the
-    one-kernel tasks. Library operators and the other two-kernel plans follow. The list depends
+    one-kernel tasks. A *beside* task is a split task whose first kernel also writes a result
+    beside its partials; it runs after the one-kernel tasks of ``k + BESIDE_LAG`` (early split
+    shapes) or after the split tasks (the others). Library operators and the other two-kernel
+    plans follow. The list depends
     only on the payload (``ctx``, its context, is built when not given).
     """
     ctx = ctx or context(payload)
@@ -229,12 +238,15 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     early = ctx.early_splits
     late = sorted(ctx.split_set - frozenset(early))
     tasks = []
-    for k in range(1, most + SPLIT_LAG + 1):
+    for k in range(1, most + max(SPLIT_LAG, BESIDE_LAG) + 1):
         if k <= most:
             tasks += [Task(FINAL, i, (k, k)) for i in range(len(ctx.final_shapes))]
         if k - SPLIT_LAG in sizes:
             tasks += [Task(SPLIT, i, (k - SPLIT_LAG,) * 2) for i in early]
+        if k - BESIDE_LAG in sizes:
+            tasks += [Task(BESIDE, i, (k - BESIDE_LAG,) * 2) for i in early]
     tasks += [Task(SPLIT, i, (k, k)) for k in sizes for i in late]
+    tasks += [Task(BESIDE, i, (k, k)) for k in sizes for i in late]
     if payload.config.max_kernel_ops >= 1:
         tasks += [Task(LIBRARY, i, (0, 0)) for i in range(len(ctx.library_moves))]
     if two:
@@ -273,14 +285,16 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None,
     inputs = list(payload.inputs)
     if task.kind == FINAL:
         run.final(ctx.final_shapes[task.index], inputs, [], ops=task.ops, units=units)
-    elif task.kind in (INTERMEDIATE, SPLIT):
-        # a split task takes the first kernels that write only partial results; the
-        # intermediate task of a split shape, over the same sizes, all the others
-        partials = (True if task.kind == SPLIT else
+    elif task.kind in (INTERMEDIATE, SPLIT, BESIDE):
+        # a split task takes the first kernels that write only partial results, a beside task
+        # those that write a result beside them; the intermediate task of a split shape, over
+        # the same sizes, all the others
+        partials = (True if task.kind in (SPLIT, BESIDE) else
                     False if task.index in ctx.split_set else None)
         combine = (1, min(SPLIT_COMBINE, payload.config.max_block_ops)) if partials else None
         for tensors, steps in units(run.intermediates(ctx.first_shapes[task.index], inputs, [],
-                                                      task.ops, partials)):
+                                                      task.ops, partials,
+                                                      beside=task.kind == BESIDE)):
             run.finals(tensors, steps, must_use=len(inputs), ops=combine,
                        after=ctx.first_shapes[task.index] if partials else None)
     else:
@@ -359,7 +373,9 @@ class _Run:
                            self.ctx.payload.scalars, accept, self.counters, self.stopped,
                            max_outputs, goal, memo=self.ctx.memo, fresh=fresh, first=units,
                            goal_tiles=goal_tiles, consumed_outputs=consumed_outputs,
-                           counts=self.ctx.counts)
+                           # within one kernel the mean and rms accumulators divide by their
+                           # counts; div_count finishes what a combine summed over the pieces
+                           counts=self.ctx.counts if fresh is not None else ())
 
     def _step(self, shape: KernelShape, tiles: Sequence[Tile],
               outputs: Sequence[tuple[int, tuple[int, int, int]]]) -> KernelStep:
@@ -412,10 +428,12 @@ class _Run:
 
     # --- a kernel whose outputs a later kernel reads --------------------------------------------
     def intermediates(self, shape: KernelShape, tensors: list[DTensor], steps: list[Step],
-                      ops: tuple[int, int], partials: bool | None = None):
+                      ops: tuple[int, int], partials: bool | None = None, beside: bool = False):
         """First kernels of two-kernel plans. ``partials``: True keeps only those whose every
         output has reduced away each class the grid cuts that the program's output lacks (the
-        partial results of a split reduction), False only the others, None all."""
+        partial results of a split reduction), False only the others, None all. ``beside``
+        (with ``partials``): only those that also write a result beside the partials (one
+        without a class the output keeps); without it, none of those."""
         have = {t.key for t in tensors}
         roots = set(self.ctx.payload.reach.roots)
         cut = {c for _, c in reduced_cuts(shape, self.ctx.payload.out_classes)}
@@ -438,7 +456,7 @@ class _Run:
             the cut classes the output keeps."""
             return unseen(t) and reduced(t) and kept <= set(t.dcls)
 
-        def beside(t: Tile) -> bool:
+        def aside(t: Tile) -> bool:
             """A tile a split task's first kernel may write beside a partial: a new result
             after the loop that lacks a class the output keeps (the per-piece sums of squares
             of X beside the partial products X @ W). It is written once per block along that
@@ -449,7 +467,7 @@ class _Run:
                     and not kept <= set(t.dcls))
 
         def written(t: Tile) -> bool:
-            return partial(t) or beside(t)
+            return partial(t) or (beside and aside(t))
 
         def accept(tiles: list[Tile], sinks: list[int]) -> bool:
             if not (len(sinks) <= self.config.max_block_outputs
@@ -460,13 +478,14 @@ class _Run:
             ops = sum(1 for t in tiles if t.op != "input")
             split = ops >= SPLIT_MIN and all(reduced(tiles[i]) for i in sinks)
             if split and partials:
-                return (all(written(tiles[i]) for i in sinks)
-                        and sum(1 for i in sinks if beside(tiles[i])) < len(sinks))
+                others = sum(1 for i in sinks if aside(tiles[i]))
+                return (all(written(tiles[i]) for i in sinks) and others < len(sinks)
+                        and (others > 0) == beside)
             return partials == split
 
-        # in a split task every output is a partial or beside one: goal distances to those
-        # tiles prune
-        goal_tiles = ((("partial", frozenset(cut), frozenset(kept), frozenset(roots),
+        # in a split task every output is a partial (or, in a beside task, beside one): goal
+        # distances to those tiles prune
+        goal_tiles = ((("partial", beside, frozenset(cut), frozenset(kept), frozenset(roots),
                         frozenset(have)), written) if partials else None)
         most = HANDED_ON * sum(math.prod(t.dims) for t in self.ctx.target.outputs)
         search = self._search(shape, accept, self.config.max_block_outputs,
