@@ -157,6 +157,7 @@ def test_rows_with_a_fake_timer(tmp_path: Path, one_size: list[Any]) -> None:
         assert r["winner_form"] == form_label(em.load(r["mugraph_file"]))
         assert r["forms_timed"] == 1 and r["cost_model_rank_corr"] is None
         assert r["form_us"] == {r["winner_form"]: r["candidates_us"][r["mugraph_file"]]}
+        assert r["first_us"] and all(us > 0 for us in r["first_us"].values())
 
 
 def test_a_row_without_search_results_still_times_baselines_and_reference() -> None:

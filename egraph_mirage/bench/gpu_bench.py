@@ -52,7 +52,7 @@ KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "size_variant"
         "speedup_vs_best", "speedup_vs_best_graph", "ours_vs_reference",
         "ours_vs_reference_graph", "floor_us", "floor_fraction", "floor_fraction_graph",
         "knobs", "reference_knobs", "winner_form", "winner_mugraph", "forms_timed",
-        "form_us", "cost_model_rank_corr", "notes")
+        "form_us", "first_us", "cost_model_rank_corr", "notes")
 #: where ``--from-search`` writes the search's folders when no ``--mugraph-dir`` is given
 DEFAULT_SEARCH_DIR = "egraph-mirage-out/search"
 #: the note of a row whose search gave nothing to time
@@ -369,6 +369,8 @@ def _ours(name: str, batch: int, b: BenchContext, row: dict[str, Any],
         row.update(mugraph_file=ex.files[i], size_variant=ex.variants[i],
                    winner_form=form_label(ex.graphs[i]), winner_mugraph=dumps(ex.graphs[i]))
     row["candidates_us"] = m.candidates_us
+    # every candidate's first timing (file, and #k for its size variants), tuned or not
+    row["first_us"] = {lab: us for lab, us in m.first_us.items() if us is not None}
     row.update(calibration(ex.graphs, labels, m.first_us))
     return m
 
