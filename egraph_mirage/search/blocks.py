@@ -503,16 +503,22 @@ class BlockSearch:
         return None, (name, tuple(t.key for t in operands), tuple(sorted(params.items())))
 
 
-def _loads_read(tiles: Sequence[Tile], sinks: Sequence[int]) -> frozenset[int]:
-    """The loader positions of the input tiles that ``sinks`` are computed from."""
+def used_tiles(tiles: Sequence[Tile], outputs: Sequence[int]) -> list[int]:
+    """Indices of the tiles the outputs depend on, in order."""
     need: set[int] = set()
-    stack = list(sinks)
+    stack = list(outputs)
     while stack:
         i = stack.pop()
         if i not in need:
             need.add(i)
             stack.extend(tiles[i].args)
-    return frozenset(dict(tiles[i].params)["position"] for i in need if tiles[i].op == "input")
+    return sorted(need)
+
+
+def _loads_read(tiles: Sequence[Tile], sinks: Sequence[int]) -> frozenset[int]:
+    """The loader positions of the input tiles that ``sinks`` are computed from."""
+    return frozenset(dict(tiles[i].params)["position"] for i in used_tiles(tiles, sinks)
+                     if tiles[i].op == "input")
 
 
 def _identity(t: Tile) -> bool:

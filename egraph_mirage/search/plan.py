@@ -17,7 +17,7 @@ from ..errors import MapError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
 from ..mugraph import new_threadblock_graph
 from ..mugraph import partition as pt
-from .blocks import Tile
+from .blocks import Tile, used_tiles
 from .tiling import DTensor, KernelShape
 
 
@@ -82,18 +82,6 @@ def output_maps(tile: Tile, shape: KernelShape, config_omaps: Sequence[tuple[int
             dcls[d] = (c if c in unit and tile.dims[d] == 1 else
                        ("split", tuple(shape.axis_classes), a, shape.grid))
         yield tuple(omap), tuple(dims), tuple(dcls)  # type: ignore[misc]
-
-
-def used_tiles(tiles: Sequence[Tile], outputs: Sequence[int]) -> list[int]:
-    """Indices of the tiles the outputs depend on, in order."""
-    need: set[int] = set()
-    stack = list(outputs)
-    while stack:
-        i = stack.pop()
-        if i not in need:
-            need.add(i)
-            stack.extend(tiles[i].args)
-    return sorted(need)
 
 
 def uses_whole_shape(step: KernelStep) -> bool:

@@ -51,7 +51,7 @@ SPLIT_LAG = 0
 #: a *beside* task (a split task whose first kernel also writes a result beside its partials,
 #: ``_Run.intermediates``) of ``k`` operators runs after the one-kernel tasks of
 #: ``k + BESIDE_LAG``: its first kernels are several times as many as a split task's (qknorm's
-#: split-KV task of 7 operators: 1,830 against 452), so the plain split forms come first
+#: split-KV shape at 7 operators: 1,380 against 452), so the plain split forms come first
 BESIDE_LAG = 2
 #: split tasks start at first kernels of this many operators (one operator only accumulates an
 #: input: those plans are searched with the other two-kernel plans)
@@ -227,8 +227,8 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     one-kernel tasks. A *beside* task is a split task whose first kernel also writes a result
     beside its partials; it runs after the one-kernel tasks of ``k + BESIDE_LAG`` (early split
     shapes) or after the split tasks (the others). Library operators and the other two-kernel
-    plans follow. The list depends
-    only on the payload (``ctx``, its context, is built when not given).
+    plans follow. The list depends only on the payload (``ctx``, its context, is built when not
+    given).
     """
     ctx = ctx or context(payload)
     most = payload.config.max_block_ops
