@@ -50,8 +50,9 @@ SHALLOW = 5
 SPLIT_LAG = 0
 #: a *beside* task (a split task whose first kernel also writes a result beside its partials,
 #: ``_Run.intermediates``) of ``k`` operators runs after the one-kernel tasks of
-#: ``k + BESIDE_LAG``: its first kernels are several times as many as a split task's (qknorm's
-#: split-KV shape at 7 operators: 1,380 against 452), so the plain split forms come first
+#: ``k + BESIDE_LAG``: its first kernels are several times as many as a split task's (three
+#: times, for a split-KV shape of 7 operators with two norms: docs/search.md), so the plain
+#: split forms come first
 BESIDE_LAG = 2
 #: split tasks start at first kernels of this many operators (one operator only accumulates an
 #: input: those plans are searched with the other two-kernel plans)
