@@ -700,6 +700,9 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
             calls.append(fn.__name__)
             return fn() + (500.0 if next(slow) else 0.0)
 
+        def plain(self, fn: Any, sets: Any) -> float:  # after an L2 flush: the flush's cost
+            return fn() + 3.0
+
     def ours() -> float:
         return 10.0
 
@@ -710,4 +713,20 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
     times = be._time_pair(ours, inductor, [], ("graph", "plain"))
     assert calls == ["ours", "inductor"] * be.PLAIN_ROUNDS
     assert times == {"ours_us": 10.0, "inductor_us": 12.0, "ours_plain_us": 10.0,
-                     "inductor_plain_us": 12.0}
+                     "inductor_plain_us": 12.0, "ours_flushed_us": 13.0,
+                     "inductor_flushed_us": 15.0}
+
+
+def test_plain_launches_must_be_faster_back_to_back_and_after_an_l2_flush() -> None:
+    """Plain launches are timed back to back and each after an L2 flush (as ``bench torch``
+    reports them); a replacement faster one way and slower the other is not used."""
+    from egraph_mirage.fx import backend as be
+
+    faster = {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 10.0,
+              "inductor_plain_us": 12.0}
+    assert be._slower({**faster, "ours_flushed_us": 9.0, "inductor_flushed_us": 11.0}, "both") == ""
+    slower = {**faster, "ours_flushed_us": 13.0, "inductor_flushed_us": 11.0}
+    assert be._slower(slower, "both") == ("not faster than Inductor's code (plain launches, each "
+                                          "after an L2 flush)")
+    assert be._slower(slower, "plain") and not be._slower(slower, "graph")
+    assert "plain, L2 flushed" in be._fmt_times(slower)
