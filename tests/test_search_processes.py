@@ -261,6 +261,24 @@ def test_a_main_module_without_a_file_is_put_back_after_workers_start(monkeypatc
     assert main.__file__ == "<stdin>" and main.__spec__ is None
 
 
+@pytest.mark.parametrize("cores, workers, threads", [(16, 15, "1"), (16, 4, "4"), (2, 2, "1")])
+def test_workers_share_the_cores_among_their_libraries_threads(
+        monkeypatch: pytest.MonkeyPatch, cores: int, workers: int, threads: str) -> None:
+    """Each worker's BLAS and OpenMP threads are its share of the cores (15 workers on 16
+    cores would otherwise run a thread per core each); a count the caller set is kept, and the
+    caller's own environment is left as it was."""
+    from egraph_mirage.search import pool
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    with pool.worker_pool(workers) as ex:
+        got = ex.submit(os.getenv, "OPENBLAS_NUM_THREADS").result()
+        kept = ex.submit(os.getenv, "MKL_NUM_THREADS").result()
+    assert (got, kept) == (threads, "3")
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
+
+
 def test_a_ctrl_c_while_waiting_for_tasks_is_raised_when_the_wait_is_over(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The searching process waits for its workers' tasks in short slices, and a Ctrl-C during
