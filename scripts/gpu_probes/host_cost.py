@@ -24,7 +24,6 @@ import io
 import json
 import pstats
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import egraph_mirage.api as api
 from egraph_mirage.fx import backend as fxb
 from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_timing import host_us
 
 COMPILED: list[Any] = []  # every CompiledGraph the backend made
 RUNNERS: list[Any] = []
@@ -59,21 +61,6 @@ def _recording_runner(*a: Any, **k: Any) -> Any:
 
 
 fxb.make_runner = _recording_runner
-
-
-def host_us(fn: Any, xs: Any, n: int = 300) -> tuple[float, float]:
-    """µs per call on the host: issuing ``n`` calls back to back; and until they finished."""
-    with torch.no_grad():
-        for _ in range(10):
-            fn(*xs)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn(*xs)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
 
 
 def partitioned_cost(module: Any, xs: Any, timer: CudaTimer) -> dict[str, Any]:

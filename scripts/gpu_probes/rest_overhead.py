@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,26 +30,15 @@ from egraph_mirage.fx.backend import Backend
 from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
 from egraph_mirage.search.results import SearchResults, SearchStats
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_timing import host_us
+
 ROUNDS = 7
 
 
 def nothing(g: Any, config: Any, **options: Any) -> SearchResults:
     """A search that finds nothing."""
     return SearchResults([], SearchStats())
-
-
-def host_us(fn: Any, xs: Any, n: int = 300) -> float:
-    """µs per call on the host, issuing ``n`` calls back to back."""
-    with torch.no_grad():
-        for _ in range(10):
-            fn(*xs)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn(*xs)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
 
 
 def measure(fns: dict[str, Any], xs: Any) -> dict[str, dict[str, float]]:
@@ -60,7 +48,7 @@ def measure(fns: dict[str, Any], xs: Any) -> dict[str, dict[str, float]]:
     for _ in range(ROUNDS):
         for name, fn in fns.items():
             with torch.no_grad():
-                for kind, us in (("host", host_us(fn, xs)),
+                for kind, us in (("host", host_us(fn, xs)[0]),
                                  ("back_to_back", timer.back_to_back(fn, [xs], repeats=1)),
                                  ("flushed", timer.plain(fn, [xs]))):
                     got[name].setdefault(kind, []).append(us)
