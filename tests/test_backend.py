@@ -271,11 +271,12 @@ def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
     from egraph_mirage.fx import backend as be
 
     times = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 40.0,
-             "inductor_plain_us": 20.0}
+             "inductor_plain_us": 20.0, "ours_flushed_us": 40.0, "inductor_flushed_us": 20.0}
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(be, "_time_against_inductor", lambda *a, **k: dict(times))
     monkeypatch.setattr(be, "_time_graphs", lambda *a, **k: {  # the whole graph: faster
-        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0})
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
+        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
     search = StandIn()
     for rerun in (False, True):  # the second compile decides from the cached times
         torch._dynamo.reset()
@@ -305,7 +306,7 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     from egraph_mirage.fx import backend as be
 
     faster = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
-              "inductor_plain_us": 20.0}
+              "inductor_plain_us": 20.0, "ours_flushed_us": 10.0, "inductor_flushed_us": 20.0}
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(be, "_time_against_inductor", lambda *a, **k: dict(faster))
     ours, theirs = whole
@@ -314,7 +315,7 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     def time_graphs(*args: Any, **kwargs: Any) -> dict[str, float]:
         timed.append(1)
         return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours,
-                "inductor_plain_us": theirs}
+                "inductor_plain_us": theirs, "ours_flushed_us": ours, "inductor_flushed_us": theirs}
 
     monkeypatch.setattr(be, "_time_graphs", time_graphs)
     for rerun in (False, True):
@@ -329,14 +330,15 @@ def test_the_whole_graph_is_never_slower_than_inductors(
         assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
         assert len(timed) == 1, "the second compile decides from the cached times"
         assert report.whole_cache == ("hit" if rerun else "miss")
-        assert (f"  whole graph: ours 1.0 / {ours} µs, Inductor 2.0 / {theirs} µs (graph replay "
-                f"/ plain launches) | cache {report.whole_cache}") in report.text()
+        assert (f"  whole graph: ours 1.0 / {ours} / {ours} µs, Inductor 2.0 / {theirs} / "
+                f"{theirs} µs (graph replay / plain launches / plain, L2 flushed) | cache "
+                f"{report.whole_cache}") in report.text()
         if not replaced:
             assert piece.reason == "the whole graph was slower with it replaced"
             assert report.note == ("the graph with its 1 replaced piece(s): not faster than "
-                                   "Inductor's code (plain launches): ours 1.0 / 3.0 µs, "
-                                   "Inductor 2.0 / 2.0 µs (graph replay / plain launches); "
-                                   "every piece kept")
+                                   "Inductor's code (plain launches): ours 1.0 / 3.0 / 3.0 µs, "
+                                   "Inductor 2.0 / 2.0 / 2.0 µs (graph replay / plain launches "
+                                   "/ plain, L2 flushed); every piece kept")
     # another graph (here: other shapes) is timed again
     torch._dynamo.reset()
     backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
@@ -349,7 +351,7 @@ def test_the_timing_criterion() -> None:
     from egraph_mirage.fx.backend import _slower
 
     timed = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
-             "inductor_plain_us": 20.0}
+             "inductor_plain_us": 20.0, "ours_flushed_us": 11.0, "inductor_flushed_us": 21.0}
     assert _slower(timed, "both") == _slower(timed, "graph") == _slower(timed, "plain") == ""
     slow_replay = dict(timed, ours_us=7.0)
     assert _slower(slow_replay, "both") == "not faster than Inductor's code (CUDA-graph replay)"

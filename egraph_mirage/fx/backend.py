@@ -596,8 +596,6 @@ def _slower(record: Mapping[str, Any], timing: str) -> str:
         return ""
     for kind in _kinds(timing):
         ours, theirs = _TIMES[kind]
-        if kind == "flushed" and ours not in record:
-            continue  # timed back to back only (a stand-in's times)
         if ours not in record or theirs not in record:
             return f"not timed under {_TIMED[kind]} (a decision cached by an earlier version)"
         if record[ours] is None or record[theirs] is None:  # a CUDA graph could not be captured

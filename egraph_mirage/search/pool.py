@@ -1,7 +1,7 @@
 """The worker processes of a search (``superoptimize(workers=N)``, N > 1).
 
 Workers are started with the ``spawn`` method: fresh interpreters, so neither egglog's nor
-JAX's threads of the calling process are forked. Three things differ from a plain
+JAX's threads of the calling process are forked. Four things differ from a plain
 ``ProcessPoolExecutor(mp_context=get_context("spawn"))``:
 
 - **A main module that cannot be imported is left out.** A spawned interpreter first imports
