@@ -223,3 +223,18 @@ def test_split_k_whose_combine_reads_per_piece_sums_of_squares_is_discovered() -
         for _ in range(2):  # the second call finds the counters the first left at zero
             (got,) = fn(*xs)
         assert np.abs(got.double().numpy() - want).max() <= 1e-2 * np.abs(want).max()
+
+
+def test_a_combine_block_reads_its_own_copy_but_every_partial() -> None:
+    """A first kernel's result written once per block along a class it was computed without
+    (``("copy", ...)``) is split by a later grid of the same cut: each block reads its own
+    copy. Partial results along a class it reduced (``("split", ...)``: a vocabulary's
+    per-block sums) are read whole by every block, which sums them."""
+    from egraph_mirage.search.tiling import DTensor, _axis_dim, copy_of
+
+    axes, grid = ("V", None, None), (8, 1, 1)
+    sums = DTensor(2, (2, 8), em.float16, None, ("rows", ("split", axes, 0, grid)), "s")
+    copies = DTensor(3, (2, 8), em.float16, None, ("rows", ("copy", axes, 0, grid)), "c")
+    assert split_of(sums.dcls[1]) == copy_of(copies.dcls[1]) == ("V", 8)
+    assert _axis_dim(sums, "V", 8) == -1 and _axis_dim(copies, "V", 8) == 1
+    assert _axis_dim(copies, "V", 4) == -1  # another cut: no copy per block

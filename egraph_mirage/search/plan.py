@@ -41,15 +41,20 @@ class OpStep:
 Step = KernelStep | OpStep
 
 
-def output_maps(tile: Tile, shape: KernelShape, config_omaps: Sequence[tuple[int, ...]] | None
+def output_maps(tile: Tile, shape: KernelShape, config_omaps: Sequence[tuple[int, ...]] | None,
+                copied: frozenset[Any] = frozenset()
                 ) -> Iterator[tuple[tuple[int, int, int], tuple[int, ...], tuple[Any, ...]]]:
     """Output maps for a sink tile: (omap, output dims, output dimension classes).
 
     A grid axis that split a class the tile still has writes along that dimension; an axis that
     split a class the tile no longer has (a split reduction) concatenates its partial results
-    along any other dimension, which then gets a class of its own. An axis that leaves each block
-    one index of its class (a tile of 1, whose class the tile no longer names) writes along a
-    dimension of size 1, which gets that class back.
+    along any other dimension, which then gets a class of its own (``("split", ...)``: a later
+    kernel sums the pieces). An axis that leaves each block one index of its class (a tile of
+    1, whose class the tile no longer names) writes along a dimension of size 1, which gets
+    that class back. An axis over a class in ``copied`` (one the tile was computed without:
+    the per-piece sums of squares of X, beside X @ W's column blocks) writes one identical copy
+    per block, along a dimension of class ``("copy", ...)``: a later kernel's block reads its
+    own copy (``tiling._axis_dim``).
     """
     unit = {c for ld in shape.loaders for c, t in zip(ld.tensor.dcls, ld.tile)
             if t == 1 and c is not None}
@@ -80,7 +85,8 @@ def output_maps(tile: Tile, shape: KernelShape, config_omaps: Sequence[tuple[int
         for a, d in zip(free, chosen):
             c = shape.axis_classes[a]
             dcls[d] = (c if c in unit and tile.dims[d] == 1 else
-                       ("split", tuple(shape.axis_classes), a, shape.grid))
+                       ("copy" if c in copied else "split", tuple(shape.axis_classes), a,
+                        shape.grid))
         yield tuple(omap), tuple(dims), tuple(dcls)  # type: ignore[misc]
 
 

@@ -493,7 +493,8 @@ class _Run:
                               goal_tiles=goal_tiles, consumed_outputs=True)
         for tiles, sinks in search.run(ops):
             consumed = {a for t in tiles for a in t.args}
-            options = [list(output_maps(tiles[i], shape, self.config.omaps)) for i in sinks]
+            options = [list(output_maps(tiles[i], shape, self.config.omaps,
+                                        _computed_without(tiles, i, shape))) for i in sinks]
             for combo in _product(options):
                 if any(i in consumed and math.prod(d) > most
                        for i, (_, d, _) in zip(sinks, combo)):
@@ -541,6 +542,15 @@ class _Run:
                                       verdict.tests, err, time.perf_counter() - self.t0))
         self.result.seconds["verify"] = (self.result.seconds.get("verify", 0.0)
                                          + time.perf_counter() - t0)
+
+
+def _computed_without(tiles: list[Tile], i: int, shape: KernelShape) -> frozenset[Any]:
+    """The classes the grid of ``shape`` cuts that none of the tensors tile ``i`` is computed
+    from has: each block along them computes the same tile."""
+    loaded = {c for j in used_tiles(tiles, [i]) if tiles[j].op == "input"
+              for c in shape.loaders[dict(tiles[j].params)["position"]].tensor.dcls}
+    return frozenset(c for g, c in zip(shape.grid, shape.axis_classes)
+                     if g > 1 and c is not None and c not in loaded)
 
 
 def _product(options: list[list[Any]]) -> list[tuple[Any, ...]]:

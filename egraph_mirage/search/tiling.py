@@ -90,14 +90,16 @@ def _loader(t: DTensor, grid: tuple[int, int, int], axis_classes: Sequence[Any],
 
 def _axis_dim(t: DTensor, cls: Any, count: int) -> int:
     """The dimension of ``t`` a grid axis that cuts ``cls`` into ``count`` parts splits, or -1.
-    Besides a dimension of that class, an earlier kernel's result that lacks the class may have
-    been written once per part of a grid of the same cut (a per-piece sum of squares beside
-    split partial products, ``plan.output_maps``): each block then reads its own copy."""
+    Besides a dimension of that class, an earlier kernel's result computed without the class
+    may have been written once per part of a grid of the same cut (a per-piece sum of squares
+    beside split partial products: ``plan.output_maps``, ``copy_of``): each block then reads
+    its own copy. Partial results along a ``split_of`` dimension are not split by the grid:
+    each block reads them all (a vocabulary's per-block sums)."""
     if cls is None:
         return -1
     if cls in t.dcls:
         return t.dcls.index(cls)
-    return next((d for d, c in enumerate(t.dcls) if split_of(c) == (cls, count)), -1)
+    return next((d for d, c in enumerate(t.dcls) if copy_of(c) == (cls, count)), -1)
 
 
 def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
@@ -194,6 +196,16 @@ def split_of(cls: Any) -> tuple[Any, int] | None:
     """(class, pieces) when ``cls`` is the dimension along which a kernel whose grid cut
     ``class`` into ``pieces`` wrote its partial results side by side (``plan.output_maps``)."""
     if isinstance(cls, tuple) and len(cls) == 4 and cls[0] == "split":
+        _, axis_classes, a, grid = cls
+        return axis_classes[a], grid[a]
+    return None
+
+
+def copy_of(cls: Any) -> tuple[Any, int] | None:
+    """(class, parts) when ``cls`` is the dimension along which a kernel whose grid cut
+    ``class`` into ``parts`` wrote one identical copy of a result per part (``plan.output_maps``
+    with ``copied``)."""
+    if isinstance(cls, tuple) and len(cls) == 4 and cls[0] == "copy":
         _, axis_classes, a, grid = cls
         return axis_classes[a], grid[a]
     return None
