@@ -80,3 +80,32 @@ def test_written_tiles_it_consumes_are_no_larger_than_the_output(share: float,
     sizes = [math.prod(t.dims) for *_, written in firsts for _, t in written]
     assert sizes
     assert (max(sizes) <= most) == (share < 1e9)
+
+
+def test_the_second_kernel_keeps_the_first_kernels_blocks_and_reads_every_blocks_sums() -> None:
+    """The W-once forms that won on the GPU: the first kernel's grid cuts the vocabulary only;
+    the second cuts it into the same blocks, each block reading its logits and every block's
+    partial sums (written along a ``("split", ...)`` dimension, which a later grid of the same
+    cut does not split: only a result written once per block as a copy is read one per
+    block)."""
+    import json
+
+    g = em.benchmarks.get("vocab_softmax", small=True)
+    payload = prepare(g, SearchConfig())
+    ctx = Context(payload)
+    vocab = payload.inputs[1].dcls[1]  # W's columns
+    shapes = [s for s in ctx.first_shapes
+              if s.axis_classes[0] == vocab and s.grid[0] > 1 and s.grid[1:] == (1, 1)]
+    assert shapes
+    for shape in shapes:
+        for tensors, steps in _Run(ctx, None).intermediates(shape, list(payload.inputs), [],
+                                                           (1, 5)):
+            run = _Run(ctx, None)
+            run.finals(tensors, steps, must_use=len(g.inputs))
+            for text, *_ in run.result.found:
+                first, second = json.loads(text)["kernels"]
+                loads = [op["params"]["input_map"] for op in second["ops"] if op["op"] == "input"]
+                if first["grid_dim"] == second["grid_dim"] and [-1, -1, -1] in loads:
+                    assert em.verify(g, em.loads(text), tests=4, seed=5).equivalent
+                    return
+    pytest.fail("no second kernel keeps the first kernel's blocks and reads every block's sums")
