@@ -138,8 +138,8 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
     def run(*xs: Any) -> tuple[Any, ...]:
         ins = []
         for p, source, steps, read in views:
-            x = apply_steps(xs[p] if p >= 0 else attributes[source], steps)
-            ins.append(x if read is not None else x.contiguous())
+            ins.append(laid_out(apply_steps(xs[p] if p >= 0 else attributes[source], steps),
+                                read))
         results = launch(*ins)
         return tuple(results[index].reshape(shape).to(dtype) for index, shape, dtype in outs)
 
