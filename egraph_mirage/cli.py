@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                     "structure was found (seconds and tasks)")
     bs.add_argument("--extra-rules", nargs="+", metavar="FILE",
                     help="rule files added to rules/ for every search")
+    bs.add_argument("--progress", action="store_true",
+                    help="each search's progress on stderr (a log line every few seconds and "
+                    "one per result, when stderr is not a terminal)")
     bg = bsub.add_parser("gpu", help="the search's best μGraphs against PyTorch baselines and "
                          "the hand-written reference on a CUDA GPU")
     bg.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -244,7 +247,7 @@ def _bench_search(args: argparse.Namespace) -> int:
                         workers=args.workers, use_oracle=not args.no_oracle,
                         max_tasks=args.max_tasks, max_block_ops=args.max_block_ops,
                         out=args.out, winners=winners,
-                        extra_rules=args.extra_rules,
+                        extra_rules=args.extra_rules, progress=args.progress,
                         on_row=lambda r: print(json.dumps(r), file=sys.stderr, flush=True))
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0

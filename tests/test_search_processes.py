@@ -305,3 +305,37 @@ def test_a_ctrl_c_while_waiting_for_tasks_is_raised_when_the_wait_is_over(
         driver._collect([fut], None, lambda res, fresh: None, [False],
                         Progress("off", 1.0, time.perf_counter()), lambda: None)
     assert waits == ["returned"], "the Ctrl-C was raised inside the wait"
+
+
+def test_tasks_still_running_after_the_deadline_and_its_overrun_are_left_behind() -> None:
+    """A task that does not come back (a long check of a candidate at a large program's real
+    sizes) does not hold the search past ``deadline + OVERRUN_S``: what came back is kept, the
+    queued tasks are cancelled, and the running one is counted as left behind (its workers are
+    then ended). The deadline lies in the past: nothing here waits for a time to pass."""
+    import concurrent.futures as cf
+
+    from egraph_mirage.search import driver
+    from egraph_mirage.search.progress import Progress
+    from egraph_mirage.search.tasks import TaskResult
+
+    running: cf.Future = cf.Future()
+    assert running.set_running_or_notify_cancel()  # running: it cannot be cancelled
+    queued: cf.Future = cf.Future()
+    done: cf.Future = cf.Future()
+    done.set_result(TaskResult("came back"))
+    absorbed: list[str] = []
+    behind = [0]
+    complete = driver._collect([running, queued, done], time.time() - driver.OVERRUN_S - 1,
+                               lambda res, fresh: absorbed.append(res.task), [False],
+                               Progress("off", 1.0, time.perf_counter()), lambda: None, behind)
+    assert complete is False
+    assert absorbed == ["came back"]
+    assert queued.cancelled() and not running.cancelled()
+    assert behind == [1]
+    # within the overrun, the search still waits for the running task
+    late: cf.Future = cf.Future()
+    assert late.set_running_or_notify_cancel()
+    threading.Timer(0.2, late.set_result, [TaskResult("late")]).start()
+    assert driver._collect([late], time.time() - 1, lambda res, fresh: absorbed.append(res.task),
+                           [False], Progress("off", 1.0, time.perf_counter()), lambda: None)
+    assert absorbed == ["came back", "late"]

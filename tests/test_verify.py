@@ -60,6 +60,26 @@ def test_every_handwritten_form_and_tiling_verifies(name: str) -> None:
         assert em.check_numerics(h, g) < 1e-9
 
 
+def test_a_numeric_check_evaluates_its_reference_once_and_agrees_with_check_numerics() -> None:
+    """The search checks many candidates against one program: ``NumericCheck`` keeps the
+    program's inputs and outputs (at a program's real sizes a third of each check)."""
+    from egraph_mirage.verify import NumericCheck
+
+    g, h = program("rmsnorm_linear")
+    wrong = em.new_kernel_graph()  # the same inputs, the norm left out
+    x, w = (wrong.new_input(t.dims, t.dtype) for t in g.inputs)
+    wrong.mark_output(wrong.matmul(x, w))
+    calls = []
+    evaluate = g.evaluate
+    g.evaluate = lambda xs: calls.append(1) or evaluate(xs)  # type: ignore[method-assign]
+    check = NumericCheck(g)
+    assert check.error(h) == em.check_numerics(h, g) < 1e-9
+    assert check.error(wrong) == em.check_numerics(wrong, g) > 1e-3
+    assert len(calls) == 3  # once for the check, once in each check_numerics
+    with pytest.raises(em.GraphError, match="candidate must be a KernelGraph"):
+        check.error("not a graph")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
 def test_split_k_forms_verify_at_paper_shapes(name: str) -> None:
     g = em.benchmarks.get(name)

@@ -66,12 +66,14 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
                  on_row: Callable[[dict[str, Any]], None] | None = None,
                  out: str | Path | None = None,
                  winners: Mapping[str, KernelGraph] | None = None,
-                 extra_rules: Sequence[str | Path] | None = None) -> list[dict[str, Any]]:
+                 extra_rules: Sequence[str | Path] | None = None,
+                 progress: bool = False) -> list[dict[str, Any]]:
     """One row per program; see the module docstring for the keys. ``on_row`` sees each row as
     soon as its program is done. ``out``: each program's results are also written to
     ``out/<name>_b<batch>/`` in ``optimize``'s layout (what ``bench gpu --mugraph-dir`` reads).
     ``max_tasks``: each search's work budget (with ``budget``, whichever ends first).
-    ``extra_rules``: rule files added to ``rules/`` for every search."""
+    ``extra_rules``: rule files added to ``rules/`` for every search. ``progress``: each
+    search's progress report on stderr (``superoptimize(progress=...)``)."""
     from ..rank.measured import keep_jax_off_the_gpu
 
     keep_jax_off_the_gpu()  # a search on a GPU host: every worker's JAX would take its memory
@@ -84,7 +86,7 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
         config = SearchConfig(**overrides)
         t0 = time.perf_counter()
         results = superoptimize(g, config, time_budget=budget, max_tasks=max_tasks,
-                                workers=workers, progress=False, extra_rules=extra_rules)
+                                workers=workers, progress=progress, extra_rules=extra_rules)
         total = time.perf_counter() - t0
         if out is not None:
             write_results(Path(out) / f"{name}_b{batch}", results,

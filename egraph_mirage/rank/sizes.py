@@ -44,18 +44,18 @@ def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int 
 
     others = _spread(sorted(others, key=seconds))
     out = [first]
-    verifier = None
+    verifier = numerics = None
     if target is not None:
-        from ..verify import Verifier, check_numerics
+        from ..verify import NumericCheck, Verifier
 
-        verifier = Verifier(target, backend="numpy")
+        verifier, numerics = Verifier(target, backend="numpy"), NumericCheck(target)
     for h in others:
         if len(out) >= limit:
             break
-        if verifier is not None:
+        if verifier is not None and numerics is not None:
             try:
                 ok = bool(verifier.check(h).equivalent)
-                ok = ok and check_numerics(h, target) <= TOLERANCE  # type: ignore[arg-type]
+                ok = ok and numerics.error(h) <= TOLERANCE
             except EMError:
                 ok = False
             if not ok:

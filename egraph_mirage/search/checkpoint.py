@@ -127,14 +127,14 @@ def _entry(entry: Any) -> TaskResult:
 def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
     """Verify every result ``ck`` holds again, as the search verifies a new candidate: the
     finite-field test against the program (``ctx.verifier``) and the float check
-    (``verify.check_numerics`` within the configuration's ``numeric_tolerance``). The figures
-    of a result that passes are computed afresh (kernels, estimated time, the verifier's bound).
+    (``ctx.numerics``: ``verify.check_numerics`` within the configuration's
+    ``numeric_tolerance``). The figures of a result that passes are computed afresh (kernels,
+    estimated time, the verifier's bound).
     A task with a result that fails leaves ``ck.done`` or ``ck.partial`` (it is searched again
     from its start) and the file is
     rewritten without it; each dropped result is described in the returned messages, which
     are also issued as ``CheckpointWarning``s."""
     from ..rank.cost_model import ProgramCost
-    from ..verify import check_numerics
 
     tolerance = ctx.payload.config.numeric_tolerance
     messages: list[str] = []
@@ -150,7 +150,7 @@ def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
                 continue
             try:
                 verdict = ctx.verifier.check(g)
-                err = check_numerics(g, ctx.target) if verdict.equivalent else float("nan")
+                err = ctx.numerics.error(g) if verdict.equivalent else float("nan")
             except EMError as exc:  # e.g. a μGraph of other inputs than the program's
                 messages.append(f"{ck.path}: task {name}: the stored result {describe(g)} cannot "
                                 f"be checked ({' '.join(str(exc).split())[:120]}); dropped")

@@ -266,8 +266,10 @@ def _stage_search(run: Run) -> None:
             futures = [executor.submit(run_task, payload, task, deadline, shared,
                                        skip.get(task.name, 0))
                        for task in todo]
+            behind = [0]
             complete = _collect(futures, deadline, absorb, enough, report,
-                                lambda: report.update(stats, results, idle=True))
+                                lambda: report.update(stats, results, idle=True), behind)
+            stats.tasks_left_behind = behind[0]
     except KeyboardInterrupt:
         stats.interrupted = True
     finally:
@@ -295,16 +297,23 @@ def _stage_search(run: Run) -> None:
 
 #: seconds one wait for finished tasks lasts at most: a Ctrl-C waits for its end (``_collect``)
 WAIT_SLICE_S = 0.5
+#: seconds the tasks still running at the deadline have to come back before the search stops
+#: without them (their workers are ended): a task stops at its next check of the deadline, but
+#: one step of it, the check of a candidate at a large program's real sizes, can take a minute
+OVERRUN_S = 15.0
 
 
 def _collect(futures: list[cf.Future[TaskResult]], deadline: float | None,
              absorb: Callable[[TaskResult, bool], None], enough: list[bool],
-             report: Progress, tick: Callable[[], None]) -> bool:
+             report: Progress, tick: Callable[[], None],
+             left_behind: list[int] | None = None) -> bool:
     """Absorb the tasks' results as they come (in the order submitted among those that come
     together); queued tasks are cancelled once the time budget is spent (running ones stop at
-    it by themselves). Wakes every ``WAIT_SLICE_S`` seconds for the progress log (which writes
-    at its own interval). Returns False when it stopped with tasks still out
-    (``max_results``)."""
+    it by themselves, or are left behind ``OVERRUN_S`` seconds later). Wakes every
+    ``WAIT_SLICE_S`` seconds for the progress log (which writes at its own interval). Returns
+    False when it stopped with tasks still out (``max_results``, or tasks left behind: their
+    number in ``left_behind[0]``)."""
+    left_behind = [0] if left_behind is None else left_behind
     order = {fut: i for i, fut in enumerate(futures)}
     pending = set(futures)
     while pending:
@@ -322,6 +331,11 @@ def _collect(futures: list[cf.Future[TaskResult]], deadline: float | None,
         if deadline is not None and time.time() > deadline:
             for fut in pending:
                 fut.cancel()
+            pending = {fut for fut in pending if not fut.cancelled()}
+            if pending and time.time() > deadline + OVERRUN_S:
+                left_behind[0] = len(pending)
+                report.left_behind(len(pending))
+                return False
         tick()
     return True
 

@@ -121,6 +121,10 @@ class Progress:
 
                 self._bar = tqdm(**options)
 
+    def left_behind(self, tasks: int) -> None:
+        self._say(f"the time budget is spent: {tasks} task(s) still running are left behind "
+                  "with whatever they found")
+
     def found(self, result: SearchResult, count: int) -> None:
         if self.how == LOG:
             self._write(f"found result {count}: {result.num_kernels} kernel(s), "

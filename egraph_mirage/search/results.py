@@ -32,6 +32,9 @@ class SearchStats:
     #: what ended the search early: "time budget", "task budget", "max_results",
     #: "interrupted" (Ctrl-C); "" when every task ran
     stopped_by: str = ""
+    #: tasks still running ``OVERRUN_S`` seconds after the deadline, left behind with their
+    #: results (their workers ended)
+    tasks_left_behind: int = 0
     #: tasks (and their results) taken from a checkpoint instead of searched
     resumed_tasks: int = 0
     resumed_results: int = 0

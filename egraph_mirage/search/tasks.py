@@ -194,6 +194,14 @@ class Context:
                                       seed=self.payload.seed, backend="numpy")
         return self._verifier
 
+    @cached_property
+    def numerics(self) -> Any:
+        """The float check against the target (``verify.NumericCheck``: the target's outputs
+        are computed once, on the first check)."""
+        from ..verify import NumericCheck
+
+        return NumericCheck(self.target)
+
 
 #: the contexts this process built for tasks that came without one, by ``Payload.key``, the
 #: most recent last; a worker runs many tasks of one search, and building a context (its
@@ -514,8 +522,9 @@ class _Run:
     # --- verification ------------------------------------------------------------------------
     def _check(self, steps: list[Step], out_ref: int) -> None:
         from ..rank.cost_model import ProgramCost
-        from ..verify import check_numerics
 
+        if self.stopped():  # at a program's real sizes a check takes seconds: none past the end
+            return
         t0 = time.perf_counter()
         counts = self.result.counts
         try:
@@ -530,8 +539,10 @@ class _Run:
         verdict = self.ctx.verifier.check(g)
         ok = bool(verdict.equivalent)
         err = float("nan")
+        if ok and self.stopped():  # the float check is the longer half
+            return
         if ok:
-            err = check_numerics(g, self.ctx.target)
+            err = self.ctx.numerics.error(g)
             ok = err <= self.config.numeric_tolerance
         counts["candidates_verified"] = counts.get("candidates_verified", 0) + 1
         if not ok:

@@ -217,26 +217,54 @@ def check_numerics(candidate: KernelGraph, reference: KernelGraph, dtype: DType 
 
     Both programs are evaluated in float64 by the reference semantics: this checks that they
     compute the same function on realistic inputs; it does not model the rounding or overflow of
-    intermediate values in ``dtype`` (the GPU check of lowered kernels does)."""
-    import ml_dtypes  # installed with JAX; no torch needed here
-
+    intermediate values in ``dtype`` (the GPU check of lowered kernels does). To check many
+    candidates against one reference, ``NumericCheck`` evaluates the reference once."""
     _check_arguments("check_numerics", [("candidate", candidate), ("reference", reference)],
                      [("seed", seed)])
-    if not isinstance(dtype, DType):
-        raise GraphError(f"check_numerics: dtype must be an em dtype (em.float16, em.bfloat16, "
-                         f"em.float32), got {type(dtype).__name__} {dtype!r}")
-    _check = _check_interfaces(reference, candidate)
-    if _check:
-        raise GraphError(f"check_numerics: {_check}")
-    rng = np.random.default_rng(seed)
-    # rounded through float32 first, as torch's float64 -> float16 / bfloat16 casts do
-    ndtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
-    inputs = []
-    for t in reference.inputs:
-        x = rng.standard_normal(t.dims).astype(np.float32).astype(ndtype[dtype.value])
-        inputs.append(x.astype(np.float64))
-    worst = 0.0
-    for x, y in zip(candidate.evaluate(inputs), reference.evaluate(inputs)):
-        scale = max(float(np.max(np.abs(y))), 1e-30)
-        worst = max(worst, float(np.max(np.abs(x - y))) / scale)
-    return worst
+    return NumericCheck(reference, dtype, seed).error(candidate)
+
+
+class NumericCheck:
+    """``check_numerics`` against one ``reference``: its inputs and float64 outputs are
+    computed once (on the first check), and each ``error(candidate)`` evaluates the candidate
+    only. At a program's real sizes the reference's evaluation is a third of a check."""
+
+    def __init__(self, reference: KernelGraph, dtype: DType = float16, seed: int = 0) -> None:
+        _check_arguments("NumericCheck", [("reference", reference)], [("seed", seed)])
+        if not isinstance(dtype, DType):
+            raise GraphError(f"check_numerics: dtype must be an em dtype (em.float16, "
+                             f"em.bfloat16, em.float32), got {type(dtype).__name__} {dtype!r}")
+        self.reference, self.dtype, self.seed = reference, dtype, seed
+        self._inputs: list[np.ndarray] | None = None
+        self._want: list[np.ndarray] = []
+
+    def error(self, candidate: KernelGraph) -> float:
+        """Largest relative error of ``candidate``'s outputs (``check_numerics``)."""
+        if not isinstance(candidate, KernelGraph):
+            raise GraphError(f"check_numerics: candidate must be a KernelGraph, got "
+                             f"{type(candidate).__name__}")
+        problem = _check_interfaces(self.reference, candidate)
+        if problem:
+            raise GraphError(f"check_numerics: {problem}")
+        inputs = self._reference_inputs()
+        worst = 0.0
+        for x, y in zip(candidate.evaluate(inputs), self._want):
+            scale = max(float(np.max(np.abs(y))), 1e-30)
+            worst = max(worst, float(np.max(np.abs(x - y))) / scale)
+        return worst
+
+    def _reference_inputs(self) -> list[np.ndarray]:
+        import ml_dtypes  # installed with JAX; no torch needed here
+
+        if self._inputs is None:
+            rng = np.random.default_rng(self.seed)
+            # rounded through float32 first, as torch's float64 -> float16 / bfloat16 casts do
+            ndtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
+                      "float32": np.float32}
+            inputs = []
+            for t in self.reference.inputs:
+                x = rng.standard_normal(t.dims).astype(np.float32)
+                inputs.append(x.astype(ndtype[self.dtype.value]).astype(np.float64))
+            self._want = list(self.reference.evaluate(inputs))
+            self._inputs = inputs
+        return self._inputs
