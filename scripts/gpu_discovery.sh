@@ -24,7 +24,7 @@ b=$(echo ${BATCHES:-1} | cut -d' ' -f1)
 one() {  # one program on GPU $2: its search, then its timings
   local p=$1
   timeout $(( budget + 90 )) python3 -m egraph_mirage bench search --programs "$p" \
-    --batch "$b" --budget "$budget" --workers "$workers" --out "$out/search" "${extra[@]}" \
+    --batch "$b" --budget "$budget" --workers "$workers" --out "$out/search" --progress "${extra[@]}" \
     > "$out/search_$p.txt" 2>&1
   tail -1 "$out/search_$p.txt"
   timeout "${GPU_TIMEOUT:-240}" python3 -m egraph_mirage bench gpu --batch ${BATCHES:-1} \
