@@ -137,6 +137,10 @@ def _parser() -> argparse.ArgumentParser:
                     "(default 300)")
     bg.add_argument("--search-workers", type=int, default=None, metavar="N",
                     help="search processes with --from-search (default: every core)")
+    bg.add_argument("--check-workers", type=int, default=None, metavar="N",
+                    help="processes that check the size variants against the program when "
+                    "one check is long (a large program at real sizes; default: every core "
+                    "but one)")
     bg.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     bg.add_argument("--max-autotune", action="store_true",
                     help="also time torch.compile in max-autotune mode, as a second compiled "

@@ -64,6 +64,23 @@ def test_size_variants_verifies_and_orders_by_cost() -> None:
         size_variants(h, g, limit=0)
 
 
+def test_size_variants_checked_in_worker_processes_are_the_same_in_the_same_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where one check is long (a large program at its real sizes), the other variants are
+    checked in worker processes, a batch at a time; what comes back does not change. Here
+    every check counts as long, so the workers check all but the first."""
+    from egraph_mirage.mugraph.serialize import dumps
+    from egraph_mirage.rank import sizes as rank_sizes
+
+    g = benchmarks.get("gqa", small=True)
+    h = reference.attention(g)
+    alone = size_variants(h, g, limit=6)
+    monkeypatch.setattr(rank_sizes, "PARALLEL_AFTER_S", -1.0)
+    shared = size_variants(h, g, limit=6, workers=2)
+    assert len(alone) > 3
+    assert [dumps(v) for v in shared] == [dumps(v) for v in alone]
+
+
 def test_resized_forms_keep_their_structure_and_other_forms_differ() -> None:
     g = benchmarks.get("gqa", batch=1)
     split, one = reference.attention(g), reference.attention_one_kernel(g)

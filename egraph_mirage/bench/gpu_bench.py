@@ -25,6 +25,7 @@ JSON.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -92,6 +93,9 @@ class GpuBenchConfig:
     #: at most this many sizes of each search result, its own first (``size_variants``'s
     #: ``limit``; None: its default, ``rank.sizes.DEFAULT_LIMIT``; 1: the search's own only)
     size_limit: int | None = None
+    #: processes that check the size variants against the program where one check is long (a
+    #: large program at its real sizes; ``rank.sizes.size_variants``); None: every core but one
+    check_workers: int | None = None
     #: also time the hand-written reference μGraphs (``reference_*``; never ours)
     reference: bool = True
 
@@ -198,17 +202,19 @@ class Expanded:
         return self.files[i] if self.variants[i] == 0 else f"{self.files[i]}#{self.variants[i]}"
 
 
-def expand_sizes(found: Candidates, g: KernelGraph, limit: int | None = None) -> Expanded:
+def expand_sizes(found: Candidates, g: KernelGraph, limit: int | None = None,
+                 workers: int = 1) -> Expanded:
     """Each of the search's μGraphs followed by its size variants
-    (``rank.sizes.size_variants``, verified against ``g``); a μGraph met twice is kept once,
-    the first time. A result whose variants cannot be made is kept at its own sizes (a note)."""
+    (``rank.sizes.size_variants``, verified against ``g``, in ``workers`` processes where one
+    check is long); a μGraph met twice is kept once, the first time. A result whose variants
+    cannot be made is kept at its own sizes (a note)."""
     from ..rank.sizes import size_variants
 
     out = Expanded([], [], [])
     seen: set[str] = set()
     for h, f in zip(found.graphs, found.files):
         try:
-            sized = size_variants(h, target=g, limit=limit)
+            sized = size_variants(h, target=g, limit=limit, workers=workers)
         except EMError as exc:  # one result's sizes must not end the benchmark
             out.notes.append(f"ours: no size variants of {f}: {exc}"[:200])
             sized = [h]
@@ -358,7 +364,9 @@ def _ours(name: str, batch: int, b: BenchContext, row: dict[str, Any],
     if b.compiler is None:
         notes.append("no lowering yet: ours not measured")
         return Measured()
-    ex = expand_sizes(found, b.g, cfg.size_limit)
+    workers = (cfg.check_workers if cfg.check_workers is not None
+               else max(1, (os.cpu_count() or 1) - 1))
+    ex = expand_sizes(found, b.g, cfg.size_limit, workers)
     notes += ex.notes
     row["candidates"] = len(ex.graphs)
     labels = [ex.label(i) for i in range(len(ex.graphs))]
@@ -534,7 +542,8 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
         return 2
     cache = None if args.no_cache else str(args.cache_dir or default_cache_dir())
     for flag, value in (("--max-candidates", args.max_candidates), ("--tune-top", args.tune_top),
-                        ("--size-variants", args.size_variants)):
+                        ("--size-variants", args.size_variants),
+                        ("--check-workers", args.check_workers)):
         if value is not None and value < 1:
             print(f"error: {flag} must be at least 1", file=sys.stderr)
             return 2
@@ -553,7 +562,7 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
                          max_candidates=args.max_candidates, from_search=args.from_search,
                          search_budget=args.search_budget, search_workers=args.search_workers,
                          tune_top=args.tune_top, size_limit=args.size_variants,
-                         reference=not args.no_reference)
+                         check_workers=args.check_workers, reference=not args.no_reference)
     keep_jax_off_the_gpu()  # before the search or the size variants' verifier imports JAX
     floor = Floor(measure_copy_bandwidth())
     _stderr(f"copy bandwidth {floor.bandwidth / 1e12:.2f} TB/s (read + write)")

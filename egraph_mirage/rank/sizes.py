@@ -9,6 +9,7 @@ size: a program at another batch gets the same structure re-sized here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from ..errors import EMError, GraphError
@@ -24,12 +25,16 @@ TOLERANCE = 1e-6
 
 
 def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int | None = None,
-                  caps: Sequence[Caps] = DEFAULT_CAPS) -> list[KernelGraph]:
+                  caps: Sequence[Caps] = DEFAULT_CAPS, workers: int = 1) -> list[KernelGraph]:
     """``g`` first, then its structure at other sizes, cheapest by the cost model first (the
     cheapest of each grid before a second loop step of any: the cost model does not tell loop
     steps apart), at most ``limit`` in all (``DEFAULT_LIMIT``). With ``target``, only variants
     that pass the finite-field test and the float check against it are returned (``g`` itself
-    is returned as given: the caller verified it)."""
+    is returned as given: the caller verified it).
+
+    ``workers`` > 1: where one check takes longer than ``PARALLEL_AFTER_S`` (a large program
+    at its real sizes: several seconds each), the rest are checked ``workers`` at a time in
+    worker processes; the variants returned, and their order, are the same."""
     limit = DEFAULT_LIMIT if limit is None else limit
     if limit < 1:
         raise GraphError(f"size_variants: limit must be a positive integer, got {limit!r}")
@@ -43,25 +48,74 @@ def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int 
             return float("inf")
 
     others = _spread(sorted(others, key=seconds))
-    out = [first]
-    verifier = numerics = None
-    if target is not None:
+    if target is None:
+        return [first, *others[:limit - 1]]
+    return [first, *_passing(others, target, limit - 1, workers)]
+
+
+#: seconds one variant's check must take before the others are checked in worker processes
+PARALLEL_AFTER_S = 2.0
+
+
+def _passing(variants: list[KernelGraph], target: KernelGraph, limit: int,
+             workers: int) -> list[KernelGraph]:
+    """The first ``limit`` of ``variants`` that pass the checks against ``target``, in order."""
+    check = _Check(target)
+    out: list[KernelGraph] = []
+    i = 0
+    while i < len(variants) and len(out) < limit:
+        t0 = time.perf_counter()
+        if check(variants[i]):
+            out.append(variants[i])
+        i += 1
+        if workers > 1 and time.perf_counter() - t0 > PARALLEL_AFTER_S:
+            break
+    if i == len(variants) or len(out) >= limit:
+        return out
+    from ..mugraph.serialize import dumps
+    from ..search.pool import worker_pool
+
+    todo = variants[i:]
+    pool = worker_pool(min(workers, len(todo)))
+    try:
+        text = dumps(target)
+        while todo and len(out) < limit:
+            # in order, a batch at a time: the variants one by one would give
+            batch, todo = todo[:workers], todo[workers:]
+            oks = pool.map(_check_in_worker, [text] * len(batch), [dumps(h) for h in batch])
+            out += [h for h, ok in zip(batch, oks) if ok]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return out[:limit]
+
+
+class _Check:
+    """The finite-field test and the float check of a variant against one program."""
+
+    def __init__(self, target: KernelGraph) -> None:
         from ..verify import NumericCheck, Verifier
 
-        verifier, numerics = Verifier(target, backend="numpy"), NumericCheck(target)
-    for h in others:
-        if len(out) >= limit:
-            break
-        if verifier is not None and numerics is not None:
-            try:
-                ok = bool(verifier.check(h).equivalent)
-                ok = ok and numerics.error(h) <= TOLERANCE
-            except EMError:
-                ok = False
-            if not ok:
-                continue
-        out.append(h)
-    return out
+        self.verifier, self.numerics = Verifier(target, backend="numpy"), NumericCheck(target)
+
+    def __call__(self, h: KernelGraph) -> bool:
+        try:
+            return (bool(self.verifier.check(h).equivalent)
+                    and self.numerics.error(h) <= TOLERANCE)
+        except EMError:
+            return False
+
+
+#: a worker's checks, by the program's JSON: its inputs and outputs are computed once
+_WORKER_CHECKS: dict[str, _Check] = {}
+
+
+def _check_in_worker(target: str, variant: str) -> bool:
+    from ..mugraph.serialize import loads
+
+    if target not in _WORKER_CHECKS:
+        _WORKER_CHECKS.clear()  # one program at a time
+        _WORKER_CHECKS[target] = _Check(loads(target))
+    return _WORKER_CHECKS[target](loads(variant))
 
 
 def _spread(ordered: Sequence[KernelGraph]) -> list[KernelGraph]:
