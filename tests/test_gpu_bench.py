@@ -41,7 +41,8 @@ def one_size(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, Any, Any]]:
     """Each search result at its own sizes only; the calls are recorded."""
     calls: list[tuple[Any, Any, Any]] = []
 
-    def size_variants(g: em.KernelGraph, target: Any = None, limit: Any = None) -> list[Any]:
+    def size_variants(g: em.KernelGraph, target: Any = None, limit: Any = None,
+                      workers: int = 1) -> list[Any]:
         calls.append((g, target, limit))
         return [g]
 
@@ -404,7 +405,8 @@ def test_size_variants_of_each_search_result_are_ours(tmp_path: Path,
     em.save(forms[1], tmp_path / "qknorm_b1_1.json")
     calls: list[tuple[str, Any, Any]] = []
 
-    def size_variants(h: em.KernelGraph, target: Any = None, limit: Any = None) -> list[Any]:
+    def size_variants(h: em.KernelGraph, target: Any = None, limit: Any = None,
+                      workers: int = 1) -> list[Any]:
         calls.append((em.to_json(h), target, limit))
         return [h, *(f for f in forms if em.to_json(f) != em.to_json(h))][:limit]
 
@@ -425,7 +427,8 @@ def test_size_variants_of_each_search_result_are_ours(tmp_path: Path,
 
 def test_a_result_without_size_variants_is_timed_at_its_own(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    def size_variants(h: em.KernelGraph, target: Any = None, limit: Any = None) -> list[Any]:
+    def size_variants(h: em.KernelGraph, target: Any = None, limit: Any = None,
+                      workers: int = 1) -> list[Any]:
         raise em.MapError("no other sizes fit")
 
     _sizes(monkeypatch, size_variants)
