@@ -4,6 +4,8 @@ are exactly what re-sizing changes."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from egraph_mirage import benchmarks
@@ -79,6 +81,24 @@ def test_size_variants_checked_in_worker_processes_are_the_same_in_the_same_orde
     shared = size_variants(h, g, limit=6, workers=2)
     assert len(alone) > 3
     assert [dumps(v) for v in shared] == [dumps(v) for v in alone]
+    # where no second check fits in memory, the rest are checked one by one
+    monkeypatch.setattr(rank_sizes, "_available_memory", lambda: 0)
+    assert rank_sizes._workers_that_fit(g) == 1
+    short = size_variants(h, g, limit=6, workers=2)
+    assert [dumps(v) for v in short] == [dumps(v) for v in alone]
+
+
+def test_as_many_checking_workers_as_fit_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program at its real sizes takes gigabytes per check: the workers are as many as fit
+    in ``MEMORY_SHARE`` of the available memory (mha at b = 16: about 18 GB each)."""
+    from egraph_mirage.rank import sizes as rank_sizes
+
+    g = benchmarks.get("mha", batch=16)
+    elements = sum(math.prod(t.dims) for t in [*g.inputs, *g.operators])
+    per = rank_sizes.WORKER_BASE_BYTES + rank_sizes.CHECK_BYTES_PER_ELEMENT * elements
+    assert 15e9 < per < 25e9
+    monkeypatch.setattr(rank_sizes, "_available_memory", lambda: 128 << 30)  # a GPU host's
+    assert rank_sizes._workers_that_fit(g) == int(0.6 * (128 << 30) // per) == 4
 
 
 def test_resized_forms_keep_their_structure_and_other_forms_differ() -> None:

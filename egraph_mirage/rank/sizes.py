@@ -55,28 +55,41 @@ def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int 
 
 #: seconds one variant's check must take before the others are checked in worker processes
 PARALLEL_AFTER_S = 2.0
+#: bytes a worker's check is taken to hold per element of the program's tensors (float64 values
+#: of the program and the variant, two int64 finite fields, their temporaries), and besides them
+CHECK_BYTES_PER_ELEMENT = 48
+WORKER_BASE_BYTES = 1 << 30
+#: the share of the machine's available memory the checking workers may take together
+MEMORY_SHARE = 0.6
 
 
 def _passing(variants: list[KernelGraph], target: KernelGraph, limit: int,
              workers: int) -> list[KernelGraph]:
-    """The first ``limit`` of ``variants`` that pass the checks against ``target``, in order."""
+    """The first ``limit`` of ``variants`` that pass the checks against ``target``, in order:
+    one by one, or, once a check took longer than ``PARALLEL_AFTER_S``, the rest in as many of
+    ``workers`` processes as fit in memory (``_workers_that_fit``)."""
     check = _Check(target)
     out: list[KernelGraph] = []
-    i = 0
-    while i < len(variants) and len(out) < limit:
+    todo = list(variants)
+    shared = False
+    while todo and len(out) < limit and not shared:
         t0 = time.perf_counter()
-        if check(variants[i]):
-            out.append(variants[i])
-        i += 1
-        if workers > 1 and time.perf_counter() - t0 > PARALLEL_AFTER_S:
-            break
-    if i == len(variants) or len(out) >= limit:
+        h = todo.pop(0)
+        if check(h):
+            out.append(h)
+        shared = workers > 1 and time.perf_counter() - t0 > PARALLEL_AFTER_S
+    workers = min(workers, len(todo), _workers_that_fit(target))
+    if not todo or len(out) >= limit or workers < 2:
+        for h in todo:
+            if len(out) >= limit:
+                break
+            if check(h):
+                out.append(h)
         return out
     from ..mugraph.serialize import dumps
     from ..search.pool import worker_pool
 
-    todo = variants[i:]
-    pool = worker_pool(min(workers, len(todo)))
+    pool = worker_pool(workers)
     try:
         text = dumps(target)
         while todo and len(out) < limit:
@@ -87,6 +100,32 @@ def _passing(variants: list[KernelGraph], target: KernelGraph, limit: int,
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return out[:limit]
+
+
+def _workers_that_fit(target: KernelGraph) -> int:
+    """How many checks of variants of ``target`` fit side by side in ``MEMORY_SHARE`` of the
+    memory available now (a program at its real sizes takes gigabytes per check: 15 workers
+    on a 16-core host can take more than its memory); unlimited where that is unknown."""
+    import math
+
+    elements = sum(math.prod(t.dims) for t in [*target.inputs, *target.operators])
+    per_worker = WORKER_BASE_BYTES + CHECK_BYTES_PER_ELEMENT * elements
+    available = _available_memory()
+    if available is None:
+        return 1 << 30
+    return max(1, int(MEMORY_SHARE * available // per_worker))
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available for new processes (Linux's ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 class _Check:
