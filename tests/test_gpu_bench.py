@@ -42,7 +42,7 @@ def one_size(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, Any, Any]]:
     calls: list[tuple[Any, Any, Any]] = []
 
     def size_variants(g: em.KernelGraph, target: Any = None, limit: Any = None,
-                      workers: int = 1) -> list[Any]:
+                      workers: int = 1, caps: Any = None) -> list[Any]:
         calls.append((g, target, limit))
         return [g]
 
@@ -406,7 +406,7 @@ def test_size_variants_of_each_search_result_are_ours(tmp_path: Path,
     calls: list[tuple[str, Any, Any]] = []
 
     def size_variants(h: em.KernelGraph, target: Any = None, limit: Any = None,
-                      workers: int = 1) -> list[Any]:
+                      workers: int = 1, caps: Any = None) -> list[Any]:
         calls.append((em.to_json(h), target, limit))
         return [h, *(f for f in forms if em.to_json(f) != em.to_json(h))][:limit]
 
@@ -428,7 +428,7 @@ def test_size_variants_of_each_search_result_are_ours(tmp_path: Path,
 def test_a_result_without_size_variants_is_timed_at_its_own(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     def size_variants(h: em.KernelGraph, target: Any = None, limit: Any = None,
-                      workers: int = 1) -> list[Any]:
+                      workers: int = 1, caps: Any = None) -> list[Any]:
         raise em.MapError("no other sizes fit")
 
     _sizes(monkeypatch, size_variants)

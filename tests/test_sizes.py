@@ -101,6 +101,20 @@ def test_as_many_checking_workers_as_fit_in_memory(monkeypatch: pytest.MonkeyPat
     assert rank_sizes._workers_that_fit(g) == int(0.6 * (128 << 30) // per) == 4
 
 
+def test_a_gpus_shared_memory_lets_larger_tiles_through() -> None:
+    """The search's blocks keep to its budget of shared memory (96 KB, every tile counted);
+    sized for one GPU (``with_smem``: an H100 lets a block take 227 KB), a structure also gets
+    the larger tiles that budget refused, and each set of sizes comes once."""
+    g = benchmarks.get("mqa")
+    h = reference.attention(g)
+    own = [sizes.sizes_of(v) for v in sizes.size_choices(h)]
+    more = sizes.size_choices(h, sizes.with_smem(sizes.DEFAULT_CAPS, 227 * 1024))
+    gpu = [sizes.sizes_of(v) for v in more]
+    assert len(set(gpu)) == len(gpu) and set(own) < set(gpu)
+    new = [v for v, s in zip(more, gpu) if s not in own]
+    assert all(max(k.tb.smem_usage() for k in sizes.kernels(v)) > 96 * 1024 for v in new)
+
+
 def test_resized_forms_keep_their_structure_and_other_forms_differ() -> None:
     g = benchmarks.get("gqa", batch=1)
     split, one = reference.attention(g), reference.attention_one_kernel(g)

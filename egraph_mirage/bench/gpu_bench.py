@@ -203,18 +203,21 @@ class Expanded:
 
 
 def expand_sizes(found: Candidates, g: KernelGraph, limit: int | None = None,
-                 workers: int = 1) -> Expanded:
+                 workers: int = 1, smem: int | None = None) -> Expanded:
     """Each of the search's μGraphs followed by its size variants
     (``rank.sizes.size_variants``, verified against ``g``, in ``workers`` processes where one
-    check is long); a μGraph met twice is kept once, the first time. A result whose variants
-    cannot be made is kept at its own sizes (a note)."""
+    check is long), their tiles within ``smem`` bytes of shared memory per block where given
+    (the GPU's; else the search's budget); a μGraph met twice is kept once, the first time. A
+    result whose variants cannot be made is kept at its own sizes (a note)."""
+    from ..mugraph.sizes import DEFAULT_CAPS, with_smem
     from ..rank.sizes import size_variants
 
+    caps = with_smem(DEFAULT_CAPS, smem)
     out = Expanded([], [], [])
     seen: set[str] = set()
     for h, f in zip(found.graphs, found.files):
         try:
-            sized = size_variants(h, target=g, limit=limit, workers=workers)
+            sized = size_variants(h, target=g, limit=limit, caps=caps, workers=workers)
         except EMError as exc:  # one result's sizes must not end the benchmark
             out.notes.append(f"ours: no size variants of {f}: {exc}"[:200])
             sized = [h]
@@ -279,6 +282,8 @@ class BenchContext:
     device_name: str
     sets: Any
     check_inputs: Any
+    #: bytes of shared memory a block may take on the GPU (None: the search's budget)
+    smem: int | None = None
 
 
 def measure(graphs: Sequence[KernelGraph], labels: Sequence[str], who: str, b: BenchContext,
@@ -366,7 +371,7 @@ def _ours(name: str, batch: int, b: BenchContext, row: dict[str, Any],
         return Measured()
     workers = (cfg.check_workers if cfg.check_workers is not None
                else max(1, (os.cpu_count() or 1) - 1))
-    ex = expand_sizes(found, b.g, cfg.size_limit, workers)
+    ex = expand_sizes(found, b.g, cfg.size_limit, workers, b.smem)
     notes += ex.notes
     row["candidates"] = len(ex.graphs)
     labels = [ex.label(i) for i in range(len(ex.graphs))]
@@ -432,7 +437,14 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
     ``compiler`` a ``gpu.tune.Compiler`` or None (no lowering yet). ``tune_timer`` (default
     ``timer``) ranks the knob settings; the reported figures are ``timer``'s."""
     from ..gpu import baselines as bl
-    from ..gpu.timing import graph_bytes, input_sets, l2_bytes, random_inputs, rotation_count
+    from ..gpu.timing import (
+        graph_bytes,
+        input_sets,
+        l2_bytes,
+        random_inputs,
+        rotation_count,
+        smem_per_block,
+    )
     from ..gpu.tune import check
 
     g = benchmarks.get(name, batch=batch, small=cfg.small)
@@ -440,8 +452,9 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
         search_into(name, batch, g, cfg, log)
     count = rotation_count(graph_bytes(g), l2_bytes() if cfg.device == "cuda" else 64 << 20)
     b = BenchContext(g, cfg, timer, tune_timer or timer, compiler, device_name,
-               input_sets(g, count, cfg.device, cfg.seed, cfg.std),
-               random_inputs(g, cfg.device, cfg.seed + 10_000, cfg.std))
+                     input_sets(g, count, cfg.device, cfg.seed, cfg.std),
+                     random_inputs(g, cfg.device, cfg.seed + 10_000, cfg.std),
+                     smem_per_block() if cfg.device == "cuda" else None)
     notes: list[str] = []
     row: dict[str, Any] = dict.fromkeys(KEYS) | {
         "benchmark": name, "batch": batch, "device": device_name, "source": "search",

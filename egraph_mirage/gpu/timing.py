@@ -103,6 +103,14 @@ def l2_bytes(device: torch.device | int | None = None) -> int:
     return int(getattr(props, "L2_cache_size", 0)) or DEFAULT_L2_BYTES
 
 
+def smem_per_block(device: torch.device | int | None = None) -> int | None:
+    """Bytes of shared memory one block may take on the GPU (its opt-in limit), or None."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+    return int(getattr(props, "shared_memory_per_block_optin", 0)) or None
+
+
 def device_name(device: torch.device | int | None = None) -> str:
     if not torch.cuda.is_available():
         return "cpu"

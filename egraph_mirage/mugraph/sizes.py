@@ -26,7 +26,7 @@ the dimension) from the structure alone:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import EMError, MapError
@@ -54,12 +54,20 @@ class Caps:
     loop: int = 64
     #: most pieces a split grid axis cuts its reduction into
     splits: int = 8
+    #: bytes of shared memory each block may take (None: the μGraph's own budget, the search's);
+    #: a tuner for one GPU gives that GPU's (``with_smem``): larger tiles then fit
+    smem: int | None = None
 
 
 #: caps a tuner tries by default: the middle first, then more and fewer blocks, longer and
 #: shorter loop steps, more and fewer pieces
 DEFAULT_CAPS: tuple[Caps, ...] = tuple(
     Caps(g, lp, s) for s in (8, 4, 16, 2) for lp in (64, 128, 32, 256) for g in (64, 32, 128, 16))
+
+
+def with_smem(caps: Sequence[Caps], smem: int | None) -> tuple[Caps, ...]:
+    """``caps`` with each block's shared memory budget ``smem`` (a GPU's per-block limit)."""
+    return tuple(replace(c, smem=smem) for c in caps)
 
 
 def kernels(g: KernelGraph) -> list[Any]:
@@ -89,7 +97,7 @@ def resize(g: KernelGraph, sizes: Sequence[KernelSizes]) -> KernelGraph:
 
 def with_caps(g: KernelGraph, caps: Caps) -> KernelGraph:
     """``g``'s structure with every tile chosen under ``caps`` (see the module's rules)."""
-    return _rebuild(g, lambda i, tb, sources, maps: _choose(tb, sources, caps))
+    return _rebuild(g, lambda i, tb, sources, maps: _choose(tb, sources, caps), smem=caps.smem)
 
 
 def retarget(g: KernelGraph, program: KernelGraph,
@@ -161,8 +169,8 @@ def _grown(tb: ThreadBlockGraph, sources: Sequence[Tensor]) -> _Maps | None:
                  tuple(put(om, True) for _, om in tb.outputs), a, n)
 
 
-def _rebuild(g: KernelGraph, pick: Any,
-             input_dims: Sequence[tuple[int, ...]] | None = None) -> KernelGraph:
+def _rebuild(g: KernelGraph, pick: Any, input_dims: Sequence[tuple[int, ...]] | None = None,
+             smem: int | None = None) -> KernelGraph:
     h = new_kernel_graph()
     new: dict[int, Tensor] = {}
     for i, t in enumerate(g.inputs):
@@ -177,7 +185,7 @@ def _rebuild(g: KernelGraph, pick: Any,
                 sources = [new[s.index] for s in t.operands]
                 maps = _grown(tb, sources) if input_dims is not None else None
                 size = pick(order[id(kernel)], tb, sources, maps)
-                built[id(kernel)] = h.customized(sources, _replay(tb, sources, size, maps))
+                built[id(kernel)] = h.customized(sources, _replay(tb, sources, size, maps, smem))
             new[t.index] = built[id(kernel)][t.params["output"]]
         else:
             new[t.index] = h.apply(t.op, [new[o.index] for o in t.operands], **t.params)
@@ -187,9 +195,9 @@ def _rebuild(g: KernelGraph, pick: Any,
 
 
 def _replay(tb: ThreadBlockGraph, sources: Sequence[Tensor], size: KernelSizes,
-            maps: _Maps | None = None) -> ThreadBlockGraph:
+            maps: _Maps | None = None, smem: int | None = None) -> ThreadBlockGraph:
     """``tb``'s block graph on new sources with ``size``'s grid and loop (and ``maps``' input and
-    output maps, where given)."""
+    output maps, and the shared memory budget ``smem``, where given)."""
     imaps = maps.inputs if maps else tuple(ld.params["input_map"] for ld in tb.inputs)
     omaps = maps.outputs if maps else tuple(om for _, om in tb.outputs)
     old_tiles = [t.dims for t in tb.inputs]
@@ -199,7 +207,8 @@ def _replay(tb: ThreadBlockGraph, sources: Sequence[Tensor], size: KernelSizes,
     dimx = tb.reduction_dimx
     if old_tiles and dimx == min(d[-1] for d in old_tiles):  # the search's choice: follow it
         dimx = min(d[-1] for d in new_tiles)
-    out = ThreadBlockGraph(size.grid, tb.block_dim, size.frange, dimx, tb.smem_bytes)
+    out = ThreadBlockGraph(size.grid, tb.block_dim, size.frange, dimx,
+                           tb.smem_bytes if smem is None else smem)
     made: dict[int, Any] = {}
     for t in tb.tensors:
         args = [made[o.index] for o in t.operands]
@@ -304,20 +313,19 @@ def _grid_parts(grid: Sequence[int], fd: int, loads: Sequence[Any]) -> int:
 
 
 def size_choices(g: KernelGraph, caps: Sequence[Caps] = DEFAULT_CAPS) -> list[KernelGraph]:
-    """``g`` first, then its structure under each of ``caps`` that fits, distinct ones only
-    (unverified: ``rank.sizes.size_variants`` checks them)."""
-    from .serialize import dumps
-
-    seen = {dumps(g)}
+    """``g`` first, then its structure under each of ``caps`` that fits, one per set of sizes
+    (unverified: ``rank.sizes.size_variants`` checks them; a budget of shared memory that only
+    lets the same sizes through again gives nothing new)."""
+    seen = {sizes_of(g)}
     out = [g]
     for c in caps:
         try:
             h = with_caps(g, c)
-            text = dumps(h)
+            key = sizes_of(h)
         except EMError:
             continue
-        if text not in seen:
-            seen.add(text)
+        if key not in seen:
+            seen.add(key)
             out.append(h)
     return out
 
