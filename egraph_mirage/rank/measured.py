@@ -113,6 +113,13 @@ class GpuProfiler:
     #: their first value) instead of tuning
     quick: bool = False
 
+    @property
+    def smem(self) -> int | None:
+        """Bytes of shared memory a block may take on the GPU (the size variants' budget)."""
+        from ..gpu.timing import smem_per_block
+
+        return smem_per_block() if self.device == "cuda" else None
+
     def first_timing(self) -> GpuProfiler:
         """This profiler for the profile stage's first timings (``quick``)."""
         return replace(self, quick=True)
@@ -249,7 +256,8 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     order = spread(ranked, lambda r: r.graph)
     if sizes > 1:
         order = _with_sizes(order, program, sizes, sized_forms,
-                            lambda: deadline is not None and clock() >= deadline)
+                            lambda: deadline is not None and clock() >= deadline,
+                            getattr(profiler, "smem", None))
         ranked = ranked + [r for r in order if all(r is not q for q in ranked)]
     # first timings at a few knob settings where the profiler has them, then full tuning of
     # the fastest; a profiler without (tests' fakes) tunes every result at once
@@ -337,12 +345,15 @@ def _measure(profiler: Profiler, program: KernelGraph, graphs: list[KernelGraph]
 
 
 def _with_sizes(order: list[SearchResult], program: KernelGraph, sizes: int, forms: int,
-                late: Callable[[], bool]) -> list[SearchResult]:
+                late: Callable[[], bool], smem: int | None = None) -> list[SearchResult]:
     """``order`` with each of its first ``forms`` results followed by its size variants (none
-    once ``late()``)."""
+    once ``late()``), their blocks within ``smem`` bytes of shared memory where given (the
+    GPU's), checked in worker processes where one check is long."""
     from ..errors import EMError
+    from ..mugraph.sizes import DEFAULT_CAPS, with_smem
     from .sizes import size_variants
 
+    caps = with_smem(DEFAULT_CAPS, smem)
     cost = ProgramCost()
     out: list[SearchResult] = []
     for i, r in enumerate(order):
@@ -350,7 +361,8 @@ def _with_sizes(order: list[SearchResult], program: KernelGraph, sizes: int, for
         if i >= forms or late():
             continue
         try:
-            variants = size_variants(r.graph, target=program, limit=sizes)[1:]
+            variants = size_variants(r.graph, target=program, limit=sizes, caps=caps,
+                                     workers=max(1, (os.cpu_count() or 1) - 1))[1:]
         except EMError:
             continue
         for v in variants:
