@@ -74,3 +74,19 @@ def test_max_results_is_not_a_spent_budget(rmsnorm: em.KernelGraph) -> None:
     results = superoptimize(rmsnorm, SearchConfig(max_results=1), workers=1, max_tasks=10_000,
                             progress=False)
     assert results and not results.stats.budget_exhausted
+
+
+def test_the_workers_are_as_many_as_fit_in_memory(rmsnorm: em.KernelGraph,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process checking candidates of a program at its real sizes holds gigabytes: the
+    search starts no more workers than fit in the available memory
+    (``verify.checks_that_fit``), here none beside itself, and finds the same."""
+    import importlib
+
+    n = 6
+    alone = superoptimize(rmsnorm, TINY, workers=1, max_tasks=n, progress=False)
+    verify_module = importlib.import_module("egraph_mirage.verify.verify")  # not the function
+    monkeypatch.setattr(verify_module, "_available_memory", lambda: 0)
+    short = superoptimize(rmsnorm, TINY, workers=4, max_tasks=n, progress=False)
+    assert short.stats.workers == 1 and alone.stats.workers == 1
+    assert _texts(short) == _texts(alone)

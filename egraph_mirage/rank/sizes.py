@@ -55,10 +55,6 @@ def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int 
 
 #: seconds one variant's check must take before the others are checked in worker processes
 PARALLEL_AFTER_S = 2.0
-#: bytes a worker's check is taken to hold per element of the program's tensors (float64 values
-#: of the program and the variant, two int64 finite fields, their temporaries), and besides them
-CHECK_BYTES_PER_ELEMENT = 48
-WORKER_BASE_BYTES = 1 << 30
 #: the share of the machine's available memory the checking workers may take together
 MEMORY_SHARE = 0.6
 
@@ -104,28 +100,12 @@ def _passing(variants: list[KernelGraph], target: KernelGraph, limit: int,
 
 def _workers_that_fit(target: KernelGraph) -> int:
     """How many checks of variants of ``target`` fit side by side in ``MEMORY_SHARE`` of the
-    memory available now (a program at its real sizes takes gigabytes per check: 15 workers
-    on a 16-core host can take more than its memory); unlimited where that is unknown."""
-    import math
+    memory available now (``verify.checks_that_fit``: 15 workers on a 16-core host can take
+    more than its memory); unlimited where that is unknown."""
+    from ..verify import checks_that_fit
 
-    elements = sum(math.prod(t.dims) for t in [*target.inputs, *target.operators])
-    per_worker = WORKER_BASE_BYTES + CHECK_BYTES_PER_ELEMENT * elements
-    available = _available_memory()
-    if available is None:
-        return 1 << 30
-    return max(1, int(MEMORY_SHARE * available // per_worker))
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory available for new processes (Linux's ``MemAvailable``), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    fit = checks_that_fit(target, MEMORY_SHARE)
+    return 1 << 30 if fit is None else fit
 
 
 class _Check:

@@ -241,6 +241,12 @@ def _stage_search(run: Run) -> None:
     for res in [*done.values(), *cut.values()]:
         absorb(res, fresh=False)
     workers = _workers(o["workers"])
+    asked = workers
+    from ..verify import checks_that_fit
+
+    if isinstance(workers, int) and workers > 1:  # a process checking candidates of a large
+        workers = min(workers, checks_that_fit(run.g) or workers)  # program takes gigabytes
+    stats.workers = workers if isinstance(workers, int) else None
     t_search = time.perf_counter()
     executor: cf.Executor | None = None
     owned = isinstance(workers, int)
@@ -259,8 +265,11 @@ def _stage_search(run: Run) -> None:
             complete = True
         else:
             executor = pool.worker_pool(workers) if isinstance(workers, int) else workers
+            fewer = (f" of {asked} asked: more do not fit in memory" if asked != workers
+                     else "")
             report.started(len(todo), stats.tasks_total,
-                           f"{workers} worker processes" if owned else type(executor).__name__)
+                           f"{workers} worker processes{fewer}" if owned
+                           else type(executor).__name__)
             # threads of this process share its context; other processes build their own
             shared = run.ctx if isinstance(executor, cf.ThreadPoolExecutor) else None
             futures = [executor.submit(run_task, payload, task, deadline, shared,

@@ -32,6 +32,10 @@ class SearchStats:
     #: what ended the search early: "time budget", "task budget", "max_results",
     #: "interrupted" (Ctrl-C); "" when every task ran
     stopped_by: str = ""
+    #: the worker processes the search ran on (None: the caller's executor); fewer than asked
+    #: where more processes checking the program's candidates do not fit in memory
+    #: (``verify.checks_that_fit``)
+    workers: int | None = None
     #: tasks still running ``OVERRUN_S`` seconds after the deadline, left behind with their
     #: results (their workers ended)
     tasks_left_behind: int = 0

@@ -224,6 +224,39 @@ def check_numerics(candidate: KernelGraph, reference: KernelGraph, dtype: DType 
     return NumericCheck(reference, dtype, seed).error(candidate)
 
 
+#: bytes a process checking candidates of a program holds per element of the program's tensors
+#: (inputs and operators), and besides them: the finite-field tests' values of the program and
+#: the float64 check's (measured peak: 13 bytes per element for mqa at b = 16), with margin
+CHECK_BYTES_PER_ELEMENT = 24
+CHECK_BASE_BYTES = 1 << 30
+
+
+def checks_that_fit(program: KernelGraph, share: float = 0.6) -> int | None:
+    """How many processes checking candidates of ``program`` fit side by side in ``share`` of
+    the memory available now (at least 1; a program at its real sizes takes gigabytes per
+    process); None where the available memory is unknown."""
+    import math
+
+    available = _available_memory()
+    if available is None:
+        return None
+    elements = sum(math.prod(t.dims) for t in [*program.inputs, *program.operators])
+    per_process = CHECK_BASE_BYTES + CHECK_BYTES_PER_ELEMENT * elements
+    return max(1, int(share * available // per_process))
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available for new processes (Linux's ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class NumericCheck:
     """``check_numerics`` against one ``reference``: its inputs and float64 outputs are
     computed once (on the first check), and each ``error(candidate)`` evaluates the candidate
