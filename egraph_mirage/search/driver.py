@@ -185,6 +185,8 @@ def _stage_tasks(run: Run) -> None:
 def _stage_search(run: Run) -> None:
     """Run the tasks (in this process, worker processes or the caller's executor). A
     checkpoint's finished tasks are taken as done, their results verified again first."""
+    from ..verify import checks_that_fit
+
     o, stats, payload, ck = run.options, run.stats, run.payload, run.checkpoint
     assert payload is not None and run.ctx is not None
     report = Progress(mode(o["progress"]), o["progress_interval"], run.t_start)
@@ -242,8 +244,6 @@ def _stage_search(run: Run) -> None:
         absorb(res, fresh=False)
     workers = _workers(o["workers"])
     asked = workers
-    from ..verify import checks_that_fit
-
     if isinstance(workers, int) and workers > 1:  # a process checking candidates of a large
         workers = min(workers, checks_that_fit(run.g) or workers)  # program takes gigabytes
     stats.workers = workers if isinstance(workers, int) else None
