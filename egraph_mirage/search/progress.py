@@ -123,7 +123,7 @@ class Progress:
 
     def left_behind(self, tasks: int) -> None:
         self._say(f"the time budget is spent: {tasks} task(s) still running are left behind "
-                  "with whatever they found")
+                  "(what they found since they started is lost)")
 
     def found(self, result: SearchResult, count: int) -> None:
         if self.how == LOG:

@@ -36,8 +36,8 @@ class SearchStats:
     #: where more processes checking the program's candidates do not fit in memory
     #: (``verify.checks_that_fit``)
     workers: int | None = None
-    #: tasks still running ``OVERRUN_S`` seconds after the deadline, left behind with their
-    #: results (their workers ended)
+    #: tasks still running ``OVERRUN_S`` seconds after the deadline, left behind (their workers
+    #: ended, what they had found lost)
     tasks_left_behind: int = 0
     #: tasks (and their results) taken from a checkpoint instead of searched
     resumed_tasks: int = 0
