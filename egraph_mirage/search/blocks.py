@@ -125,7 +125,7 @@ class BlockSearch:
                 # have the plain ones' classes
                 sig = (frozenset(found[0][i].key for i in found[1]),
                        frozenset(t.key for t in found[0] if t.op == "max"),
-                       _loads_read(found[0], found[1]))
+                       loads_read(found[0], found[1]))
                 if sig not in done:
                     done.add(sig)
                     yield found
@@ -515,7 +515,7 @@ def used_tiles(tiles: Sequence[Tile], outputs: Sequence[int]) -> list[int]:
     return sorted(need)
 
 
-def _loads_read(tiles: Sequence[Tile], sinks: Sequence[int]) -> frozenset[int]:
+def loads_read(tiles: Sequence[Tile], sinks: Sequence[int]) -> frozenset[int]:
     """The loader positions of the input tiles that ``sinks`` are computed from."""
     return frozenset(dict(tiles[i].params)["position"] for i in used_tiles(tiles, sinks)
                      if tiles[i].op == "input")

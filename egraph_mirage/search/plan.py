@@ -17,7 +17,7 @@ from ..errors import MapError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
 from ..mugraph import new_threadblock_graph
 from ..mugraph import partition as pt
-from .blocks import Tile, used_tiles
+from .blocks import Tile, loads_read, used_tiles
 from .tiling import DTensor, KernelShape
 
 
@@ -95,9 +95,8 @@ def uses_whole_shape(step: KernelStep) -> bool:
     (and walk the loop, if there is one). Otherwise the blocks along that axis (or the loop's
     iterations) repeat one computation: not a valid kernel, and the same block graph on a
     smaller grid is searched anyway."""
-    used = [step.shape.loaders[dict(step.tiles[i].params)["position"]]
-            for i in used_tiles(step.tiles, [o for o, _ in step.outputs])
-            if step.tiles[i].op == "input"]
+    used = [step.shape.loaders[p]
+            for p in loads_read(step.tiles, [o for o, _ in step.outputs])]
     if any(g > 1 and all(ld.imap[a] == -1 for ld in used)
            for a, g in enumerate(step.shape.grid)):
         return False

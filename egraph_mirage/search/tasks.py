@@ -22,7 +22,7 @@ from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
 from ..mugraph.threadblock import EPILOGUE
-from .blocks import BlockSearch, Counters, Tile
+from .blocks import BlockSearch, Counters, Tile, loads_read
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe
 from .plan import (
@@ -32,7 +32,6 @@ from .plan import (
     build,
     new_tensors,
     output_maps,
-    used_tiles,
     uses_whole_shape,
 )
 from .reach import ReachIndex, ref
@@ -425,8 +424,7 @@ class _Run:
         goal = roots[0] if self.config.use_oracle else None
         for tiles, sinks in self._search(shape, accept, 1, goal, fresh, units).run(ops):
             tile = tiles[sinks[0]]
-            read = {shape.loaders[dict(tiles[i].params)["position"]].tensor.ref
-                    for i in used_tiles(tiles, sinks) if tiles[i].op == "input"}
+            read = {shape.loaders[p].tensor.ref for p in loads_read(tiles, sinks)}
             if must_use is not None and not set(range(must_use, len(tensors))) <= read:
                 continue  # every tensor the plan wrote before is read (none written in vain)
             for omap, dims, _ in output_maps(tile, shape, self.config.omaps):
@@ -558,8 +556,7 @@ class _Run:
 def _computed_without(tiles: list[Tile], i: int, shape: KernelShape) -> frozenset[Any]:
     """The classes the grid of ``shape`` cuts that none of the tensors tile ``i`` is computed
     from has: each block along them computes the same tile."""
-    loaded = {c for j in used_tiles(tiles, [i]) if tiles[j].op == "input"
-              for c in shape.loaders[dict(tiles[j].params)["position"]].tensor.dcls}
+    loaded = {c for p in loads_read(tiles, [i]) for c in shape.loaders[p].tensor.dcls}
     return frozenset(c for g, c in zip(shape.grid, shape.axis_classes)
                      if g > 1 and c is not None and c not in loaded)
 

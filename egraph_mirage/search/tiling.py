@@ -195,17 +195,19 @@ def structure(ks: KernelShape, config: SearchConfig) -> tuple[Any, ...]:
 def split_of(cls: Any) -> tuple[Any, int] | None:
     """(class, pieces) when ``cls`` is the dimension along which a kernel whose grid cut
     ``class`` into ``pieces`` wrote its partial results side by side (``plan.output_maps``)."""
-    if isinstance(cls, tuple) and len(cls) == 4 and cls[0] == "split":
-        _, axis_classes, a, grid = cls
-        return axis_classes[a], grid[a]
-    return None
+    return _cut_by(cls, "split")
 
 
 def copy_of(cls: Any) -> tuple[Any, int] | None:
     """(class, parts) when ``cls`` is the dimension along which a kernel whose grid cut
     ``class`` into ``parts`` wrote one identical copy of a result per part (``plan.output_maps``
     with ``copied``)."""
-    if isinstance(cls, tuple) and len(cls) == 4 and cls[0] == "copy":
+    return _cut_by(cls, "copy")
+
+
+def _cut_by(cls: Any, kind: str) -> tuple[Any, int] | None:
+    """(class, parts) of a ``(kind, axis classes, axis, grid)`` dimension class, else None."""
+    if isinstance(cls, tuple) and len(cls) == 4 and cls[0] == kind:
         _, axis_classes, a, grid = cls
         return axis_classes[a], grid[a]
     return None
