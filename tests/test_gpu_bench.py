@@ -389,6 +389,29 @@ def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
         gb.candidates("rmsnorm_linear", 2, g2, str(tmp_path))
 
 
+def test_retargeted_results_are_ordered_by_the_cost_model_at_the_new_batch(
+        tmp_path: Path) -> None:
+    """A search at b = 1 ranks split-KV attention above the one-kernel form whose grid holds
+    only the heads (too few blocks there); retargeted to b = 16, where the heads alone fill the
+    GPU, the one-kernel form comes first, and a budget of one candidate times it."""
+    g1 = em.benchmarks.get("mha", small=True)
+    g16 = em.benchmarks.get("mha", batch=16, small=True)
+    folder = tmp_path / "mha"
+    folder.mkdir()
+    split, one = reference.attention(g1), reference.attention_one_kernel(g1)
+    for k, h in enumerate((split, one)):  # the search's order at b = 1
+        (folder / f"result_{k}.json").write_text(em.to_json(h))
+    files = [str(folder / f"result_{k}.json") for k in range(2)]
+    assert gb.candidates("mha", 1, g1, str(tmp_path)).files == files  # its own batch: as found
+
+    found = gb.candidates("mha", 16, g16, str(tmp_path))
+    assert found.files == [f"{files[1]}@b16", f"{files[0]}@b16"]
+    assert [form_label(h) for h in found.graphs] == ["1 kernel", "2 kernels"]
+    assert "ordered by the cost model at these shapes" in found.notes[-1]
+    first = gb.candidates("mha", 16, g16, str(tmp_path), max_candidates=1)
+    assert first.files == [f"{files[1]}@b16"]
+
+
 def _sig(g: em.KernelGraph) -> list[tuple[int, ...]]:
     return [t.dims for t in g.inputs]
 

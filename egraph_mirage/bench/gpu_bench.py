@@ -37,6 +37,7 @@ from ..errors import EMError, GraphError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, load
 from ..mugraph.sizes import retarget
+from ..rank.cost_model import ProgramCost
 from ..rank.forms import form_label, rank_correlation, spread
 from . import reference
 from .gpu_report import best, fmt, format_table, markdown, plot, ratio, table_cells
@@ -143,6 +144,16 @@ def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, stri
     return graphs, kept
 
 
+def _by_cost_here(graphs: list[KernelGraph], kept: list[str]
+                  ) -> tuple[list[KernelGraph], list[str]]:
+    """Retargeted μGraphs, cheapest first by the cost model at their new shapes (ties keep the
+    search's order). The search ranked them at the shapes it searched: a one-kernel form
+    whose grid holds only the heads is last at b = 1 (too few blocks) and first at b = 16."""
+    cost = ProgramCost()
+    order = sorted(range(len(graphs)), key=lambda i: cost.seconds(graphs[i]))
+    return [graphs[i] for i in order], [kept[i] for i in order]
+
+
 def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
                max_candidates: int | None = None) -> Candidates:
     """The search's μGraphs for program ``name`` at ``batch`` (``g``), first found of:
@@ -156,8 +167,10 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     4. ``DIR/<name>_b<k>/`` for another batch ``k`` (the smallest first), retargeted.
 
     None of them (or no ``mugraph_dir``): no candidate; the hand-written μGraphs are never
-    ours. ``max_candidates`` keeps that many of a folder: the best (by the search's cost model)
-    of each form first (``rank.forms.spread``), then the next best. Loads JSON only (no
+    ours. Retargeted μGraphs are ordered again by the cost model at this batch's shapes
+    (``_by_cost_here``); the others keep the search's order. ``max_candidates`` keeps that many
+    of a folder: the best (by the cost model) of each form first (``rank.forms.spread``), then
+    the next best. Loads JSON only (no
     egglog, no JAX)."""
     from ..search.outdir import mugraph_files
 
@@ -175,8 +188,10 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
                           *((mugraph_files(p), False) for p in others)):
         graphs, kept = _load_all(files, name, batch, g, strict, notes)
         if graphs and not strict and any(k.endswith(f"@b{batch}") for k in kept):
+            graphs, kept = _by_cost_here(graphs, kept)
             notes.append(f"{len(graphs)} μGraphs of the search in {files[0].parent}, retargeted "
-                         f"to batch {batch} where searched at another")
+                         f"to batch {batch} where searched at another, ordered by the cost "
+                         f"model at these shapes")
         if graphs:
             n = len(graphs) if max_candidates is None else max(1, max_candidates)
             if n < len(graphs):
