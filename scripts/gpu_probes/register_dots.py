@@ -77,21 +77,47 @@ def forms(m: int, k: int, n: int):
                 yield reg, bk, bn, ks, w, s
 
 
+def setup(b: int, timer, floor: Floor):
+    """rmsnorm_linear at batch b: (M, K, N), rotated input sets, the float32 reference, the
+    copy floor and torch.compile's time under graph replay (µs), printed."""
+    g = bm.get("rmsnorm_linear", b)
+    m, k = g.inputs[0].dims
+    n = g.inputs[1].dims[1]
+    sets = timing.input_sets(g, timing.rotation_count(timing.graph_bytes(g), timing.l2_bytes()))
+    ref = torch_eval.evaluate(g, sets[0])[0]
+    fl = floor.us(g)
+    comp = timer.graph(baselines.compiled(g).fn, sets)
+    print(f"b={b} M={m} floor {fl:.2f} compile graph {comp:.2f}", flush=True)
+    return (m, k, n), sets, ref, fl, comp
+
+
+def timed(first, part, out, ks: int, mkn: tuple[int, int, int], sets, ref, timer, label):
+    """(products kernel µs, with the combine µs) of ``first`` under graph replay; None, printed
+    with ``label``, where the program is wrong or Triton cannot compile the setting."""
+    m, k, n = mkn
+
+    def both(x, wt):
+        first(x, wt)
+        combine[(n // 64,)](x, part, out, m, k, n, 64, ks, 1024, num_warps=4)
+        return [out]
+
+    try:
+        err = torch_eval.relative_error(both(*sets[0])[0], ref)
+        if err > 5e-3:
+            print("wrong", *label, f"{err:.1e}", flush=True)
+            return None
+        return timer.graph(first, sets), timer.graph(both, sets)
+    except Exception as ex:  # a setting Triton cannot compile: noted, skipped
+        print("fail", *label, type(ex).__name__, str(ex)[:120], flush=True)
+        return None
+
+
 def main() -> None:
     timer = timing.CudaTimer()
     floor = Floor(measure_copy_bandwidth())
     rows = []
     for b in [int(a) for a in sys.argv[1:]] or [1]:
-        g = bm.get("rmsnorm_linear", b)
-        m, k = g.inputs[0].dims
-        n = g.inputs[1].dims[1]
-        sets = timing.input_sets(g, timing.rotation_count(timing.graph_bytes(g),
-                                                          timing.l2_bytes()))
-        ref = torch_eval.evaluate(g, sets[0])[0]
-        c = baselines.compiled(g)
-        fl = floor.us(g)
-        comp = timer.graph(c.fn, sets)
-        print(f"b={b} M={m} floor {fl:.2f} compile graph {comp:.2f}", flush=True)
+        (m, k, n), sets, ref, fl, comp = setup(b, timer, floor)
         for reg, bk, bn, ks, w, s in forms(m, k, n):
             if time.time() - T0 > LIMIT:
                 break
@@ -104,21 +130,11 @@ def main() -> None:
                                          num_warps=_w, num_stages=_s)
                 return part
 
-            def both(x, wt, _ks=ks, _bn=bn):
-                first(x, wt)
-                combine[(n // 64,)](x, part, out, m, k, n, 64, _ks, 1024, num_warps=4)
-                return [out]
-
-            try:
-                err = torch_eval.relative_error(both(*sets[0])[0], ref)
-                if err > 5e-3:
-                    print("wrong", reg, bk, bn, ks, w, s, f"{err:.1e}", flush=True)
-                    continue
-                t1 = timer.graph(first, sets)
-                t2 = timer.graph(both, sets)
-            except Exception as ex:  # a tiling Triton cannot compile: noted, skipped
-                print("fail", reg, bk, bn, ks, w, s, type(ex).__name__, str(ex)[:120], flush=True)
+            times = timed(first, part, out, ks, (m, k, n), sets, ref, timer,
+                          (reg, bk, bn, ks, w, s))
+            if times is None:
                 continue
+            t1, t2 = times
             rows.append((b, "reg" if reg else "dot", bk, bn, ks, w, s, t1, t2, fl / t2, comp))
     print("TABLE b form BK BN KS warps stages partials_us both_us floor_frac compile_us")
     for form in ("dot", "reg"):

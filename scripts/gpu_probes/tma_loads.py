@@ -10,12 +10,14 @@ loop walks the split's K tiles; fp32 partials) loads W's tiles:
 X's tile (2 rows) is a pointer load in each; the dot is ``tl.dot`` with X padded to 16 rows
 (or swapped: W's columns as the dot's rows). Each is checked against float32 and timed under
 CUDA-graph replay with rotated inputs, the products kernel alone and with a combine kernel that
-sums the pieces, takes X's rms and divides; beside torch.compile and the copy floor.
+sums the pieces, takes X's rms and divides (``register_dots.timed``); beside torch.compile and
+the copy floor.
 
 Usage, on the GPU machine from the repository root: ``python scripts/gpu_probes/tma_loads.py``
 (LIMIT=seconds in the environment stops timing early).
 """
 import os
+import sys
 import time
 
 import torch
@@ -23,9 +25,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from egraph_mirage import benchmarks as bm
-from egraph_mirage.gpu import baselines, timing, torch_eval
+from egraph_mirage.gpu import timing
 from egraph_mirage.gpu.floor import Floor, measure_copy_bandwidth
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from register_dots import setup, timed  # the probe beside this one
 
 T0 = time.time()
 LIMIT = float(os.environ.get("LIMIT", "420"))
@@ -67,37 +71,13 @@ def partials(x, w, wdesc, part, M: tl.constexpr, K: tl.constexpr, N: tl.constexp
              mask=rows[:, None] < M)
 
 
-@triton.jit
-def combine(x, part, out, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
-            KS: tl.constexpr, BX: tl.constexpr):
-    pid_n = tl.program_id(0)
-    rows = tl.arange(0, M)
-    cols = pid_n * BN + tl.arange(0, BN)
-    ss = tl.zeros((M, 1), tl.float32)
-    for i in tl.static_range(K // BX):
-        xx = tl.load(x + rows[:, None] * K + i * BX + tl.arange(0, BX)[None, :]).to(tl.float32)
-        ss += tl.sum(xx * xx, axis=1, keep_dims=True)
-    acc = tl.zeros((M, BN), tl.float32)
-    for s in tl.static_range(KS):
-        acc += tl.load(part + s * M * N + rows[:, None] * N + cols[None, :])
-    tl.store(out + rows[:, None] * N + cols[None, :], (acc / tl.sqrt(ss / K)).to(tl.float16))
-
-
 TILINGS = [(64, 128, 8), (32, 128, 8), (64, 64, 4), (128, 128, 8), (64, 256, 8), (128, 64, 8)]
 KNOBS = [(4, 3), (2, 3), (4, 4), (8, 3)]
 
 
 def main() -> None:
     timer = timing.CudaTimer()
-    floor = Floor(measure_copy_bandwidth())
-    g = bm.get("rmsnorm_linear", 1)
-    m, k = g.inputs[0].dims
-    n = g.inputs[1].dims[1]
-    sets = timing.input_sets(g, timing.rotation_count(timing.graph_bytes(g), timing.l2_bytes()))
-    ref = torch_eval.evaluate(g, sets[0])[0]
-    fl = floor.us(g)
-    comp = timer.graph(baselines.compiled(g).fn, sets)
-    print(f"M={m} floor {fl:.2f} compile graph {comp:.2f}", flush=True)
+    (m, k, n), sets, ref, fl, comp = setup(1, timer, Floor(measure_copy_bandwidth()))
     rows = []
     for bk, bn, ks in TILINGS:
         for w, s in KNOBS:
@@ -115,23 +95,12 @@ def main() -> None:
                                                   swap_, num_warps=w_, num_stages=s_)
                         return part
 
-                    def both(x, wt, _ks=ks):
-                        first(x, wt)
-                        combine[(n // 64,)](x, part, out, m, k, n, 64, _ks, 1024, num_warps=4)
-                        return [out]
-
                     label = ("ptr", "tma", "bptr")[load] + ("-swap" if swap else "")
-                    try:
-                        err = torch_eval.relative_error(both(*sets[0])[0], ref)
-                        if err > 5e-3:
-                            print("wrong", label, bk, bn, ks, w, s, f"{err:.1e}", flush=True)
-                            continue
-                        t1 = timer.graph(first, sets)
-                        t2 = timer.graph(both, sets)
-                    except Exception as ex:  # a setting Triton cannot compile: noted, skipped
-                        print("fail", label, bk, bn, ks, w, s, type(ex).__name__,
-                              str(ex)[:120], flush=True)
+                    times = timed(first, part, out, ks, (m, k, n), sets, ref, timer,
+                                  (label, bk, bn, ks, w, s))
+                    if times is None:
                         continue
+                    t1, t2 = times
                     rows.append((label, bk, bn, ks, w, s, t1, t2, fl / t1, comp))
     print("TABLE form BK BN KS warps stages products_us both_us floor/products compile_us")
     for form in ("ptr", "ptr-swap", "tma", "tma-swap", "bptr", "bptr-swap"):
