@@ -170,8 +170,7 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     ours. Retargeted μGraphs are ordered again by the cost model at this batch's shapes
     (``_by_cost_here``); the others keep the search's order. ``max_candidates`` keeps that many
     of a folder: the best (by the cost model) of each form first (``rank.forms.spread``), then
-    the next best. Loads JSON only (no
-    egglog, no JAX)."""
+    the next best. Loads JSON only (no egglog, no JAX)."""
     from ..search.outdir import mugraph_files
 
     notes: list[str] = []
