@@ -22,6 +22,7 @@ from egraph_mirage.errors import GraphError
 from egraph_mirage.gpu.floor import Floor
 from egraph_mirage.gpu.torch_eval import torch_function
 from egraph_mirage.rank.forms import form_label
+from egraph_mirage.rank.sizes import size_variants as real_size_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {"benchmark", "batch", "device", "ours_us", "ours_graph_us", "baselines_us",
@@ -410,6 +411,39 @@ def test_retargeted_results_are_ordered_by_the_cost_model_at_the_new_batch(
     assert "ordered by the cost model at these shapes" in found.notes[-1]
     first = gb.candidates("mha", 16, g16, str(tmp_path), max_candidates=1)
     assert first.files == [f"{files[1]}@b16"]
+
+
+def test_tuning_takes_the_fastest_few_and_the_fastest_of_a_close_form(
+        tmp_path: Path, one_size: list[Any]) -> None:
+    """With more candidates than ``tune_top``, all are first timed and the fastest tuned,
+    and the fastest of another form within ``FORM_SLACK`` of them too; a form further behind
+    is only first-timed."""
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    one, split = reference.variants("rmsnorm_linear", g)
+    ones = real_size_variants(one, target=g, limit=3)  # three sizes of the one-kernel form
+    assert len({em.to_json(h) for h in ones}) == 3
+    folder = tmp_path / "rmsnorm_linear_b1"
+    folder.mkdir()
+    for k, h in enumerate([*ones, split]):
+        (folder / f"result_{k}.json").write_text(em.to_json(h))
+    files = [str(folder / f"result_{k}.json") for k in range(4)]
+
+    def run(split_us: float) -> dict[str, Any]:
+        fake = TimesByMugraph({em.to_json(ones[0]): 20.0, em.to_json(ones[1]): 21.0,
+                               em.to_json(ones[2]): 22.0, em.to_json(split): split_us})
+        (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1], tune=True,
+                                 tune_top=2, reference=False, mugraph_dir=str(tmp_path)),
+                            timer=fake, floor=Floor(4e12), compiler=fake.compiler,
+                            device_name="fake", log=lambda m: None)
+        return r
+
+    close = run(24.0)  # within 1.25 × 20 µs: tuned beside the fastest two
+    assert sorted(close["candidates_us"]) == [files[0], files[1], files[3]]
+    assert any("the fastest 2 tuned, and the fastest of 1 more form(s) within 1.25×" in n
+               for n in close["notes"])
+    far = run(26.0)
+    assert sorted(far["candidates_us"]) == files[:2] and len(far["first_us"]) == 4
+    assert close["mugraph_file"] == far["mugraph_file"] == files[0]
 
 
 def _sig(g: em.KernelGraph) -> list[tuple[int, ...]]:

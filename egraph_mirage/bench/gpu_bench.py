@@ -38,7 +38,7 @@ from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, load
 from ..mugraph.sizes import retarget
 from ..rank.cost_model import ProgramCost
-from ..rank.forms import form_label, rank_correlation, spread
+from ..rank.forms import FORM_SLACK, form_label, rank_correlation, spread, to_tune
 from . import reference
 from .gpu_report import best, fmt, format_table, markdown, plot, ratio, table_cells
 
@@ -302,8 +302,9 @@ class BenchContext:
 
 def measure(graphs: Sequence[KernelGraph], labels: Sequence[str], who: str, b: BenchContext,
             profile: bool = False) -> Measured:
-    """Tune every μGraph (many: pre-ranked at ``QUICK_KNOBS``, the fastest ``tune_top`` tuned),
-    check the fastest again on fresh inputs and time it; notes start with ``who``."""
+    """Tune every μGraph (many: pre-ranked at ``QUICK_KNOBS``, the fastest ``tune_top`` tuned,
+    and the fastest of each other form close to them: ``rank.forms.to_tune``), check the
+    fastest again on fresh inputs and time it; notes start with ``who``."""
     from ..gpu.timing import random_inputs
     from ..gpu.tune import (
         QUICK_KNOBS,
@@ -334,9 +335,14 @@ def measure(graphs: Sequence[KernelGraph], labels: Sequence[str], who: str, b: B
     if cfg.tune and len(todo) > cfg.tune_top:  # pre-rank at a few knob settings
         pre = rank(todo, lambda h: _tune_safely(h, staged_spaces(h, QUICK_KNOBS)[0]))
         out.first_us = {label[id(r.mugraph)]: r.us for r in pre}
-        todo = [r.mugraph for r in pre[:cfg.tune_top] if r.us is not None] or todo
+        timed = [r for r in pre if r.us is not None]
+        picks, extra = to_tune([float(r.us) for r in timed if r.us is not None],
+                               [r.mugraph for r in timed], cfg.tune_top)
+        todo = [timed[i].mugraph for i in picks] or todo
         out.notes.append(f"{who}: {len(graphs)} μGraphs pre-ranked at {QUICK_KNOBS}, the "
-                         f"fastest {len(todo)} tuned")
+                         f"fastest {len(todo) - len(extra)} tuned" + (
+                             f", and the fastest of {len(extra)} more form(s) within "
+                             f"{FORM_SLACK}× of them" if extra else ""))
     # tuned: the lowering's knobs first, then the μGraph's own at the best of them
     ranked = rank(todo, (lambda h: tune_staged(h, _tune_safely)) if cfg.tune
                   else (lambda h: _tune_safely(h, {})))

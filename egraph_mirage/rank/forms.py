@@ -5,7 +5,8 @@ graph-defined kernels it launches and which operators it leaves to library calls
 ``matmul`` computed by cuBLAS between kernels, say). The cost model's order (``rank.by_cost``)
 can put many μGraphs of one form ahead of every other form — all "library matmul plus a
 kernel", for instance — and a GPU budget that times the first few then never sees a fused
-form. ``spread`` orders candidates so that the best of each form comes first.
+form. ``spread`` orders candidates so that the best of each form comes first, and ``to_tune``
+gives a close form's fastest μGraph the knob tuning that the fastest few get.
 """
 
 from __future__ import annotations
@@ -45,6 +46,30 @@ def spread(items: Sequence[T], graph: Callable[[T], KernelGraph] = lambda x: x  
         (rest if f in seen else first).append(x)
         seen.add(f)
     return first + rest
+
+
+#: after first timings, a form whose fastest μGraph is within this factor of the fastest of
+#: all is tuned too: tuning the lowering's knobs gained up to 8 % in the measured rows
+#: (rmsnorm_linear b = 8 on an H100: 23.0 -> 21.1 µs, ``docs/benchmarks.md``), so a form
+#: further behind does not catch up, and one this close may
+FORM_SLACK = 1.25
+
+
+def to_tune(first_us: Sequence[float], graphs: Sequence[KernelGraph], top: int,
+            slack: float = FORM_SLACK) -> tuple[list[int], set[int]]:
+    """Which first-timed μGraphs to tune: the fastest ``top``, then the fastest of each form
+    none of those has, where its first timing is within ``slack`` of the fastest of all.
+    Returns their indices, fastest first, and the set of those of the second kind."""
+    order = sorted(range(len(first_us)), key=lambda i: first_us[i])
+    picked = order[:top]
+    seen = {form(graphs[i]) for i in picked}
+    extra: set[int] = set()
+    for i in order[top:]:
+        f = form(graphs[i])
+        if f not in seen and first_us[i] <= slack * first_us[order[0]]:
+            extra.add(i)
+            seen.add(f)
+    return sorted([*picked, *extra], key=lambda i: first_us[i]), extra
 
 
 def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import LowerError
 from ..graph import KernelGraph
 from .cost_model import ProgramCost
-from .forms import spread
+from .forms import spread, to_tune
 
 if TYPE_CHECKING:
     from ..gpu.tune import TuneResult
@@ -232,8 +232,9 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     A profiler with ``first_timing()`` (``GpuProfiler``) times in two rounds, a cheap first
     timing of each result and full tuning of the best few: first every result at a few knob
     settings (``gpu.tune.QUICK_KNOBS``; under a deadline, for at most ``FIRST_TIMING_SHARE``
-    of the time left), then the fastest ``tune_top`` of those tuned over the lowering's knobs
-    (``gpu.tune.tune_staged``), each keeping the faster of its two timings.
+    of the time left), then the fastest ``tune_top`` of those, and the fastest of each other
+    form within ``rank.forms.FORM_SLACK`` of them (``rank.forms.to_tune``), tuned over the
+    lowering's knobs (``gpu.tune.tune_staged``), each keeping the faster of its two timings.
     Compiling every setting of every result would time one or two results in a budget.
 
     ``sizes`` > 1: each of the first ``sized_forms`` results of that order is followed by its
@@ -267,17 +268,22 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     if deadline is not None and first is not profiler:
         first_end = clock() + FIRST_TIMING_SHARE * max(0.0, deadline - clock())
     found: list[Measurement] = []
-    tuned = 0
+    tuned = tuned_extra = 0
     t0 = time.perf_counter()
     try:
         stats.profile_device = profiler.device_name
         found = _measure(first, program, [r.graph for r in order], first_end, clock)
         if first is not profiler:
             us = {i: m.us for i, m in enumerate(found) if m.status == "ok" and m.us is not None}
-            top = sorted(us, key=us.__getitem__)[:tune_top]
+            ids = list(us)
+            picks, extra = to_tune([float(us[i]) for i in ids], [order[i].graph for i in ids],
+                                   tune_top)
+            top = [ids[k] for k in picks]
+            extra = {ids[k] for k in extra}
             full = _measure(profiler, program, [order[i].graph for i in top], deadline, clock)
             for i, m in zip(top, full):
                 tuned += 1
+                tuned_extra += i in extra
                 if m.status == "ok" and m.us is not None and m.us < us[i]:
                     found[i] = m
     except KeyboardInterrupt:
@@ -308,7 +314,9 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     stats.ranked_by = BY_GPU
     stats.profile_note = (f"{len(kept)} of {len(found)} results timed on "
                           f"{stats.profile_device}"
-                          + (f" (first timings, the fastest {tuned} tuned)"
+                          + (f" (first timings, the fastest {tuned - tuned_extra} tuned"
+                             + (f" and the fastest of {tuned_extra} more form(s) close to them"
+                                if tuned_extra else "") + ")"
                              if first is not profiler else "")
                           + f"; {stats.profile_failed} failed to lower or run, "
                           f"{stats.profile_wrong} failed the numeric check (dropped)")
