@@ -149,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     bg.add_argument("--tune-top", type=int, default=4, metavar="K",
                     help="with more μGraphs than K, time each at a few knob settings first and "
                     "tune only the fastest K (default 4), and the fastest of each other form "
-                    "within 1.25x of them")
+                    "within 1.35x of them")
     bg.add_argument("--cache-dir", metavar="DIR",
                     help="tuning cache (default $EGRAPH_MIRAGE_CACHE or ~/.cache/egraph-mirage)")
     bg.add_argument("--no-cache", action="store_true", help="re-time every tuning trial")
