@@ -34,6 +34,7 @@ from .errors import EMError
 from .expr import Term, parse
 from .graph import KernelGraph, abstract_expr
 from .oracle import Oracle
+from .rank.forms import FORM_SLACK
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -149,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     bg.add_argument("--tune-top", type=int, default=4, metavar="K",
                     help="with more μGraphs than K, time each at a few knob settings first and "
                     "tune only the fastest K (default 4), and the fastest of each other form "
-                    "within 1.35x of them")
+                    f"within {FORM_SLACK}x of them")
     bg.add_argument("--cache-dir", metavar="DIR",
                     help="tuning cache (default $EGRAPH_MIRAGE_CACHE or ~/.cache/egraph-mirage)")
     bg.add_argument("--no-cache", action="store_true", help="re-time every tuning trial")
