@@ -93,7 +93,8 @@ def test_size_variants_checked_in_worker_processes_are_the_same_in_the_same_orde
 
 def test_as_many_checking_workers_as_fit_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """A program at its real sizes takes gigabytes per checking process: the workers are as
-    many as fit in ``MEMORY_SHARE`` of the available memory (mha at b = 16: about 10 GB each)."""
+    many as fit in ``verify.CHECK_MEMORY_SHARE`` of the available memory (mha at b = 16: about
+    10 GB each)."""
     from egraph_mirage.rank import sizes as rank_sizes
     verify_module = importlib.import_module("egraph_mirage.verify.verify")  # not the function
 

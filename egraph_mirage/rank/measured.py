@@ -276,10 +276,10 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
         if first is not profiler:
             us = {i: m.us for i, m in enumerate(found) if m.status == "ok" and m.us is not None}
             ids = list(us)
-            picks, extra = to_tune([float(us[i]) for i in ids], [order[i].graph for i in ids],
+            picks, close = to_tune([float(us[i]) for i in ids], [order[i].graph for i in ids],
                                    tune_top)
             top = [ids[k] for k in picks]
-            extra = {ids[k] for k in extra}
+            extra = {ids[k] for k in close}
             full = _measure(profiler, program, [order[i].graph for i in top], deadline, clock)
             for i, m in zip(top, full):
                 tuned += 1

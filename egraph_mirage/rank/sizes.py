@@ -55,8 +55,6 @@ def size_variants(g: KernelGraph, target: KernelGraph | None = None, limit: int 
 
 #: seconds one variant's check must take before the others are checked in worker processes
 PARALLEL_AFTER_S = 2.0
-#: the share of the machine's available memory the checking workers may take together
-MEMORY_SHARE = 0.6
 
 
 def _passing(variants: list[KernelGraph], target: KernelGraph, limit: int,
@@ -67,24 +65,27 @@ def _passing(variants: list[KernelGraph], target: KernelGraph, limit: int,
     check = _Check(target)
     out: list[KernelGraph] = []
     todo = list(variants)
-    shared = False
-    while todo and len(out) < limit and not shared:
+    while todo and len(out) < limit:
         t0 = time.perf_counter()
         h = todo.pop(0)
         if check(h):
             out.append(h)
-        shared = workers > 1 and time.perf_counter() - t0 > PARALLEL_AFTER_S
-    workers = min(workers, len(todo), _workers_that_fit(target))
-    if not todo or len(out) >= limit or workers < 2:
-        for h in todo:
-            if len(out) >= limit:
-                break
-            if check(h):
-                out.append(h)
-        return out
+        if workers > 1 and time.perf_counter() - t0 > PARALLEL_AFTER_S:
+            shared = min(workers, len(todo), _workers_that_fit(target))
+            if shared > 1 and len(out) < limit:
+                return out + _passing_in_workers(todo, target, limit - len(out), shared)
+            workers = 1  # no second check fits: the rest one by one
+    return out
+
+
+def _passing_in_workers(variants: list[KernelGraph], target: KernelGraph, limit: int,
+                        workers: int) -> list[KernelGraph]:
+    """``_passing``'s rest, checked ``workers`` at a time in worker processes, in order."""
     from ..mugraph.serialize import dumps
     from ..search.pool import worker_pool
 
+    out: list[KernelGraph] = []
+    todo = list(variants)
     pool = worker_pool(workers)
     try:
         text = dumps(target)
@@ -99,12 +100,12 @@ def _passing(variants: list[KernelGraph], target: KernelGraph, limit: int,
 
 
 def _workers_that_fit(target: KernelGraph) -> int:
-    """How many checks of variants of ``target`` fit side by side in ``MEMORY_SHARE`` of the
-    memory available now (``verify.checks_that_fit``: 15 workers on a 16-core host can take
-    more than its memory); unlimited where that is unknown."""
+    """How many checks of variants of ``target`` fit side by side in the share of the memory
+    available now that checks may take (``verify.checks_that_fit``: 15 workers on a 16-core
+    host can take more than its memory); unlimited where that is unknown."""
     from ..verify import checks_that_fit
 
-    fit = checks_that_fit(target, MEMORY_SHARE)
+    fit = checks_that_fit(target)
     return 1 << 30 if fit is None else fit
 
 

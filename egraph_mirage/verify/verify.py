@@ -229,9 +229,12 @@ def check_numerics(candidate: KernelGraph, reference: KernelGraph, dtype: DType 
 #: the float64 check's (measured peak: 13 bytes per element for mqa at b = 16), with margin
 CHECK_BYTES_PER_ELEMENT = 24
 CHECK_BASE_BYTES = 1 << 30
+#: the share of the machine's available memory that processes checking candidates may take
+#: together (the search's workers, ``rank.sizes``' checking workers)
+CHECK_MEMORY_SHARE = 0.6
 
 
-def checks_that_fit(program: KernelGraph, share: float = 0.6) -> int | None:
+def checks_that_fit(program: KernelGraph, share: float = CHECK_MEMORY_SHARE) -> int | None:
     """How many processes checking candidates of ``program`` fit side by side in ``share`` of
     the memory available now (at least 1; a program at its real sizes takes gigabytes per
     process); None where the available memory is unknown."""
