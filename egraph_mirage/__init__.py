@@ -31,7 +31,7 @@ from .errors import (
 from .expr import Term, parse
 from .graph import KernelGraph, Tensor, abstract_expr, abstract_term, new_kernel_graph
 from .mugraph import ThreadBlockGraph, new_threadblock_graph
-from .mugraph.reference import run_reference
+from .mugraph.interpreter import run_reference
 from .mugraph.serialize import load, loads
 from .ops import OPS, OpSpec
 from .oracle import Budget, IncompleteSaturationWarning, Oracle, Reachability

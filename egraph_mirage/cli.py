@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--rules", nargs="+", action="extend", metavar="PATH",
                    help="rule files or folders in place of the shipped ones")
 
-    from .search import command as optimize
+    from .pipeline import command as optimize
 
     optimize.add_arguments(sub.add_parser("optimize", help="superoptimize a program"))
     b = sub.add_parser("bench", help="benchmarks of egraph-mirage's own machinery")
@@ -128,7 +128,6 @@ def _parser() -> argparse.ArgumentParser:
                     help="leave out the hand-written reference μGraphs (by default timed in a "
                     "column of their own, never as ours)")
     # kept so that older command lines still run: the reference is always timed now (a note)
-    bg.add_argument("--and-handwritten", action="store_true", help=argparse.SUPPRESS)
     bg.add_argument("--from-search", action="store_true",
                     help="run the search for each program and batch first, into "
                     "DIR/<name>_b<batch>/ (DIR: --mugraph-dir, default "
@@ -177,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "list":
             return _list()
         if args.command == "optimize":
-            from .search import command as optimize
+            from .pipeline import command as optimize
 
             return optimize.run(args)
         if args.command == "oracle":

@@ -13,12 +13,10 @@ Every operator checks its operands through its op-table entry and raises a typed
 from __future__ import annotations
 
 import contextlib
-import importlib
 import itertools
 import math
 import numbers
 import reprlib
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -217,27 +215,6 @@ class KernelGraph(OpShorthands[Tensor]):
                                                      t.params)
         return [values[t.index] for t in self.outputs]
 
-    # --- deprecated: the later stages' entry points are free functions (``egraph_mirage.api``)
-    def to_json(self) -> str:
-        """Deprecated: ``em.to_json(g)``."""
-        return _moved("to_json")(self)
-
-    def save(self, path: Any) -> None:
-        """Deprecated: ``em.save(g, path)``."""
-        _moved("save")(self, path)
-
-    def to_svg(self, path: Any = None) -> str:
-        """Deprecated: ``em.to_svg(g, path)``."""
-        return _moved("to_svg")(self, path)
-
-    def generate_triton_program(self, path: Any, **options: Any) -> str:
-        """Deprecated: ``em.generate_triton_program(g, path, **options)``."""
-        return _moved("generate_triton_program")(self, path, **options)
-
-    def compile(self, **options: Any) -> Any:
-        """Deprecated: ``em.compile(g, **options)``."""
-        return _moved("compile")(self, **options)
-
     def __repr__(self) -> str:
         lines = [f"KernelGraph({len(self.inputs)} inputs, {len(self.operators)} operators)"]
         kernels: dict[int, str] = {}  # graph-defined kernels by identity: k0, k1, ... by first use
@@ -294,10 +271,3 @@ def abstract_expr(T: Tensor) -> str:
     """The abstract expression of tensor ``T`` as s-expression text, in the rule files' syntax."""
     return abstract_term(T).to_sexpr()
 
-
-def _moved(name: str) -> Any:
-    """The free function that replaces method ``name`` (kept one release, with a warning). The
-    facade is looked up when called: this module imports nothing from the later stages."""
-    warnings.warn(f"KernelGraph.{name} is deprecated; use em.{name}(g, ...)", DeprecationWarning,
-                  stacklevel=3)
-    return getattr(importlib.import_module("egraph_mirage.api"), name)

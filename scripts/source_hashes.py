@@ -18,9 +18,9 @@ import json
 import sys
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.lower import LowerOptions
-from egraph_mirage.lower.program import generate_source
+from egraph_mirage.lower.triton_program import generate_source
 
 
 def main(names: list[str]) -> dict[str, str]:
@@ -30,7 +30,7 @@ def main(names: list[str]) -> dict[str, str]:
     for name in names or em.benchmarks.names():
         for b in (1, 8, 16):
             g = em.benchmarks.get(name, b)
-            for i, v in enumerate(reference.variants(name, g)):
+            for i, v in enumerate(fixtures.variants(name, g)):
                 for fuse, swap, pdl in itertools.product((False, True), repeat=3):
                     opts = {"fuse_combines": fuse, "swap_dots": swap, "pdl": pdl}
                     if any(v and k not in knobs for k, v in opts.items()):

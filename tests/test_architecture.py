@@ -131,10 +131,10 @@ def test_moved_and_renamed_names_keep_a_deprecated_alias(tmp_path: Path) -> None
 
     import egraph_mirage as em
     from egraph_mirage import mugraph
-    from egraph_mirage.bench import reference
+    from egraph_mirage.bench import handwritten_fixtures as fixtures
 
     g = em.benchmarks.get("rmsnorm_linear", small=True)
-    h = reference.fused("rmsnorm_linear", g)
+    h = fixtures.fused("rmsnorm_linear", g)
     with pytest.warns(DeprecationWarning, match="em.to_json"):
         assert h.to_json() == em.to_json(h)
     with pytest.warns(DeprecationWarning, match="em.save"):

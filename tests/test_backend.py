@@ -194,7 +194,7 @@ def test_the_real_search_on_a_tiny_space_with_inductor_for_the_rest(tmp_path: Pa
 def test_rms_norm_then_matmul_by_the_fused_kernel(tmp_path: Path) -> None:
     """The one-kernel μGraph of RMSNorm + Linear (hand-written, as the search finds it) as the
     winner: its kernel (which calls ``tl.sum``) replaces the piece and matches eager."""
-    from egraph_mirage.bench.reference import rmsnorm_linear
+    from egraph_mirage.bench.handwritten_fixtures import rmsnorm_linear
 
     backend = Backend(**options(tmp_path, search=StandIn(winner=rmsnorm_linear)))
     x, w = inputs()
@@ -503,11 +503,11 @@ def test_the_pieces_of_a_compilation_share_one_pool_of_workers(tmp_path: Path,
     """A process count starts one pool, warmed up, at the first search of a compilation: every
     piece's search gets it (its budget is not spent starting processes), and it is shut down
     when the compilation ends. A compilation whose pieces all hit the cache starts none."""
-    from egraph_mirage.search import pool
+    from egraph_mirage import processes
 
     started: list[Any] = []
-    real = pool.worker_pool
-    monkeypatch.setattr(pool, "worker_pool", lambda n: started.append(real(n)) or started[-1])
+    real = processes.worker_pool
+    monkeypatch.setattr(processes, "worker_pool", lambda n: started.append(real(n)) or started[-1])
 
     seen: list[Any] = []
 
@@ -665,7 +665,7 @@ def test_inductor_launches_the_generated_kernels_on_a_gpu(tmp_path: Path) -> Non
     """The generated program's ``launch_traced`` (the fused RMSNorm + Linear kernel through
     ``wrap_triton``) traced into Inductor's graph: the output matches eager and no custom op
     runs."""
-    from egraph_mirage.bench.reference import rmsnorm_linear
+    from egraph_mirage.bench.handwritten_fixtures import rmsnorm_linear
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

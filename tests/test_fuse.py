@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference as hw
+from egraph_mirage.bench import handwritten_fixtures as hw
 from egraph_mirage.lower import fuse, generate_source
-from egraph_mirage.lower.program import LowerOptions
+from egraph_mirage.lower.triton_program import LowerOptions
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.errors import EMError
 from egraph_mirage.search.checkpoint import Checkpoint, fingerprint
 from egraph_mirage.search.tasks import TaskResult
@@ -214,8 +214,8 @@ def valid_files() -> list[str]:
     texts = []
     for name in em.benchmarks.names():
         g = em.benchmarks.get(name, small=True)
-        texts += [em.to_json(g), em.to_json(reference.fused(name, g))]
-    texts.append(em.to_json(reference.flash_attention(em.benchmarks.get("mha", small=True))))
+        texts += [em.to_json(g), em.to_json(fixtures.fused(name, g))]
+    texts.append(em.to_json(fixtures.flash_attention(em.benchmarks.get("mha", small=True))))
     return texts
 
 
@@ -286,7 +286,7 @@ def test_mugraph_json_loader() -> None:
 def test_checkpoint_reader(tmp_path: Path) -> None:
     payload = types.SimpleNamespace(target_json="{}", config="config", rules="rules")
     g = em.benchmarks.get("rmsnorm_linear", small=True)
-    stored = em.to_json(reference.fused("rmsnorm_linear", g))
+    stored = em.to_json(fixtures.fused("rmsnorm_linear", g))
     ck = Checkpoint(tmp_path / "base.ckpt", fingerprint(payload, 0))  # type: ignore[arg-type]
     ck.record(TaskResult("k1", [(stored, 1, 1e-5, 1e-10, 2, 1e-3, 0.5)], {"states": 10},
                          {"enumerate": 0.1}))

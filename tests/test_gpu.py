@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.gpu import baselines as bl
 from egraph_mirage.gpu.floor import Floor, io_bytes
 from egraph_mirage.gpu.timing import (
@@ -37,8 +37,8 @@ from egraph_mirage.gpu.tune import (
     tolerance,
     tune,
 )
+from egraph_mirage.lower.cost_model import ProgramCost
 from egraph_mirage.mugraph import ACCUMULATORS
-from egraph_mirage.rank.cost_model import ProgramCost
 from egraph_mirage.rank.measured import rank
 
 NAMES = em.benchmarks.names()
@@ -73,7 +73,7 @@ def test_torch_evaluator_matches_graph_evaluate(name: str) -> None:
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal(t.dims) * 0.5 for t in g.inputs]
     want = g.evaluate(xs)
-    for prog in (g, reference.fused(name, g)):  # the μGraph runs through the table too
+    for prog in (g, fixtures.fused(name, g)):  # the μGraph runs through the table too
         got = evaluate(prog, [torch.tensor(x) for x in xs], torch.float64)
         assert len(got) == len(want)
         for o, r in zip(got, want):
@@ -85,7 +85,7 @@ def test_torch_evaluator_flash_attention(name: str) -> None:
     """Online softmax (running max, rescaled accumulators) agrees with the per-block reference
     interpreter and with the plain program, in float64 and float32."""
     g = em.benchmarks.get(name, small=True)
-    h = reference.flash_attention(g)
+    h = fixtures.flash_attention(g)
     xs = [np.random.default_rng(3).standard_normal(t.dims) for t in g.inputs]
     (blocks,) = em.run_reference(h, xs)
     (plain,) = g.evaluate(xs)
@@ -224,12 +224,12 @@ def test_traffic_comes_from_the_search_s_cost_model() -> None:
     does ``rank`` without a GPU); ``io_bytes`` is the floor, what any version must move."""
     traffic = ProgramCost().traffic_bytes
     g = em.benchmarks.get("ntrans", small=True)
-    h = reference.fused("ntrans", g)
+    h = fixtures.fused("ntrans", g)
     assert traffic(h) == io_bytes(h) == io_bytes(g)  # one kernel, no input re-read: the floor
     assert traffic(g) > io_bytes(g)  # eager writes and re-reads every intermediate
-    r = reference.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear", small=True))
+    r = fixtures.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear", small=True))
     assert traffic(r) > io_bytes(r)  # every block of the grid reads all of X
-    a = reference.fused("gqa", em.benchmarks.get("gqa", small=True))
+    a = fixtures.fused("gqa", em.benchmarks.get("gqa", small=True))
     assert traffic(a) > io_bytes(a)  # split-KV partials cross memory
     for prog in (g, h, r, a):
         assert traffic(prog) == sum(moved for _, moved, _ in ProgramCost().kernels(prog))
@@ -293,7 +293,7 @@ def _torch_compiler(h: em.KernelGraph, knobs: dict[str, Any]) -> Any:
 
 
 def test_cache_key_depends_on_everything() -> None:
-    g = reference.fused("lora", em.benchmarks.get("lora", small=True))
+    g = fixtures.fused("lora", em.benchmarks.get("lora", small=True))
     text = em.to_json(g)
     k = cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "graph")
     assert k == cache_key(text, "NVIDIA H200", {"num_stages": 2, "num_warps": 4}, "graph")
@@ -301,7 +301,7 @@ def test_cache_key_depends_on_everything() -> None:
     assert k != cache_key(text, "NVIDIA H200", {"num_warps": 8, "num_stages": 2}, "graph")
     assert k != cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "plain")
     assert k != cache_key(text, "NVIDIA H200", {"num_warps": 4, "num_stages": 2}, "graph", "v2")
-    other = reference.fused("lora", em.benchmarks.get("lora", batch=2, small=True))
+    other = fixtures.fused("lora", em.benchmarks.get("lora", batch=2, small=True))
     assert k != cache_key(em.to_json(other), "NVIDIA H200", {"num_warps": 4, "num_stages": 2},
                           "graph")
 
@@ -322,7 +322,7 @@ def test_knob_space_tries_the_fused_combine_and_pdl_only_where_they_matter() -> 
     and programmatic dependent launch (``pdl``) changes nothing, so the space has fused, not
     fused, and not fused with pdl. The FlashAttention form is one kernel: neither knob."""
     g = em.benchmarks.get("gqa")
-    split, flash = reference.attention(g), reference.flash_attention(g)
+    split, flash = fixtures.attention(g), fixtures.flash_attention(g)
     quick = {"num_warps": (4, 8), "num_stages": (3,)}
     settings = {(k["fuse_combines"], k["pdl"]) for k in knob_space(quick, split)}
     assert settings == {(True, False), (False, False), (False, True)}
@@ -337,7 +337,7 @@ def test_knob_space_tries_the_fused_combine_and_pdl_only_where_they_matter() -> 
 
 def test_tune_rejects_wrong_and_caches(tmp_path: Any) -> None:
     g = em.benchmarks.get("gated_mlp", small=True)
-    h = reference.fused("gated_mlp", g)
+    h = fixtures.fused("gated_mlp", g)
     sets = input_sets(g, 2, "cpu")
     check = random_inputs(g, "cpu", seed=99)
     space = {"num_warps": (2, 4), "num_stages": (1, 2)}
@@ -360,7 +360,7 @@ def test_tune_rejects_wrong_and_caches(tmp_path: Any) -> None:
 
 def test_rank_by_time_and_by_bytes() -> None:
     g = em.benchmarks.get("lora", small=True)
-    one, two = reference.lora(g), reference.lora_concat(g)
+    one, two = fixtures.lora(g), fixtures.lora_concat(g)
     static = rank([two, one])  # no GPU: the search's cost model decides
     cost = ProgramCost()
     assert [r.estimated_us for r in static] == sorted(cost.seconds(h) * 1e6 for h in (one, two))
@@ -386,7 +386,7 @@ def test_staged_tuning_tries_the_lowering_knobs_then_the_graphs_own() -> None:
     g = em.new_kernel_graph()
     X, W = g.new_input((4, 256), em.float16), g.new_input((256, 256), em.float16)
     g.mark_output(g.matmul(g.rms_norm(X, (256,)), W))
-    h = reference.rmsnorm_linear_split_k(g, reference.Tiles(grid=128))
+    h = fixtures.rmsnorm_linear_split_k(g, fixtures.Tiles(grid=128))
     own = em.lower.graph_knobs(h)
     assert len(own) >= 2
     spaces = []
@@ -411,6 +411,6 @@ def test_staged_tuning_tries_the_lowering_knobs_then_the_graphs_own() -> None:
     assert len(r.trials) == 12 + math.prod(len(v) for v in own.values())
     # a μGraph without knobs of its own: one round
     spaces.clear()
-    tune_staged(reference.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear",
+    tune_staged(fixtures.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear",
                                                                     small=True)), tuner)
     assert len(spaces) == 1

@@ -16,20 +16,20 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage.bench import gpu_bench as gb
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.cli import _parser, main
 from egraph_mirage.errors import GraphError
 from egraph_mirage.gpu.floor import Floor
 from egraph_mirage.gpu.torch_eval import torch_function
 from egraph_mirage.rank.forms import form_label
-from egraph_mirage.rank.sizes import size_variants as real_size_variants
+from egraph_mirage.rank.size_variants import size_variants as real_size_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = {"benchmark", "batch", "device", "ours_us", "ours_graph_us", "baselines_us",
             "baselines_graph_us", "speedup_vs_best", "speedup_vs_best_graph", "floor_us",
             "reference_us", "reference_graph_us", "reference_candidate", "ours_vs_reference",
             "ours_vs_reference_graph"}
-SIZES = "egraph_mirage.rank.sizes"
+SIZES = "egraph_mirage.rank.size_variants"
 
 
 def _sizes(monkeypatch: pytest.MonkeyPatch, fn: Any) -> None:
@@ -56,7 +56,7 @@ def _search_file(folder: Path, name: str, batch: int = 1, h: Any = None) -> Path
     unless ``h`` is given, the reference's first form stands in for what the search found."""
     g = em.benchmarks.get(name, batch=batch, small=True)
     path = folder / f"{name}_b{batch}.json"
-    em.save(reference.fused(name, g) if h is None else h, path)
+    em.save(fixtures.fused(name, g) if h is None else h, path)
     return path
 
 
@@ -281,9 +281,9 @@ def test_wrong_ours_is_not_timed(tmp_path: Path, one_size: list[Any]) -> None:
 def test_single_mugraph_files(tmp_path: Path, one_size: list[Any]) -> None:
     """``DIR/<name>_b<batch>.json`` and ``DIR/<name>_b<batch>_*.json``: μGraphs saved by hand."""
     g = em.benchmarks.get("lora", batch=2, small=True)
-    em.save(reference.lora(g), tmp_path / "lora_b2.json")
-    em.save(reference.lora_concat(g), tmp_path / "lora_b2_1.json")
-    em.save(reference.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b1.json")
+    em.save(fixtures.lora(g), tmp_path / "lora_b2.json")
+    em.save(fixtures.lora_concat(g), tmp_path / "lora_b2_1.json")
+    em.save(fixtures.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b1.json")
     found = gb.candidates("lora", 2, g, str(tmp_path))
     assert len(found.graphs) == 2 and found.source == "search"
     assert found.files == [str(tmp_path / "lora_b2.json"), str(tmp_path / "lora_b2_1.json")]
@@ -292,7 +292,7 @@ def test_single_mugraph_files(tmp_path: Path, one_size: list[Any]) -> None:
     assert found.graphs == [] and found.files == [] and found.source == "search"
     assert gb.candidates("lora", 2, g, None).graphs == []
     (tmp_path / "lora_b2_1.json").unlink()
-    em.save(reference.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b2_2.json")
+    em.save(fixtures.lora(em.benchmarks.get("lora", small=True)), tmp_path / "lora_b2_2.json")
     with pytest.raises(GraphError, match="differ"):
         gb.candidates("lora", 2, g, str(tmp_path))
     (tmp_path / "lora_b2_2.json").unlink()
@@ -352,7 +352,7 @@ def test_optimize_folders_are_what_bench_gpu_reads(tmp_path: Path,
     assert r["speedup_vs_best_graph"] == 8.0 and r["notes"] == []
 
     # a faster hand-written reference fills its own column; ours stays the search's
-    hand = reference.variants("rmsnorm_linear", g)
+    hand = fixtures.variants("rmsnorm_linear", g)
     fake.us[em.to_json(hand[-1])] = 2.5
     (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1],
                              mugraph_dir=str(tmp_path)),
@@ -399,7 +399,7 @@ def test_retargeted_results_are_ordered_by_the_cost_model_at_the_new_batch(
     g16 = em.benchmarks.get("mha", batch=16, small=True)
     folder = tmp_path / "mha"
     folder.mkdir()
-    split, one = reference.attention(g1), reference.attention_one_kernel(g1)
+    split, one = fixtures.attention(g1), fixtures.attention_one_kernel(g1)
     for k, h in enumerate((split, one)):  # the search's order at b = 1
         (folder / f"result_{k}.json").write_text(em.to_json(h))
     files = [str(folder / f"result_{k}.json") for k in range(2)]
@@ -419,7 +419,7 @@ def test_tuning_takes_the_fastest_few_and_the_fastest_of_a_close_form(
     and the fastest of another form within ``FORM_SLACK`` of them too; a form further behind
     is only first-timed."""
     g = em.benchmarks.get("rmsnorm_linear", small=True)
-    one, split = reference.variants("rmsnorm_linear", g)
+    one, split = fixtures.variants("rmsnorm_linear", g)
     ones = real_size_variants(one, target=g, limit=3)  # three sizes of the one-kernel form
     assert len({em.to_json(h) for h in ones}) == 3
     folder = tmp_path / "rmsnorm_linear_b1"
@@ -455,7 +455,7 @@ def test_size_variants_of_each_search_result_are_ours(tmp_path: Path,
     """Each search result is expanded by ``size_variants`` (against the program, with the
     configured limit); a variant met twice is timed once; the row names file and variant."""
     g = em.benchmarks.get("qknorm", small=True)
-    forms = reference.variants("qknorm", g)[:3]  # stand-ins for sizes of one form
+    forms = fixtures.variants("qknorm", g)[:3]  # stand-ins for sizes of one form
     texts = [em.to_json(h) for h in forms]
     assert len(set(texts)) == 3
     em.save(forms[0], tmp_path / "qknorm_b1.json")
@@ -535,7 +535,7 @@ def test_markdown_and_plot(tmp_path: Path, one_size: list[Any]) -> None:
 
 
 def test_rows_written_before_the_reference_column_still_render(tmp_path: Path) -> None:
-    """``docs/gpu_rows.json`` predates the split of ours and the reference."""
+    """``docs/gpu_rows.json`` predates the split of ours and the fixtures."""
     rows = json.loads((ROOT / "docs" / "gpu_rows.json").read_text())
     table = gb.format_table(rows)
     assert len(table.splitlines()) == len(rows) + 1
@@ -562,7 +562,7 @@ def test_gpu_side_imports_without_egglog_or_jax(tmp_path: Path) -> None:
     and the command must all work with both hidden."""
     g = em.benchmarks.get("gqa", small=True)
     (tmp_path / "gqa_b1").mkdir()
-    em.save(reference.fused("gqa", g), tmp_path / "gqa_b1" / "result_0.json")
+    em.save(fixtures.fused("gqa", g), tmp_path / "gqa_b1" / "result_0.json")
     code = textwrap.dedent(f"""
         import sys
         sys.modules["egglog"] = None

@@ -8,7 +8,7 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage.bench import gpu_bench as gb
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 
 pytestmark = pytest.mark.gpu
 
@@ -103,7 +103,7 @@ def test_rmsnorm_linear_is_right_at_every_knob(torch_cuda, batch: int  # type: i
     g = em.benchmarks.get("rmsnorm_linear", batch=batch)
     xs = random_inputs(g, "cuda", seed=11)
     ran, wrong = 0, []
-    for i, h in enumerate(reference.variants("rmsnorm_linear", g)):
+    for i, h in enumerate(fixtures.variants("rmsnorm_linear", g)):
         swap = em.lower.graph_knobs(h).get("swap_dots", (False,))
         for warps, stages, sw in itertools.product((4, 8), (2, 3), swap):
             fn = em.compile(h, num_warps=warps, num_stages=stages, swap_dots=sw)
@@ -131,13 +131,13 @@ def test_programs_launched_with_pdl_are_right(torch_cuda, name: str  # type: ign
     xs = random_inputs(g, "cuda", seed=12)
     hopper = torch_cuda.cuda.get_device_capability()[0] >= 9
     ran = 0
-    for h in reference.variants(name, g):
+    for h in fixtures.variants(name, g):
         if "pdl" not in em.lower.graph_knobs(h):
             continue
         fn = em.compile(h, fuse_combines=False, pdl=True, num_stages=3)
         assert bool(fn.module.PDL) == hopper
         ok, err = check(fn, g, xs)
-        assert ok, (reference.variants(name, g).index(h), err)
+        assert ok, (fixtures.variants(name, g).index(h), err)
         ran += 1
     if not ran:
         pytest.skip(f"no hand-written {name} launches two kernels")
@@ -153,7 +153,7 @@ def test_handwritten_mugraphs_lower_and_tune(torch_cuda, tmp_path: Path  # type:
         pytest.skip("egraph_mirage.lower has no compile entry point yet")
     timer = CudaTimer(TimingConfig(rep_ms=10, graph_replay_ms=2, graph_replays=3))
     g = em.benchmarks.get("rmsnorm_linear")
-    h = reference.fused("rmsnorm_linear", g)
+    h = fixtures.fused("rmsnorm_linear", g)
     r = tune(h, g, compiler=compiler, timer=timer, input_sets=input_sets(g, 2, "cuda"),
              check_inputs=random_inputs(g, "cuda", seed=9), device="gpu-test",
              cache=TuneCache(tmp_path))
@@ -170,8 +170,8 @@ def test_one_row_on_the_gpu(torch_cuda, tmp_path: Path,  # type: ignore[no-untyp
     from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
 
     # a μGraph file stands in for the search's result, at its own sizes only
-    em.save(reference.fused("gqa", em.benchmarks.get("gqa", small=True)), tmp_path / "gqa_b1.json")
-    monkeypatch.setitem(sys.modules, "egraph_mirage.rank.sizes", types.SimpleNamespace(
+    em.save(fixtures.fused("gqa", em.benchmarks.get("gqa", small=True)), tmp_path / "gqa_b1.json")
+    monkeypatch.setitem(sys.modules, "egraph_mirage.rank.size_variants", types.SimpleNamespace(
         size_variants=lambda g, target=None, limit=None: [g]))
     cfg = gb.GpuBenchConfig(programs=["gqa"], batches=[1], use_compile=False,
                             cache_dir=str(tmp_path), small=True, mugraph_dir=str(tmp_path))

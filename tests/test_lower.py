@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.lower import ACCUMULATOR_EMISSIONS, generate_source
-from egraph_mirage.lower.program import pdl_head
+from egraph_mirage.lower.triton_program import pdl_head
 from egraph_mirage.mugraph import ACCUMULATORS
 from egraph_mirage.ops import BLOCK
 
@@ -59,10 +59,10 @@ def _check(h: em.KernelGraph, dtype: em.DType, reference: Callable | None = None
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_handwritten_small(name: str, dtype: em.DType) -> None:
     g = em.benchmarks.get(name, small=True, dtype=dtype)
-    _check(reference.fused(name, g), dtype, reference=g.evaluate)
+    _check(fixtures.fused(name, g), dtype, reference=g.evaluate)
 
 
-FORMS = [(name, k) for name in BENCHMARKS for k in range(len(reference.BUILDERS[name]))]
+FORMS = [(name, k) for name in BENCHMARKS for k in range(len(fixtures.BUILDERS[name]))]
 
 
 @pytest.mark.parametrize("name,form", FORMS, ids=[f"{n}-{k}" for n, k in FORMS])
@@ -71,11 +71,11 @@ def test_every_handwritten_form_small(name: str, form: int) -> None:
     benchmark, at its default tiles (a form whose tiles overflow the default shared memory at
     the small shapes is built under the H100/H200 budget)."""
     g = em.benchmarks.get(name, small=True)
-    build = reference.BUILDERS[name][form]
+    build = fixtures.BUILDERS[name][form]
     try:
         h = build(g)
     except em.ResourceError:
-        h = build(g, reference.Tiles(smem=reference.HOPPER_SMEM_BYTES))
+        h = build(g, fixtures.Tiles(smem=fixtures.HOPPER_SMEM_BYTES))
     _check(h, em.float16, reference=g.evaluate)
 
 
@@ -83,7 +83,7 @@ def test_split_kv_attention_takes_the_shared_memory_budget_of_its_tiles() -> Non
     """64 query rows against 128 keys per step overflow the default budget by a few bytes;
     under the H100/H200 budget the split-KV form builds (``variants`` offers it), and its
     kernel keeps those tiles."""
-    hw = reference
+    hw = fixtures
     g = em.benchmarks.get("gqa")
     with pytest.raises(em.ResourceError, match="over the budget of 98304"):
         hw.attention(g, hw.Tiles(loop=128))
@@ -96,7 +96,7 @@ def test_split_kv_attention_takes_the_shared_memory_budget_of_its_tiles() -> Non
 @pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
 def test_lora_concat_small(dtype: em.DType) -> None:
     g = em.benchmarks.get("lora", small=True, dtype=dtype)
-    _check(reference.lora_concat(g), dtype, reference=g.evaluate)
+    _check(fixtures.lora_concat(g), dtype, reference=g.evaluate)
 
 
 @pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
@@ -106,7 +106,7 @@ def test_flash_attention_small(name: str, dtype: em.DType) -> None:
     on inputs large enough that exponentiating without the max would overflow fp16; the
     interpreter agrees with the plain program."""
     g = em.benchmarks.get(name, small=True, dtype=dtype)
-    h = reference.flash_attention(g)
+    h = fixtures.flash_attention(g)
     _check(h, dtype, scale=3.0)
     _, xs = _inputs(g, dtype, scale=3.0)
     assert np.allclose(em.run_reference(h, xs)[0], g.evaluate(xs)[0], rtol=1e-9, atol=1e-9)
@@ -114,14 +114,14 @@ def test_flash_attention_small(name: str, dtype: em.DType) -> None:
 
 def test_rmsnorm_linear_gain_small() -> None:
     g = em.benchmarks.get("rmsnorm_linear", small=True, dtype=em.float16, gain=True)
-    _check(reference.fused("rmsnorm_linear", g), em.float16, reference=g.evaluate)
+    _check(fixtures.fused("rmsnorm_linear", g), em.float16, reference=g.evaluate)
 
 
 @pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
 def test_bfloat16_runs_with_fp32_dots(name: str) -> None:
     """bf16 tl.dot is wrong in the interpreter: compile() casts dot operands to fp32 there."""
     g = em.benchmarks.get(name, small=True, dtype=em.bfloat16)
-    h = reference.fused(name, g)
+    h = fixtures.fused(name, g)
     assert "tl.bfloat16" in generate_source(h)
     fn = em.compile(h)
     assert ("tl.dot(b0.to(tl.float32)" in fn.source) == fn.interpret
@@ -293,14 +293,14 @@ def test_a_tile_feeding_a_large_dot_and_register_code_is_loaded_twice() -> None:
     """RMSNorm + Linear at 64 rows: X's tile feeds the 64-row dot (Hopper's wgmma, whose
     operands Triton stages in shared memory) and the sum of squares, so the sum of squares reads
     its own ``.cg`` load of the tile (Triton 3.6 miscompiled the shared use on an H200); at 32
-    rows the code keeps one load. Either way the numbers match the reference."""
+    rows the code keeps one load. Either way the numbers match the fixtures."""
     big = em.benchmarks.get("rmsnorm_linear", batch=32, small=True)  # X (64, 64)
-    h = reference.fused("rmsnorm_linear", big)
+    h = fixtures.fused("rmsnorm_linear", big)
     src = generate_source(h)
     assert 'b0_r = tl.load(in0 + b0_off + i * 16, cache_modifier=".cg")' in src
     assert "tl.dot(b0, b1)" in src and "b0_r.to(tl.float32) * b0_r.to(tl.float32)" in src
     _check(h, em.float16, reference=big.evaluate)
-    small = reference.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear", batch=16,
+    small = fixtures.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear", batch=16,
                                                                      small=True))
     assert "_r = tl.load" not in generate_source(small)
 
@@ -313,7 +313,7 @@ def test_swap_dots_writes_a_few_row_dot_transposed() -> None:
         g = em.new_kernel_graph()
         X, W = g.new_input((4, 256), dtype), g.new_input((256, 256), dtype)
         g.mark_output(g.matmul(g.rms_norm(X, (256,)), W))
-        h = reference.rmsnorm_linear_split_k(g, reference.Tiles(grid=128))
+        h = fixtures.rmsnorm_linear_split_k(g, fixtures.Tiles(grid=128))
         assert em.lower.graph_knobs(h)["swap_dots"] == (False, True)
         _check(h, dtype, reference=g.evaluate, swap_dots=True)
     src = generate_source(h, em.lower.LowerOptions(swap_dots=True))
@@ -321,13 +321,13 @@ def test_swap_dots_writes_a_few_row_dot_transposed() -> None:
     assert ("b0_r = tl.load(in0 + b0_off + i * 16, mask=b0_mask, other=0.0, "
             'cache_modifier=".cg")') in src
     assert "tl.trans" not in generate_source(h)
-    small = reference.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear",
+    small = fixtures.fused("rmsnorm_linear", em.benchmarks.get("rmsnorm_linear",
                                                                      small=True))
     assert "swap_dots" not in em.lower.graph_knobs(small)  # 32-column tiles: nothing to swap
     # attention's dots (rank-3 tiles, P computed) are never swapped
     gqa = em.benchmarks.get("gqa")
     assert not any("swap_dots" in em.lower.graph_knobs(v)
-                   for v in reference.variants("gqa", gqa))
+                   for v in fixtures.variants("gqa", gqa))
 
 
 def test_pdl_lets_each_kernel_after_the_first_wait_for_the_one_before() -> None:
@@ -337,7 +337,7 @@ def test_pdl_lets_each_kernel_after_the_first_wait_for_the_one_before() -> None:
     is off under the interpreter, so the numbers are the program's. With the combine fused
     the program is one launch and ``pdl`` changes nothing."""
     g = em.benchmarks.get("rmsnorm_linear", small=True)
-    h = reference.rmsnorm_linear_split_k(g)
+    h = fixtures.rmsnorm_linear_split_k(g)
     assert em.lower.graph_knobs(h)["pdl"] == (False, True)
     src = generate_source(h, em.lower.LowerOptions(fuse_combines=False, pdl=True))
     first, second = src.split("def kernel_1(")
@@ -349,7 +349,7 @@ def test_pdl_lets_each_kernel_after_the_first_wait_for_the_one_before() -> None:
     _check(h, em.float16, reference=g.evaluate, fuse_combines=False, pdl=True)
     assert generate_source(h, em.lower.LowerOptions(pdl=True)) == generate_source(h)
     assert em.lower.canonical_knobs(h, {"fuse_combines": True, "pdl": True})["pdl"] is False
-    assert "pdl" not in em.lower.graph_knobs(reference.flash_attention(
+    assert "pdl" not in em.lower.graph_knobs(fixtures.flash_attention(
         em.benchmarks.get("gqa", small=True)))  # one kernel
     # a kernel between two others waits, then lets the next launch
     middle = "\n".join(pdl_head(1, 3))
@@ -479,7 +479,7 @@ def test_silu_is_x_sigmoid_x() -> None:
 
 @pytest.mark.parametrize("name", sorted(n for n in em.OPS if n != "customized"))
 def test_host_emission_matches_reference(name: str) -> None:
-    """Every library operator's torch text computes its op-table reference."""
+    """Every library operator's torch text computes its op-table fixtures."""
     rng = np.random.default_rng(1)
     shapes = {"matmul": [(2, 3, 4), (1, 4, 5)], "concat": [(2, 1, 4), (2, 3, 1)],
               "rms_norm": [(2, 3, 4), (1, 1, 4)]}.get(name, [(2, 3, 4), (2, 1, 4)])
@@ -528,7 +528,7 @@ def test_bad_options_and_inputs() -> None:
 def test_program_file_is_standalone(tmp_path: Path) -> None:
     """The written file runs in a process where egraph_mirage, egglog and JAX cannot import."""
     g = em.benchmarks.get("rmsnorm_linear", small=True, dtype=em.float32)
-    h = reference.fused("rmsnorm_linear", g)
+    h = fixtures.fused("rmsnorm_linear", g)
     path = tmp_path / "program.py"
     source = em.generate_triton_program(h, path, num_warps=2)
     assert path.read_text() == source and "NUM_WARPS = 2" in source
@@ -562,7 +562,7 @@ from egraph_mirage.bench import reference
 import egraph_mirage.lower
 assert "triton" not in sys.modules and "torch" not in sys.modules, "eager import"
 g = em.benchmarks.get("gqa", small=True)
-src = egraph_mirage.lower.generate_source(reference.fused("gqa", g))
+src = egraph_mirage.lower.generate_source(fixtures.fused("gqa", g))
 assert "triton" not in sys.modules and src.count("@triton.jit") == 2
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -572,15 +572,15 @@ assert "triton" not in sys.modules and src.count("@triton.jit") == 2
 
 # --- GPU ------------------------------------------------------------------------------------------
 
-BUILDERS = {name: (name, reference.fused) for name in BENCHMARKS}
-BUILDERS["lora_concat"] = ("lora", lambda name, g: reference.lora_concat(g))
-BUILDERS["flash_gqa"] = ("gqa", lambda name, g: reference.flash_attention(g))
-BUILDERS["one_kernel_mqa"] = ("mqa", lambda name, g: reference.attention_one_kernel(g))
-BUILDERS["qknorm_one_kernel"] = ("qknorm", lambda name, g: reference.qknorm_one_kernel(
-    g, reference.Tiles(smem=reference.HOPPER_SMEM_BYTES)))
+BUILDERS = {name: (name, fixtures.fused) for name in BENCHMARKS}
+BUILDERS["lora_concat"] = ("lora", lambda name, g: fixtures.lora_concat(g))
+BUILDERS["flash_gqa"] = ("gqa", lambda name, g: fixtures.flash_attention(g))
+BUILDERS["one_kernel_mqa"] = ("mqa", lambda name, g: fixtures.attention_one_kernel(g))
+BUILDERS["qknorm_one_kernel"] = ("qknorm", lambda name, g: fixtures.qknorm_one_kernel(
+    g, fixtures.Tiles(smem=fixtures.HOPPER_SMEM_BYTES)))
 BUILDERS["rmsnorm_linear_split_k"] = ("rmsnorm_linear",
-                                      lambda name, g: reference.rmsnorm_linear_split_k(g))
-BUILDERS["gated_mlp_split_k"] = ("gated_mlp", lambda name, g: reference.gated_mlp_split_k(g))
+                                      lambda name, g: fixtures.rmsnorm_linear_split_k(g))
+BUILDERS["gated_mlp_split_k"] = ("gated_mlp", lambda name, g: fixtures.gated_mlp_split_k(g))
 
 
 @pytest.mark.gpu
@@ -603,7 +603,7 @@ def test_the_lowering_is_a_list_of_named_stages() -> None:
     from egraph_mirage.lower import LowerOptions, lowering_stages
 
     g = em.benchmarks.get("gqa", small=True)
-    h = reference.fused("gqa", g)
+    h = fixtures.fused("gqa", g)
     done = lowering_stages(h, LowerOptions(pdl=True))
     assert list(done) == ["plan", "emit", "program"]
     assert len(done["plan"].order) >= 1 and all(done["plan"].names.values())

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.lower import generate_source
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
@@ -34,7 +34,7 @@ def _check(name: str, source: str) -> None:
 def test_rmsnorm_linear_source_snapshot() -> None:
     g = em.benchmarks.get("rmsnorm_linear", small=True)
     _check("rmsnorm_linear_small.py.snap",
-           generate_source(reference.fused("rmsnorm_linear", g)))
+           generate_source(fixtures.fused("rmsnorm_linear", g)))
 
 
 def test_fused_split_k_source_snapshot() -> None:
@@ -43,7 +43,7 @@ def test_fused_split_k_source_snapshot() -> None:
     g = em.new_kernel_graph()
     X, W = g.new_input((2, 256)), g.new_input((256, 32))
     g.mark_output(g.matmul(g.rms_norm(X, (256,)), W))
-    h = reference.rmsnorm_linear_split_k(g, reference.Tiles(grid=16, splits=4))
+    h = fixtures.rmsnorm_linear_split_k(g, fixtures.Tiles(grid=16, splits=4))
     _check("rmsnorm_linear_split_k_fused.py.snap", generate_source(h))
 
 
@@ -51,4 +51,4 @@ def test_one_kernel_attention_source_snapshot() -> None:
     """Attention in one kernel: every tile is (1, rows, cols), written as 2-D blocks (the batch
     dimension of one left out), so both products are plain tl.dot calls."""
     g = em.benchmarks.get("gqa", small=True)
-    _check("gqa_one_kernel_small.py.snap", generate_source(reference.attention_one_kernel(g)))
+    _check("gqa_one_kernel_small.py.snap", generate_source(fixtures.attention_one_kernel(g)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 
 
 def _xw(m: int = 4, k: int = 64, n: int = 32) -> tuple[em.KernelGraph, em.Tensor, em.Tensor]:
@@ -165,7 +165,7 @@ def test_hand_written_mugraphs(name: str) -> None:
     """Block-by-block interpreter == vectorised evaluator == the program, and every tensor of
     the μGraph is reachable in the program's e-graph."""
     g = em.benchmarks.get(name, small=True)
-    h = reference.fused(name, g)
+    h = fixtures.fused(name, g)
     rng = np.random.default_rng(2)
     xs = [rng.standard_normal(t.dims) for t in g.inputs]
     want = g.evaluate(xs)[0]
@@ -177,7 +177,7 @@ def test_hand_written_mugraphs(name: str) -> None:
 
 def test_thread_chains_group_elementwise_ops() -> None:
     g = em.benchmarks.get("ntrans", small=True)
-    h = reference.fused("ntrans", g)
+    h = fixtures.fused("ntrans", g)
     tb = h.outputs[0].params["kernel"].tb
     chains = tb.thread_chains()
     ops = [[t.op for t in c] for c in chains]

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.mugraph.draw import mugraph_dot, mugraph_svg
 from egraph_mirage.viz import RenderError
 
 
 def fused(name: str) -> em.KernelGraph:
-    return reference.fused(name, em.benchmarks.get(name, small=True))
+    return fixtures.fused(name, em.benchmarks.get(name, small=True))
 
 
 def kernels(g: em.KernelGraph) -> list:
@@ -99,7 +99,7 @@ def test_structure_of_the_dot_text() -> None:
 
 
 def test_library_operators_are_plain_boxes() -> None:
-    h = reference.lora_concat(em.benchmarks.get("lora", small=True))
+    h = fixtures.lora_concat(em.benchmarks.get("lora", small=True))
     dot = mugraph_dot(h)
     assert len(re.findall(r"subgraph cluster_k\d+ \{", dot)) == 2
     concats = re.findall(r"^\s+op\d+ \[label=<<b>concat</b>", dot, re.MULTILINE)

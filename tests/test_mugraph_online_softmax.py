@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
-from egraph_mirage.bench.reference import _same_inputs, _tile
+from egraph_mirage.bench import handwritten_fixtures as fixtures
+from egraph_mirage.bench.handwritten_fixtures import _same_inputs, _tile
 from egraph_mirage.mugraph.mutate import mutants
 
 ATTENTION = ("gqa", "mha", "mqa")
@@ -46,7 +46,7 @@ def _inputs(g: em.KernelGraph, scale: float = 1.0, seed: int = 0) -> list[np.nda
 @pytest.mark.parametrize("name", ATTENTION)
 def test_flash_attention_matches_and_verifies(name: str) -> None:
     g = em.benchmarks.get(name, small=True)
-    h = reference.flash_attention(g)
+    h = fixtures.flash_attention(g)
     assert len(h.operators) == 1 and h.operators[0].op == "customized"  # one kernel
     xs = _inputs(g)
     (want,) = g.evaluate(xs)
@@ -64,7 +64,7 @@ def test_max_subtraction_keeps_large_scores_finite() -> None:
     """Scores around 1000: exp overflows without the max, not with it (the block-by-block
     interpreter, the literal online algorithm, stays finite and matches a stable softmax)."""
     g = em.benchmarks.get("mqa", small=True)
-    h = reference.flash_attention(g)
+    h = fixtures.flash_attention(g)
     xs = _inputs(g, scale=8.0, seed=1)
     Q, K, V = xs
     s = Q @ K
@@ -201,7 +201,7 @@ def test_serialize_draw_and_mutants() -> None:
     from egraph_mirage.mugraph.draw import mugraph_dot
 
     g = em.benchmarks.get("mha", small=True)
-    h = reference.flash_attention(g)
+    h = fixtures.flash_attention(g)
     again = em.loads(em.to_json(h))
     assert em.to_json(again) == em.to_json(h) and em.verify(g, again).equivalent
     dot = mugraph_dot(h)
@@ -211,7 +211,7 @@ def test_serialize_draw_and_mutants() -> None:
 
 def test_rescale_mutants_are_rejected() -> None:
     g = em.benchmarks.get("gqa", small=True)
-    h = reference.flash_attention(g)
+    h = fixtures.flash_attention(g)
     v = em.Verifier(g, backend="numpy")
     seen = 0
     for kind, m in mutants(h, random.Random(1)):

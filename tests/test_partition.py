@@ -1,4 +1,4 @@
-"""Partitioning whole models into pieces for the search (``egraph_mirage.fx.partition``): the
+"""Partitioning whole models into pieces for the search (``egraph_mirage.fx.pieces``): the
 rewritten module matches eager, has no cycle, keeps the caps, and leaves unsupported operators
 outside the pieces."""
 

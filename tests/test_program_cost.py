@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
-from egraph_mirage.bench.reference import attention as split_kv_attention
-from egraph_mirage.rank.cost_model import ProgramCost
+from egraph_mirage.bench import handwritten_fixtures as fixtures
+from egraph_mirage.bench.handwritten_fixtures import attention as split_kv_attention
+from egraph_mirage.lower.cost_model import ProgramCost
 
 
 def test_batch_dimensions_of_a_matmul_are_not_padded() -> None:
@@ -47,8 +47,8 @@ def test_a_fused_combine_pays_no_launch() -> None:
     (``lower.fuse``), so the estimate charges one launch for the two kernels; without fusion,
     two. A plan with nothing to fuse costs the same either way."""
     g = em.benchmarks.get("rmsnorm_linear")
-    split = reference.rmsnorm_linear_split_k(g)
-    one = reference.rmsnorm_linear(g)
+    split = fixtures.rmsnorm_linear_split_k(g)
+    one = fixtures.rmsnorm_linear(g)
     fused, apart = ProgramCost(), ProgramCost(fused_combines=False)
     assert fused.launches(split) == apart.launches(split) == 2
     assert abs(apart.seconds(split) - fused.seconds(split) - apart.launch_seconds) < 1e-12

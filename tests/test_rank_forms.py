@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.mugraph.serialize import dumps, loads
 from egraph_mirage.rank.forms import FORM_SLACK, form, form_label, rank_correlation, spread, to_tune
 from egraph_mirage.rank.measured import BY_GPU, Measurement, profile_stage
@@ -21,7 +21,7 @@ def forms() -> tuple[em.KernelGraph, list[em.KernelGraph]]:
     """rmsnorm_linear at small shapes (library operators only) and two copies of its
     hand-written one-kernel form."""
     g = em.benchmarks.get("rmsnorm_linear", small=True)
-    fused = reference.variants("rmsnorm_linear", g)[0]
+    fused = fixtures.variants("rmsnorm_linear", g)[0]
     return g, [fused, loads(dumps(fused))]
 
 

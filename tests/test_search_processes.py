@@ -251,12 +251,12 @@ def test_workers_need_no_importable_main_module(tmp_path: Path, how: str) -> Non
 
 
 def test_a_main_module_without_a_file_is_put_back_after_workers_start(monkeypatch) -> None:
-    from egraph_mirage.search import pool
+    from egraph_mirage import processes
 
     main = sys.modules["__main__"]
     monkeypatch.setattr(main, "__file__", "<stdin>", raising=False)
     monkeypatch.setattr(main, "__spec__", None, raising=False)
-    with pool.worker_pool(1) as ex:
+    with processes.worker_pool(1) as ex:
         assert ex.submit(textwrap.dedent, "  x").result() == "x"
     assert main.__file__ == "<stdin>" and main.__spec__ is None
 
@@ -267,12 +267,12 @@ def test_workers_share_the_cores_among_their_libraries_threads(
     """Each worker's BLAS and OpenMP threads are its share of the cores (15 workers on 16
     cores would otherwise run a thread per core each); a count the caller set is kept, and the
     caller's own environment is left as it was."""
-    from egraph_mirage.search import pool
+    from egraph_mirage import processes
 
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("MKL_NUM_THREADS", "3")
-    with pool.worker_pool(workers) as ex:
+    with processes.worker_pool(workers) as ex:
         got = ex.submit(os.getenv, "OPENBLAS_NUM_THREADS").result()
         kept = ex.submit(os.getenv, "MKL_NUM_THREADS").result()
     assert (got, kept) == (threads, "3")
@@ -287,7 +287,7 @@ def test_a_ctrl_c_while_waiting_for_tasks_is_raised_when_the_wait_is_over(
     setting their results, would then block for ever (the clean-up and the exit with it)."""
     import concurrent.futures as cf
 
-    from egraph_mirage.search import driver
+    from egraph_mirage.pipeline import stages
     from egraph_mirage.search.progress import Progress
 
     fut: cf.Future = cf.Future()
@@ -300,9 +300,9 @@ def test_a_ctrl_c_while_waiting_for_tasks_is_raised_when_the_wait_is_over(
         fut.set_result(None)
         return {fut}, set()
 
-    monkeypatch.setattr(driver.cf, "wait", wait)
+    monkeypatch.setattr(stages.cf, "wait", wait)
     with pytest.raises(KeyboardInterrupt):
-        driver._collect([fut], None, lambda res, fresh: None, [False],
+        stages._collect([fut], None, lambda res, fresh: None, [False],
                         Progress("off", 1.0, time.perf_counter()), lambda: None)
     assert waits == ["returned"], "the Ctrl-C was raised inside the wait"
 
@@ -314,7 +314,7 @@ def test_tasks_still_running_after_the_deadline_and_its_overrun_are_left_behind(
     then ended). The deadline lies in the past: nothing here waits for a time to pass."""
     import concurrent.futures as cf
 
-    from egraph_mirage.search import driver
+    from egraph_mirage.pipeline import stages
     from egraph_mirage.search.progress import Progress
     from egraph_mirage.search.tasks import TaskResult
 
@@ -325,7 +325,7 @@ def test_tasks_still_running_after_the_deadline_and_its_overrun_are_left_behind(
     done.set_result(TaskResult("came back"))
     absorbed: list[str] = []
     behind = [0]
-    complete = driver._collect([running, queued, done], time.time() - driver.OVERRUN_S - 1,
+    complete = stages._collect([running, queued, done], time.time() - stages.OVERRUN_S - 1,
                                lambda res, fresh: absorbed.append(res.task), [False],
                                Progress("off", 1.0, time.perf_counter()), lambda: None, behind)
     assert complete is False
@@ -336,6 +336,6 @@ def test_tasks_still_running_after_the_deadline_and_its_overrun_are_left_behind(
     late: cf.Future = cf.Future()
     assert late.set_running_or_notify_cancel()
     threading.Timer(0.2, late.set_result, [TaskResult("late")]).start()
-    assert driver._collect([late], time.time() - 1, lambda res, fresh: absorbed.append(res.task),
+    assert stages._collect([late], time.time() - 1, lambda res, fresh: absorbed.append(res.task),
                            [False], Progress("off", 1.0, time.perf_counter()), lambda: None)
     assert absorbed == ["came back", "late"]

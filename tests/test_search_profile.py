@@ -18,8 +18,9 @@ import pytest
 from search_space import TINY
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.lower import graph_knobs
+from egraph_mirage.pipeline.results_folder import result_files, write_results
 from egraph_mirage.rank.forms import spread
 from egraph_mirage.rank.measured import (
     BY_COST_MODEL,
@@ -30,7 +31,6 @@ from egraph_mirage.rank.measured import (
     profile_stage,
 )
 from egraph_mirage.search import SearchConfig, SearchError, SearchResults, superoptimize
-from egraph_mirage.search.outdir import result_files, write_results
 from egraph_mirage.search.results import SearchResult, SearchStats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,9 +79,9 @@ class FakeGpu:
 
 def test_profile_ranks_by_measured_time(rmsnorm: em.KernelGraph, by_cost: SearchResults,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from egraph_mirage.search import driver
+    from egraph_mirage.pipeline import stages
 
-    monkeypatch.setattr(driver, "PROFILE_SIZES", 1)  # the search's own sizes only (see below)
+    monkeypatch.setattr(stages, "PROFILE_SIZES", 1)  # the search's own sizes only (see below)
     texts = [r.to_json() for r in by_cost]
     assert len(texts) >= 4
     # measured times in the reverse of the cost model's order: the GPU must win
@@ -181,7 +181,7 @@ class Broken:
 ])
 def test_a_broken_profiler_never_loses_the_results(profiler: Broken, note: str) -> None:
     g = em.benchmarks.get("lora", small=True)
-    ranked = _results([reference.lora(g), reference.lora_concat(g)])
+    ranked = _results([fixtures.lora(g), fixtures.lora_concat(g)])
     stats = SearchStats()
     assert profile_stage(list(ranked), g, stats, profiler) == ranked
     assert stats.ranked_by == BY_COST_MODEL and note in stats.profile_note
@@ -190,7 +190,7 @@ def test_a_broken_profiler_never_loses_the_results(profiler: Broken, note: str) 
 
 def test_an_interrupted_search_is_not_profiled() -> None:
     g = em.benchmarks.get("lora", small=True)
-    ranked = _results([reference.lora(g)])
+    ranked = _results([fixtures.lora(g)])
     stats = SearchStats(interrupted=True)
     assert profile_stage(list(ranked), g, stats, Broken(count=1)) == ranked
     assert stats.ranked_by == BY_COST_MODEL and "interrupted" in stats.profile_note
@@ -361,7 +361,7 @@ def test_profiling_times_the_best_structures_at_other_sizes_too(
 def test_the_time_budget_is_counted_from_the_start(rmsnorm: em.KernelGraph,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """``superoptimize`` hands the profile stage the deadline it set when it was called."""
-    from egraph_mirage.search import driver
+    from egraph_mirage.pipeline import stages
 
     seen: dict[str, Any] = {}
 
@@ -374,16 +374,16 @@ def test_the_time_budget_is_counted_from_the_start(rmsnorm: em.KernelGraph,
         seen["search deadline"] = deadline
         return run_task(payload, task, deadline, *args)
 
-    run_task = driver.run_task
-    monkeypatch.setattr(driver, "profile_stage", stage)
-    monkeypatch.setattr(driver, "run_task", task)
+    run_task = stages.run_task
+    monkeypatch.setattr(stages, "profile_stage", stage)
+    monkeypatch.setattr(stages, "run_task", task)
     before = time.time()
     superoptimize(rmsnorm, TINY, time_budget=1000.0, workers=1, progress=False, profile=True,
                   profiler=Broken())
     after = time.time()
     assert before + 1000.0 <= seen["deadline"] <= after + 1000.0
     # the search stops at its share of the budget: the rest is the profiling's
-    share = driver.SEARCH_SHARE * 1000.0
+    share = stages.SEARCH_SHARE * 1000.0
     assert before + share <= seen["search deadline"] <= after + share < before + 1000.0
     superoptimize(rmsnorm, TINY, workers=1, progress=False, profile=True, profiler=Broken())
     assert seen["deadline"] is None

@@ -11,7 +11,7 @@ import pytest
 from search_space import TINY
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.cli import main
 from egraph_mirage.search import superoptimize
 from egraph_mirage.search.progress import BAR, OFF, mode
@@ -88,7 +88,7 @@ def test_bad_progress_interval_is_refused(rmsnorm) -> None:
 
 def test_a_mugraph_prints_readably() -> None:
     g = em.benchmarks.get("rmsnorm_linear", small=True)
-    h = reference.rmsnorm_linear_split_k(g)
+    h = fixtures.rmsnorm_linear_split_k(g)
     text = repr(h)
     assert "object at 0x" not in text
     k0, k1 = (t.params["kernel"] for t in h.operators if t.params["output"] == 0)

@@ -11,7 +11,7 @@ from search_space import TINY
 from search_space import texts as _texts
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.search import superoptimize
 from egraph_mirage.search.checkpoint import CheckpointWarning
 
@@ -79,7 +79,7 @@ def test_a_stored_result_of_another_program_is_dropped_not_fatal(rmsnorm, tmp_pa
     first = superoptimize(rmsnorm, TINY, workers=1, checkpoint=path, progress=False,
                           max_tasks=40)
     assert first
-    other = em.to_json(reference.fused("lora", em.benchmarks.get("lora", small=True)))
+    other = em.to_json(fixtures.fused("lora", em.benchmarks.get("lora", small=True)))
     data = json.loads(path.read_text())
     task = next(t for t in data["tasks"] if t["found"])
     task["found"][0][0] = other

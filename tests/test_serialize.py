@@ -14,7 +14,7 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage import benchmarks
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.mugraph.serialize import FORMAT, VERSION, SerializationError
 
 
@@ -22,10 +22,10 @@ def _programs() -> dict[str, Callable[[], em.KernelGraph]]:
     progs: dict[str, Callable[[], em.KernelGraph]] = {}
     for name in benchmarks.names():
         progs[name] = lambda name=name: benchmarks.get(name, small=True)
-        progs[f"fused-{name}"] = lambda name=name: reference.fused(
+        progs[f"fused-{name}"] = lambda name=name: fixtures.fused(
             name, benchmarks.get(name, small=True))
-    progs["lora_concat"] = lambda: reference.lora_concat(benchmarks.get("lora", small=True))
-    progs["rmsnorm_linear-gain"] = lambda: reference.rmsnorm_linear(
+    progs["lora_concat"] = lambda: fixtures.lora_concat(benchmarks.get("lora", small=True))
+    progs["rmsnorm_linear-gain"] = lambda: fixtures.rmsnorm_linear(
         benchmarks.get("rmsnorm_linear", small=True, gain=True))
     return progs
 

@@ -1,5 +1,5 @@
 """Structure apart from sizes: a μGraph re-sized keeps computing the program (``mugraph.sizes``,
-``rank.sizes``). The reference forms of ``bench/reference.py`` serve as inputs: their tile caps
+``rank.sizes``). The reference forms of ``bench/fixtures.py`` serve as inputs: their tile caps
 are exactly what re-sizing changes."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import math
 import pytest
 
 from egraph_mirage import benchmarks
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.errors import EMError, GraphError, MapError
 from egraph_mirage.mugraph import sizes
-from egraph_mirage.rank.sizes import size_variants
+from egraph_mirage.rank.size_variants import size_variants
 from egraph_mirage.verify import Verifier
 
-FORMS = [(name, build) for name, builds in reference.BUILDERS.items() for build in builds]
+FORMS = [(name, build) for name, builds in fixtures.BUILDERS.items() for build in builds]
 
 
 @pytest.mark.parametrize("name,build", FORMS, ids=[f"{n}-{b.__name__}" for n, b in FORMS])
@@ -35,7 +35,7 @@ def test_every_size_choice_computes_the_program(name: str, build) -> None:
 
 def test_a_split_form_gets_more_pieces_and_its_combine_walks_them() -> None:
     g = benchmarks.get("gqa", batch=1)
-    h = reference.attention(g)
+    h = fixtures.attention(g)
     (k1, _) = sizes.sizes_of(h)
     more = sizes.with_caps(h, sizes.Caps(grid=64, loop=64, splits=16))
     (m1, m2) = sizes.sizes_of(more)
@@ -45,7 +45,7 @@ def test_a_split_form_gets_more_pieces_and_its_combine_walks_them() -> None:
 
 def test_resize_keeps_the_structure_and_refuses_sizes_that_do_not_fit() -> None:
     g = benchmarks.get("rmsnorm_linear", small=True)
-    h = reference.rmsnorm_linear(g)
+    h = fixtures.rmsnorm_linear(g)
     (k,) = sizes.sizes_of(h)
     again = sizes.resize(h, [k])
     assert sizes.sizes_of(again) == (k,)
@@ -58,7 +58,7 @@ def test_resize_keeps_the_structure_and_refuses_sizes_that_do_not_fit() -> None:
 
 def test_size_variants_verifies_and_orders_by_cost() -> None:
     g = benchmarks.get("gqa", small=True)
-    h = reference.attention(g)
+    h = fixtures.attention(g)
     out = size_variants(h, g, limit=3)
     assert out[0] is h and 1 <= len(out) <= 3
     check = Verifier(g, backend="numpy").check
@@ -73,10 +73,10 @@ def test_size_variants_checked_in_worker_processes_are_the_same_in_the_same_orde
     checked in worker processes, a batch at a time; what comes back does not change. Here
     every check counts as long, so the workers check all but the first."""
     from egraph_mirage.mugraph.serialize import dumps
-    from egraph_mirage.rank import sizes as rank_sizes
+    from egraph_mirage.rank import size_variants as rank_sizes
 
     g = benchmarks.get("gqa", small=True)
-    h = reference.attention(g)
+    h = fixtures.attention(g)
     alone = size_variants(h, g, limit=6)
     monkeypatch.setattr(rank_sizes, "PARALLEL_AFTER_S", -1.0)
     shared = size_variants(h, g, limit=6, workers=2)
@@ -95,7 +95,7 @@ def test_as_many_checking_workers_as_fit_in_memory(monkeypatch: pytest.MonkeyPat
     """A program at its real sizes takes gigabytes per checking process: the workers are as
     many as fit in ``verify.CHECK_MEMORY_SHARE`` of the available memory (mha at b = 16: about
     10 GB each)."""
-    from egraph_mirage.rank import sizes as rank_sizes
+    from egraph_mirage.rank import size_variants as rank_sizes
     verify_module = importlib.import_module("egraph_mirage.verify.verify")  # not the function
 
     g = benchmarks.get("mha", batch=16)
@@ -113,7 +113,7 @@ def test_a_gpus_shared_memory_lets_larger_tiles_through() -> None:
     sized for one GPU (``with_smem``: an H100 lets a block take 227 KB), a structure also gets
     the larger tiles that budget refused, and each set of sizes comes once."""
     g = benchmarks.get("mqa")
-    h = reference.attention(g)
+    h = fixtures.attention(g)
     own = [sizes.sizes_of(v) for v in sizes.size_choices(h)]
     more = sizes.size_choices(h, sizes.with_smem(sizes.DEFAULT_CAPS, 227 * 1024))
     gpu = [sizes.sizes_of(v) for v in more]
@@ -124,15 +124,15 @@ def test_a_gpus_shared_memory_lets_larger_tiles_through() -> None:
 
 def test_resized_forms_keep_their_structure_and_other_forms_differ() -> None:
     g = benchmarks.get("gqa", batch=1)
-    split, one = reference.attention(g), reference.attention_one_kernel(g)
+    split, one = fixtures.attention(g), fixtures.attention_one_kernel(g)
     assert sizes.structure_of(split) != sizes.structure_of(one)
     for v in sizes.size_choices(split)[:4]:
         assert sizes.structure_of(v) == sizes.structure_of(split)
 
 
 def test_the_search_takes_one_size_per_structure_unless_asked() -> None:
+    from egraph_mirage.pipeline.stages import prepare
     from egraph_mirage.search.config import SearchConfig, SearchError
-    from egraph_mirage.search.driver import prepare
     from egraph_mirage.search.tasks import Context
     from egraph_mirage.search.tiling import structure
 
@@ -147,7 +147,7 @@ def test_the_search_takes_one_size_per_structure_unless_asked() -> None:
         SearchConfig(sizes_per_structure=0)
 
 
-@pytest.mark.parametrize("name", sorted(reference.BUILDERS))
+@pytest.mark.parametrize("name", sorted(fixtures.BUILDERS))
 def test_one_search_serves_every_batch(name: str) -> None:
     """A form built for batch 1, retargeted to batch 8's shapes, computes the batch-8 program
     (where its tiles fit: a dimension no grid axis cuts grows inside the tiles)."""
@@ -155,7 +155,7 @@ def test_one_search_serves_every_batch(name: str) -> None:
     assert [t.dims for t in g1.inputs] != [t.dims for t in g8.inputs]
     check = Verifier(g8, backend="numpy").check
     fitted = 0
-    for h in reference.variants(name, g1):
+    for h in fixtures.variants(name, g1):
         try:
             r = sizes.retarget(h, g8)
         except EMError:
@@ -169,13 +169,13 @@ def test_one_search_serves_every_batch(name: str) -> None:
 
 def test_retarget_names_the_input_that_differs() -> None:
     g = benchmarks.get("lora", small=True)
-    h = reference.variants("lora", g)[0]
+    h = fixtures.variants("lora", g)[0]
     other = benchmarks.get("rmsnorm_linear", small=True)
     with pytest.raises(MapError, match="inputs"):
         sizes.retarget(h, other)
     g16 = benchmarks.get("gated_mlp", batch=1, small=True)
     with pytest.raises(MapError, match="input 1"):
-        sizes.retarget(reference.variants("gated_mlp", g16)[0],
+        sizes.retarget(fixtures.variants("gated_mlp", g16)[0],
                        _with_dtype(g16, 1, "float32"))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.bench.verify_bench import FloatTruth, bench_target
 from egraph_mirage.mugraph import mutate
 
@@ -24,7 +24,7 @@ MUTANTS = 500
 @cache
 def program(name: str) -> tuple[em.KernelGraph, em.KernelGraph]:
     g = em.benchmarks.get(name, small=True)
-    return g, reference.fused(name, g)
+    return g, fixtures.fused(name, g)
 
 
 @cache
@@ -52,8 +52,8 @@ def test_handwritten_mugraph_verifies(name: str) -> None:
 def test_every_handwritten_form_and_tiling_verifies(name: str) -> None:
     """The split-K forms and the other tile sizes that ``bench gpu`` tunes over are equal too."""
     g = em.benchmarks.get(name, small=True)
-    hs = reference.variants(name, g)
-    assert em.to_json(hs[0]) == em.to_json(reference.fused(name, g))
+    hs = fixtures.variants(name, g)
+    assert em.to_json(hs[0]) == em.to_json(fixtures.fused(name, g))
     for h in hs:
         res = verifier(name).check(h)
         assert res.equivalent, res.reason
@@ -83,14 +83,14 @@ def test_a_numeric_check_evaluates_its_reference_once_and_agrees_with_check_nume
 @pytest.mark.parametrize("name", ["rmsnorm_linear", "gated_mlp"])
 def test_split_k_forms_verify_at_paper_shapes(name: str) -> None:
     g = em.benchmarks.get(name)
-    forms = reference.BUILDERS[name]
+    forms = fixtures.BUILDERS[name]
     assert len(forms) == 2
     assert em.verify(g, forms[1](g)).equivalent
 
 
 def test_split_k_rmsnorm_linear_spreads_the_contraction_over_the_grid() -> None:
     g = em.benchmarks.get("rmsnorm_linear", gain=True)
-    h = reference.rmsnorm_linear_split_k(g)
+    h = fixtures.rmsnorm_linear_split_k(g)
     launches = {id(t.params["kernel"]): t for t in h.operators if t.op == "customized"}
     kernels = [t.params["kernel"].tb for t in launches.values()]
     assert [tb.grid_dim for tb in kernels] == [(96, 8, 1), (96, 1, 1)]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.bench import reference as hw
+from egraph_mirage.bench import handwritten_fixtures as hw
 from egraph_mirage.ops import OPS
 from egraph_mirage.ops.field_ops import random_tables
 from egraph_mirage.verify import chunks, slices
@@ -223,7 +223,7 @@ def test_slices_give_the_same_numbers_in_the_same_shape() -> None:
 def test_a_large_tile_keeps_its_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     """A weight-sized tile looked up in its memory order comes back as a view with the weight's
     layout, so the product after it reads it in place (no copy of the weight)."""
-    from egraph_mirage.mugraph import partition as pt
+    from egraph_mirage.mugraph import maps as pt
 
     monkeypatch.setattr(slices, "LOOKUP_FROM", slices.SLICE)  # a small weight takes the path
     rng = np.random.default_rng(6)

@@ -12,7 +12,7 @@ import graphviz
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.oracle.snapshot import Snapshot
+from egraph_mirage.extract.snapshot import Snapshot
 from egraph_mirage.viz import RenderError, egraph_dot, egraph_svg, expr_dot, expr_svg
 
 ENODE_BOX = re.compile(r"^\s+n\d+_\d+ \[label=", re.MULTILINE)

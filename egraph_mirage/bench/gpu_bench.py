@@ -35,11 +35,11 @@ from typing import Any
 from .. import benchmarks
 from ..errors import EMError, GraphError
 from ..graph import KernelGraph
+from ..lower.cost_model import ProgramCost
 from ..mugraph.serialize import dumps, load
 from ..mugraph.sizes import retarget
-from ..rank.cost_model import ProgramCost
 from ..rank.forms import FORM_SLACK, form_label, rank_correlation, spread, to_tune
-from . import reference
+from . import handwritten_fixtures as fixtures
 from .gpu_report import best, fmt, format_table, markdown, plot, ratio, table_cells
 
 __all__ = ["KEYS", "BenchContext", "Candidates", "GpuBenchConfig", "bench_gpu", "bench_one",
@@ -171,7 +171,7 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     (``_by_cost_here``); the others keep the search's order. ``max_candidates`` keeps that many
     of a folder: the best (by the cost model) of each form first (``rank.forms.spread``), then
     the next best. Loads JSON only (no egglog, no JAX)."""
-    from ..search.outdir import mugraph_files
+    from ..pipeline.results_folder import mugraph_files
 
     notes: list[str] = []
     if mugraph_dir is None:
@@ -224,7 +224,7 @@ def expand_sizes(found: Candidates, g: KernelGraph, limit: int | None = None,
     (the GPU's; else the search's budget); a μGraph met twice is kept once, the first time. A
     result whose variants cannot be made is kept at its own sizes (a note)."""
     from ..mugraph.sizes import DEFAULT_CAPS, with_smem
-    from ..rank.sizes import size_variants
+    from ..rank.size_variants import size_variants
 
     caps = with_smem(DEFAULT_CAPS, smem)
     out = Expanded([], [], [])
@@ -250,9 +250,9 @@ def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
     """Run the search for ``g`` (``name`` at ``batch``) and write its folder
     ``cfg.mugraph_dir/<name>_b<batch>/`` (``search.outdir``); its checkpoint lets a rerun resume
     rather than search again. Imports the search (egglog, JAX) only here."""
+    from ..pipeline.results_folder import write_results
     from ..rank.measured import keep_jax_off_the_gpu
     from ..search import SearchConfig, superoptimize
-    from ..search.outdir import write_results
 
     keep_jax_off_the_gpu()
     folder = Path(cfg.mugraph_dir or DEFAULT_SEARCH_DIR) / f"{name}_b{batch}"
@@ -413,7 +413,7 @@ def calibration(graphs: Sequence[KernelGraph], labels: Sequence[str],
     """How well the cost model ranked the candidates that were timed: Spearman's rank
     correlation of its estimates with their first timings (``cost_model_rank_corr``; 1.0: the
     same order), the forms timed, and each form's best first timing (``form_us``)."""
-    from ..rank.cost_model import ProgramCost
+    from ..lower.cost_model import ProgramCost
 
     cost = ProgramCost()
     est, got = [], []
@@ -436,7 +436,7 @@ def _reference(name: str, b: BenchContext, row: dict[str, Any], notes: list[str]
     if not b.cfg.reference:
         return Measured()
     try:
-        graphs = reference.variants(name, b.g)
+        graphs = fixtures.variants(name, b.g)
     except GraphError as exc:
         notes.append(f"reference: {exc}")
         return Measured()
@@ -583,9 +583,6 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
     if args.search_budget <= 0:
         print("error: --search-budget must be positive", file=sys.stderr)
         return 2
-    if args.and_handwritten:
-        _stderr("note: --and-handwritten is no longer needed: the hand-written reference is "
-                "always timed, in its own column, never as ours (--no-reference leaves it out)")
     if args.mugraph_dir is None and not args.from_search:
         _stderr("note: no --mugraph-dir or --from-search: ours (the search's) stays empty; "
                 "only the reference and the baselines are timed")

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .table import aligned
+from .text_table import aligned
 
 
 def best(times: Mapping[str, float | None]) -> float | None:

@@ -30,7 +30,7 @@ from .. import benchmarks
 from ..errors import OracleError
 from ..expr import Term
 from ..oracle import Oracle
-from .table import aligned
+from .text_table import aligned
 
 #: The keys of every row ``bench_oracle`` returns (plus ``term_nodes_mean``).
 KEYS = ("target", "saturate_s", "enodes", "eclasses", "complete", "op_queries_per_s",

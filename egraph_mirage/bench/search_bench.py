@@ -42,9 +42,9 @@ from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
 from ..mugraph.sizes import retarget, structure_of
+from ..pipeline.results_folder import write_results
 from ..search import SearchConfig, superoptimize
-from ..search.outdir import write_results
-from .table import aligned
+from .text_table import aligned
 
 KEYS = ("benchmark", "seconds_to_first", "seconds_to_best", "seconds_total", "states",
         "best_num_kernels", "verified", "met")

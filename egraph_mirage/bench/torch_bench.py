@@ -49,7 +49,7 @@ from typing import Any
 
 from ..errors import EMError
 from .gpu_report import best, fmt, ratio
-from .table import aligned
+from .text_table import aligned
 
 __all__ = ["KEYS", "MODELS", "MODES", "TOLERANCE", "BenchTorchError", "CpuTimer",
            "TorchBenchConfig", "add_arguments", "bench_torch", "format_table", "load_example",

@@ -49,14 +49,14 @@ import numpy as np
 from .. import benchmarks
 from ..graph import KernelGraph
 from ..mugraph import accumulators as accs
+from ..mugraph.interpreter import run_reference
 from ..mugraph.mutate import MutationStats, mutants
-from ..mugraph.reference import run_reference
 from ..ops import table as optable
 from ..verify import Verifier, VerifyError, VerifyResult
 from ..verify import field as ff
 from ..verify.real import RealField, real
-from . import reference
-from .table import aligned
+from . import handwritten_fixtures as fixtures
+from .text_table import aligned
 
 KEYS = ("benchmark", "mutants", "false_accepts", "equivalents", "false_rejects", "ms_per_verify",
         "bound", "ms_compile", "ambiguous", "skipped_invalid")
@@ -187,7 +187,7 @@ def generic_functions(on: bool = True) -> Iterator[None]:
     list of names) is that semantics over the reals, with each random function replaced by a
     smooth stand-in (``stand_in``): what the verifier's random functions assume of them, and
     nothing more. Operators without a random function, and graph-defined kernels, keep their
-    float reference."""
+    float fixtures."""
     if not on:
         yield
         return
@@ -287,7 +287,7 @@ def bench_target(name: str, small: bool = False, min_mutants: int = 1000, seed: 
     if mode == "auto":
         big = sum(math.prod(t.dims) for t in g.inputs) > AUTO_JIT_ELEMENTS
         mode = "jit" if big else "numpy"
-    h = reference.fused(name, g)
+    h = fixtures.fused(name, g)
     truth = FloatTruth(g, seed)
     t0 = time.perf_counter()
     v = Verifier(g, tests=tests, seed=seed, backend=mode)

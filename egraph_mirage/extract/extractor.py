@@ -7,8 +7,8 @@ from typing import Any
 
 from ..errors import OracleError
 from ..expr import Term
-from ..oracle.snapshot import NodeKey, Snapshot
 from .cost import CostModel
+from .snapshot import NodeKey, Snapshot
 
 
 class Extractor:

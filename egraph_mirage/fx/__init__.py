@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..errors import UnsupportedOpError
 from .aten import RULES, Rule
-from .partition import Partitioned, Piece, partition
+from .pieces import Partitioned, Piece, partition
 from .trace import (
     InputView,
     OutputView,

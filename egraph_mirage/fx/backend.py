@@ -73,14 +73,14 @@ from typing import Any
 
 import torch
 
+from .. import processes
 from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
-from ..search import pool
 from ..search.config import SearchConfig
 from . import report as rep
 from .cache import CacheKey, SearchCache
-from .partition import Piece, partition
+from .pieces import Piece, partition
 from .runtime import PieceCall, PieceOp, Runner, define_piece_op, make_inductor_launch, make_runner
 from .trace import TracedProgram, trace_fx
 
@@ -416,8 +416,8 @@ class Backend:
         """Search, compile, check and (on a GPU) time. Returns the record, the compiled runner
         when the decision is to replace, and whether the record may be cached (not when the
         piece was refused before any search, nor after an unexpected failure)."""
+        from ..pipeline.stages import superoptimize
         from ..rank.measured import keep_jax_off_the_gpu
-        from ..search.driver import superoptimize
 
         keep_jax_off_the_gpu()  # the verifier's JAX on the CPU, in this process and the workers
         o = self.options
@@ -478,8 +478,8 @@ class Backend:
         if not isinstance(n, int) or n == 1:
             return w
         if self._pool is None:
-            self._pool = pool.worker_pool(n)
-            pool.warm(self._pool, n)
+            self._pool = processes.worker_pool(n)
+            processes.warm(self._pool, n)
         return self._pool
 
     def _close_pool(self) -> None:

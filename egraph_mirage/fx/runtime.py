@@ -20,7 +20,7 @@ import torch
 from ..errors import LowerError
 from ..graph import KernelGraph
 from ..lower.compile import laid_out
-from .program import TracedProgram
+from .traced import TracedProgram
 from .views import apply_steps
 
 #: the namespace of the backend's operators (``torch.ops.egraph_mirage``)

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import EMError, UnsupportedOpError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
 from . import aten
-from .program import (
+from .traced import (
     DTYPES,
     InputView,
     OutputView,

@@ -20,7 +20,7 @@ from ..errors import EMError, UnsupportedOpError
 from ..graph import KernelGraph, Tensor
 from ..ops import OPS
 from . import aten
-from .program import (
+from .traced import (
     DTYPES,
     Computed,
     InputView,

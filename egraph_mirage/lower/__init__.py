@@ -17,7 +17,8 @@ from __future__ import annotations
 from .accumulate import ACCUMULATOR_EMISSIONS, AccumulatorEmission
 from .compile import CompiledGraph, compile_graph, use_interpreter
 from .kernel_codegen import DotConfig, kernel_source
-from .program import (
+from .tile_context import TileContext
+from .triton_program import (
     KNOBS,
     LowerOptions,
     canonical_knobs,
@@ -27,7 +28,6 @@ from .program import (
     options_from,
     write_program,
 )
-from .tile_context import TileContext
 
 __all__ = [
     "ACCUMULATOR_EMISSIONS",

@@ -23,7 +23,7 @@ from ..dtypes import DType
 from ..errors import DTypeError, LowerError, ShapeError
 from ..files import write_atomic
 from ..graph import KernelGraph
-from .program import generate_source, options_from
+from .triton_program import generate_source, options_from
 
 #: where generated programs are written before import (one file per distinct source)
 CACHE_DIR = Path(tempfile.gettempdir()) / "egraph_mirage_triton"

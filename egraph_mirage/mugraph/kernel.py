@@ -12,7 +12,6 @@ Two evaluators give its meaning, and must agree:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +21,9 @@ from ..errors import GraphError
 from ..expr import Term
 from ..ops import lookup
 from . import accumulators as accs
-from . import partition as pt
+from . import maps as pt
 from .accumulators import lookup_accumulator
-from .partition import EPILOGUE, INVARIANT, LOOP_SIDE
+from .maps import EPILOGUE, INVARIANT, LOOP_SIDE
 
 if TYPE_CHECKING:
     from .threadblock import ThreadBlockGraph
@@ -244,11 +243,3 @@ def _tile(x: np.ndarray, t: Any, block: tuple[int, ...], it: int) -> np.ndarray:
         index.append(slice(start, start + t.dims[d]))
     return x[tuple(index)]
 
-
-def __getattr__(name: str) -> Any:
-    """``GraphKernel``: the former name of ``GraphDefinedKernel`` (deprecated)."""
-    if name == "GraphKernel":
-        warnings.warn("GraphKernel is deprecated; use GraphDefinedKernel", DeprecationWarning,
-                      stacklevel=2)
-        return GraphDefinedKernel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

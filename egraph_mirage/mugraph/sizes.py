@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import EMError, MapError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
-from . import partition as pt
+from . import maps as pt
 from .threadblock import ThreadBlockGraph
 
 

@@ -25,10 +25,10 @@ from ..errors import BlockGraphError, GraphError, MapError, ResourceError
 from ..ops import BLOCK, lookup
 from ..ops import shapes as sh
 from ..ops.shorthands import OpShorthands
-from . import partition as pt
+from . import maps as pt
 from .accumulators import lookup_accumulator, running_max_shape
 from .kernel import GraphDefinedKernel
-from .partition import EPILOGUE, INVARIANT, LOOP_SIDE
+from .maps import EPILOGUE, INVARIANT, LOOP_SIDE
 
 #: shared memory a block may use for its tiles, in bytes (the original system's default)
 DEFAULT_SMEM_BYTES = 96 * 1024

@@ -1,8 +1,8 @@
 """The e-graph reachability oracle and the rule-file loader."""
 
+from ..extract.snapshot import Snapshot
 from .oracle import Budget, IncompleteSaturationWarning, Oracle, OracleStats, Reachability
 from .rules import DEFAULT_RULES_DIR, load_rules, split_forms
-from .snapshot import Snapshot
 
 __all__ = [
            "DEFAULT_RULES_DIR",

@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 
 from .. import expr as ex
 from ..errors import OracleError
+from ..extract.snapshot import Snapshot, from_serialized
 from ..graph import KernelGraph, Tensor, abstract_term
 from . import egglog_compat as eg
 from .prelude import load_prelude, prelude_text
 from .rules import DEFAULT_RULES_DIR, load_rules
-from .snapshot import Snapshot, from_serialized
 from .soundness import check_rule_forms
 
 _T = TypeVar("_T")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import LowerError
 from ..graph import KernelGraph
-from .cost_model import ProgramCost
+from ..lower.cost_model import ProgramCost
 from .forms import spread, to_tune
 
 if TYPE_CHECKING:
@@ -359,7 +359,7 @@ def _with_sizes(order: list[SearchResult], program: KernelGraph, sizes: int, for
     GPU's), checked in worker processes where one check is long."""
     from ..errors import EMError
     from ..mugraph.sizes import DEFAULT_CAPS, with_smem
-    from .sizes import size_variants
+    from .size_variants import size_variants
 
     caps = with_smem(DEFAULT_CAPS, smem)
     cost = ProgramCost()

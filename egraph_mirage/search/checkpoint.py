@@ -134,7 +134,7 @@ def verify_stored(ck: Checkpoint, ctx: Context) -> list[str]:
     from its start) and the file is
     rewritten without it; each dropped result is described in the returned messages, which
     are also issued as ``CheckpointWarning``s."""
-    from ..rank.cost_model import ProgramCost
+    from ..lower.cost_model import ProgramCost
 
     tolerance = ctx.payload.config.numeric_tolerance
     messages: list[str] = []

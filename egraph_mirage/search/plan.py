@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import MapError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
+from ..mugraph import maps as pt
 from ..mugraph import new_threadblock_graph
-from ..mugraph import partition as pt
 from .blocks import Tile, loads_read, used_tiles
 from .tiling import DTensor, KernelShape
 

@@ -519,7 +519,7 @@ class _Run:
 
     # --- verification ------------------------------------------------------------------------
     def _check(self, steps: list[Step], out_ref: int) -> None:
-        from ..rank.cost_model import ProgramCost
+        from ..lower.cost_model import ProgramCost
 
         if self.stopped():  # at a program's real sizes a check takes seconds: none past the end
             return

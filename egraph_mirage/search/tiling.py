@@ -17,7 +17,7 @@ from typing import Any
 
 from ..dtypes import DType
 from ..errors import MapError
-from ..mugraph import partition as pt
+from ..mugraph import maps as pt
 from .config import SearchConfig, grid_parts, loop_parts
 
 Dims = tuple[int, ...]

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..mugraph import partition as pt
+from ..mugraph import maps as pt
 from ..mugraph.kernel import Body
-from ..mugraph.partition import NUM_AXES
+from ..mugraph.maps import NUM_AXES
 from ..mugraph.threadblock import EPILOGUE, ThreadBlockGraph
 from .field import FF, FFArrays, Field
 

@@ -16,11 +16,16 @@ GROUPS`` (LIMIT=seconds in the environment stops timing early). The runs behind 
 forms orig, h, hq and q2 for mqa16, orig and hq for gqa1, other tilings), ``mqa16 gqa1 more`` at 5bd867a, and ``gqa1new`` with 8c8f93b's
 handwritten.py, now bench/reference.py (the split-KV tilings under the Hopper budget; ``orig`` is exp2 there).
 """
-import importlib.util, re, sys, time, tempfile, os, math
-import torch, triton
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import time
+
 from egraph_mirage import benchmarks as bm
-from egraph_mirage.bench import reference as hw
-from egraph_mirage.gpu import timing, torch_eval, baselines
+from egraph_mirage.bench import handwritten_fixtures as hw
+from egraph_mirage.gpu import baselines, timing, torch_eval
 
 T0 = time.time()
 LIMIT = float(os.environ.get("LIMIT", "520"))

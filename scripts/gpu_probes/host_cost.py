@@ -67,7 +67,7 @@ def partitioned_cost(module: Any, xs: Any, timer: CudaTimer) -> dict[str, Any]:
     """Inductor's code for Dynamo's graph of ``module``, and for the partitioner's rewritten
     module of that graph with nothing replaced: µs back to back and under graph replay."""
     from egraph_mirage.fx.backend import _rest
-    from egraph_mirage.fx.partition import partition
+    from egraph_mirage.fx.pieces import partition
 
     captured: dict[str, Any] = {}
 

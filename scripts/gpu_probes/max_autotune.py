@@ -8,9 +8,13 @@ Usage, on the GPU machine from the repository root:
   python scripts/gpu_probes/max_autotune.py rmsnorm_linear:1,8,16 gated_mlp:1 ...
 (BUDGET=seconds in the environment, default 500).
 """
-import os, sys, time
+import os
+import sys
+import time
+
 sys.path.insert(0, ".")
 import torch
+
 import egraph_mirage as em
 from egraph_mirage.gpu import baselines, timing
 

@@ -14,10 +14,13 @@ Usage, on the GPU machine from the repository root: ``python scripts/gpu_probes/
 (``PLAIN=1``: also plain launches; ``ONLY=rmsnorm_linear:8``: one case; ``GENERATED=1``: the
 lowering's own ``pdl=True`` program against the plain one).
 """
-import importlib.util, os, re, tempfile, time
-import torch
+import importlib.util
+import os
+import re
+import tempfile
+
 from egraph_mirage import benchmarks as bm
-from egraph_mirage.bench import reference as hw
+from egraph_mirage.bench import handwritten_fixtures as hw
 from egraph_mirage.gpu import timing, torch_eval
 
 timer = timing.CudaTimer(); rows = []

@@ -8,11 +8,16 @@ Usage, on the GPU machine from the repository root: ``python scripts/gpu_probes/
 BATCHES`` (LIMIT=seconds in the environment stops timing early). The runs behind the figures
 (H200, Triton 3.6, 2026-11-23, at 8f2e592): ``16 1`` (its table printed b = 1 only) and ``16``.
 """
-import importlib.util, re, sys, time, tempfile, os
-import torch
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import time
+
 from egraph_mirage import benchmarks as bm
-from egraph_mirage.bench import reference as hw
-from egraph_mirage.gpu import timing, torch_eval, baselines
+from egraph_mirage.bench import handwritten_fixtures as hw
+from egraph_mirage.gpu import baselines, timing, torch_eval
 
 T0 = time.time(); LIMIT = float(os.environ.get("LIMIT", "520"))
 timer = timing.CudaTimer(); rows = []

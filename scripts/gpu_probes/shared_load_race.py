@@ -13,12 +13,19 @@
 
 Usage, on the GPU machine from the repository root: python scripts/gpu_probes/shared_load_race.py
 """
-import sys, os, itertools, torch, triton, triton.language as tl
+import itertools
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
 sys.path.insert(0, ".")
 import egraph_mirage as em
-from egraph_mirage.bench import reference
-from egraph_mirage.lower.compile import compile_graph
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.gpu.torch_eval import evaluate
+from egraph_mirage.lower.compile import compile_graph
+
 print(torch.cuda.get_device_name(), triton.__version__, flush=True)
 
 def errs(o, r):
@@ -27,7 +34,7 @@ def errs(o, r):
 
 for b in (32,):
     g = em.benchmarks.get("rmsnorm_linear", b)
-    vs = reference.variants("rmsnorm_linear", g)
+    vs = fixtures.variants("rmsnorm_linear", g)
     torch.manual_seed(0)
     xs = [torch.randn(t.dims, device="cuda", dtype=torch.float16) for t in g.inputs]
     ref = evaluate(g, xs, torch.float32)[0]
@@ -37,7 +44,7 @@ for b in (32,):
             try:
                 fn = compile_graph(v, num_warps=nw, num_stages=ns)
                 o = fn(*xs)[0]; torch.cuda.synchronize()
-            except Exception as e:
+            except Exception:
                 continue
             tot += 1
             mx, nm = errs(o, ref)
@@ -91,13 +98,14 @@ for cg in (False, True):
 # and the eager fp16 program, against fp32
 from egraph_mirage.gpu.baselines import baselines_for
 from egraph_mirage.gpu.timing import random_inputs
+
 for b in (1, 16):
     for name in em.benchmarks.names():
         g = em.benchmarks.get(name, b)
         xs = random_inputs(g, "cuda", seed=3)
         ref = evaluate(g, xs, torch.float32)
         worst = (0, 0, "")
-        for i, v in enumerate(reference.variants(name, g)):
+        for i, v in enumerate(fixtures.variants(name, g)):
             try:
                 o = compile_graph(v, num_warps=4, num_stages=3)(*xs)
             except Exception:

@@ -23,10 +23,26 @@ e.g. ``16,8 plain,plain64,tmap,tmap64 4/3,4/4,8/3,8/2,8/1`` (KNOBS: warps/stages
   16 plain,swapT,swapD,tma,tmap ; 16,8 plain,plain64,tmap,tmap64 4/3,4/4,8/3,8/2,8/1 ;
   16 nosq64,plain64 ; 16,1 swapC,swapE,plain 4/3,4/4,8/3,8/1
 """
-import sys, os, torch, triton, triton.language as tl, itertools, time
+import itertools
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
 sys.path.insert(0, ".")
 import egraph_mirage as em
-from egraph_mirage.gpu.timing import CudaTimer, TimingConfig, input_sets, rotation_count, graph_bytes, l2_bytes
+from egraph_mirage.gpu.timing import (
+    CudaTimer,
+    TimingConfig,
+    graph_bytes,
+    input_sets,
+    l2_bytes,
+    rotation_count,
+)
+
 T = CudaTimer(TimingConfig(graph_replay_ms=6.0, graph_replays=7))
 print(torch.cuda.get_device_name(), triton.__version__, flush=True)
 triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))

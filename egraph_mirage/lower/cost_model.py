@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..graph import KernelGraph
-from ..lower import fuse
 from ..mugraph.threadblock import LOOP_SIDE
+from . import fuse
 
 
 def _pad(d: int) -> int:

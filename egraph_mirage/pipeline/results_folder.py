@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import write_atomic
-from .results import SearchResults
+from ..search.results import SearchResults
 
 RESULT_FILE = re.compile(r"result_(\d+)\.json")
 

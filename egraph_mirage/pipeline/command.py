@@ -30,14 +30,14 @@ from pathlib import Path
 from .. import benchmarks
 from ..errors import EMError
 from ..graph import KernelGraph
+from ..processes import sigint_deferred
 from ..rank.measured import keep_jax_off_the_gpu
-from .config import SearchConfig, SearchError
-from .driver import superoptimize
-from .explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET
-from .outdir import write_results
-from .pool import sigint_deferred
-from .progress import LOG_INTERVAL_S
-from .results import SearchResults
+from ..search.config import SearchConfig, SearchError
+from ..search.explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET
+from ..search.progress import LOG_INTERVAL_S
+from ..search.results import SearchResults
+from .results_folder import write_results
+from .stages import superoptimize
 
 #: the exit status after Ctrl-C (128 + SIGINT, as shells report it)
 EXIT_INTERRUPTED = 130

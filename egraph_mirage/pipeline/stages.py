@@ -15,7 +15,7 @@
 A checkpoint file, when given, records every finished task and its results as they arrive; a
 rerun with the same file skips those tasks and verifies their results again. Ctrl-C, the time
 budget, the task budget and ``max_results`` end the search early with what was found
-(``stats.stopped_by`` says which); worker processes are stopped at once (``pool.stop``). When
+(``stats.stopped_by`` says which); worker processes are stopped at once (``processes.stop``). When
 nothing is found, ``stats.no_result_reasons`` says why (``explain``).
 """
 
@@ -30,26 +30,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import processes
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
 from ..rank import by_cost
-from ..rank.measured import (
-    PROFILE_SIZES,
-    SEARCH_SHARE,
-    Profiler,
-    cuda_available,
-    profile_stage,
-)
-from . import pool
-from .checkpoint import Checkpoint, verify_stored
-from .config import SearchConfig, SearchError
-from .dims import LinkProbe, dim_classes
-from .explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET, no_result_reasons
-from .progress import LOG_INTERVAL_S, Progress, mode
-from .reach import ReachIndex
-from .results import SearchResult, SearchResults, SearchStats
-from .tasks import Context, Payload, TaskResult, list_tasks, run_task
-from .tiling import DTensor
+from ..rank.measured import PROFILE_SIZES, SEARCH_SHARE, Profiler, cuda_available, profile_stage
+from ..search.checkpoint import Checkpoint, verify_stored
+from ..search.config import SearchConfig, SearchError
+from ..search.dims import LinkProbe, dim_classes
+from ..search.explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET, no_result_reasons
+from ..search.progress import LOG_INTERVAL_S, Progress, mode
+from ..search.reach import ReachIndex
+from ..search.results import SearchResult, SearchResults, SearchStats
+from ..search.tasks import Context, Payload, TaskResult, list_tasks, run_task
+from ..search.tiling import DTensor
 
 #: rule files or folders, as ``Oracle(rules=, extra_rules=)`` takes them; one path is a list of one
 RulePaths = Sequence[str | os.PathLike[str]] | str | os.PathLike[str]
@@ -209,7 +203,7 @@ def _stage_search(run: Run) -> None:
     enough = [False]  # set once max_results are found
 
     def absorb(res: TaskResult, fresh: bool) -> None:
-        with pool.sigint_deferred():  # a task is recorded whole, or not at all
+        with processes.sigint_deferred():  # a task is recorded whole, or not at all
             new = record(res, fresh)
         for r in new:
             if o["on_result"] is not None:
@@ -264,7 +258,7 @@ def _stage_search(run: Run) -> None:
                        fresh=True)
             complete = True
         else:
-            executor = pool.worker_pool(workers) if isinstance(workers, int) else workers
+            executor = processes.worker_pool(workers) if isinstance(workers, int) else workers
             fewer = (f" of {asked} asked: more do not fit in memory" if asked != workers
                      else "")
             report.started(len(todo), stats.tasks_total,
@@ -282,12 +276,12 @@ def _stage_search(run: Run) -> None:
     except KeyboardInterrupt:
         stats.interrupted = True
     finally:
-        with pool.sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
+        with processes.sigint_ignored():  # a second Ctrl-C must not cut the cleanup short
             if executor is not None and owned:
                 if complete:
                     executor.shutdown(wait=True)
                 else:
-                    pool.stop(executor)  # type: ignore[arg-type]
+                    processes.stop(executor)  # type: ignore[arg-type]
             for fut in futures:
                 fut.cancel()
             report.close(stats, results)
@@ -329,7 +323,7 @@ def _collect(futures: list[cf.Future[TaskResult]], deadline: float | None,
         # a Ctrl-C is held back while waiting: raised inside ``cf.wait``, it can leave the
         # locks of futures it was taking held, and the pool's manager thread, setting their
         # results, then blocks for ever (and with it the clean-up and the interpreter's exit)
-        with pool.sigint_deferred():
+        with processes.sigint_deferred():
             finished, pending = cf.wait(pending, timeout=WAIT_SLICE_S,
                                         return_when=cf.FIRST_COMPLETED)
         for fut in sorted(finished, key=order.__getitem__):

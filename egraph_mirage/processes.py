@@ -166,7 +166,6 @@ def _ready(hold: float) -> int:
     seconds so that the other warm-up tasks go to the other workers."""
     import jax.numpy  # noqa: F401  (the verifier's)
 
-    from . import tasks  # noqa: F401
 
     time.sleep(hold)
     return os.getpid()

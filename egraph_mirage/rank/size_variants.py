@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from ..errors import EMError, GraphError
 from ..graph import KernelGraph
+from ..lower.cost_model import ProgramCost
 from ..mugraph.sizes import DEFAULT_CAPS, Caps, size_choices
-from .cost_model import ProgramCost
 
 #: variants kept per structure unless a limit is given (verification costs about 0.1 s each at
 #: the benchmarks' shapes)
@@ -82,7 +82,7 @@ def _passing_in_workers(variants: list[KernelGraph], target: KernelGraph, limit:
                         workers: int) -> list[KernelGraph]:
     """``_passing``'s rest, checked ``workers`` at a time in worker processes, in order."""
     from ..mugraph.serialize import dumps
-    from ..search.pool import worker_pool
+    from ..processes import worker_pool
 
     out: list[KernelGraph] = []
     todo = list(variants)
