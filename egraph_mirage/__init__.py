@@ -35,7 +35,8 @@ from .mugraph.interpreter import run_reference
 from .mugraph.serialize import load, loads
 from .ops import OPS, OpSpec
 from .oracle import Budget, IncompleteSaturationWarning, Oracle, Reachability
-from .search import SearchConfig, SearchError, superoptimize
+from .pipeline import superoptimize
+from .search import SearchConfig, SearchError
 from .verify import Verifier, VerifyError, VerifyResult, check_numerics, verify
 
 __version__ = "0.1.0"

@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                     "(kernels + library operators) first, then the next best")
     bg.add_argument("--size-variants", type=int, default=None, metavar="K",
                     help="at most K sizes of each search result, its own included (default "
-                    "16, rank.sizes.DEFAULT_LIMIT; 1: the search's sizes only)")
+                    "16, rank.size_variants.DEFAULT_LIMIT; 1: the search's sizes only)")
     bg.add_argument("--no-reference", action="store_true",
                     help="leave out the hand-written reference μGraphs (by default timed in a "
                     "column of their own, never as ours)")

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import EMError
 from .expr import Term, parse
 from .files import write_atomic
+from .render import RenderError, svg_of_dot
 
 __all__ = ["RenderError", "egraph_dot", "egraph_svg", "expr_dot", "expr_svg"]
 
@@ -28,10 +28,6 @@ UNREACHABLE_FILL = "#e4e4e4"
 #: operators whose term arguments may be swapped (their edges carry no position label)
 _COMMUTATIVE = frozenset({"Add", "Mul"})
 _FONT = "Helvetica"
-
-
-class RenderError(EMError, RuntimeError):
-    """Graphviz could not render a drawing (most often: the ``dot`` program is not installed)."""
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -205,29 +201,10 @@ def egraph_dot(oracle: Any, max_classes: int | None = None) -> str:
 
 # --- rendering ------------------------------------------------------------------------------
 
-def _render(dot: str) -> str:
-    """SVG text of DOT source; a missing or failing ``dot`` is a ``RenderError``."""
-    try:
-        import graphviz
-    except ImportError:
-        raise RenderError("drawing needs the 'graphviz' Python package: pip install graphviz"
-                          ) from None
-    try:
-        return graphviz.Source(dot).pipe(format="svg", encoding="utf-8", quiet=True)
-    except graphviz.ExecutableNotFound:
-        raise RenderError("the Graphviz 'dot' program was not found on PATH; install Graphviz "
-                          "(Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz;"
-                          " conda: conda install graphviz)") from None
-    except graphviz.CalledProcessError as exc:
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
-        raise RenderError(f"Graphviz 'dot' failed (exit {exc.returncode}): "
-                          f"{(err or '').strip()[:400]}") from None
-
-
 def egraph_svg(oracle: Any, path: str | Path | None = None,
                max_classes: int | None = None) -> str:
     """SVG text of the e-graph drawing (see ``egraph_dot``); also written to ``path`` if given."""
-    svg = _render(egraph_dot(oracle, max_classes))
+    svg = svg_of_dot(egraph_dot(oracle, max_classes))
     if path is not None:
         write_atomic(path, svg)
     return svg
@@ -263,4 +240,4 @@ def expr_dot(term: Term | str) -> str:
 
 def expr_svg(term: Term | str) -> str:
     """SVG text of ``expr_dot(term)``: the expression drawn as a tree."""
-    return _render(expr_dot(term))
+    return svg_of_dot(expr_dot(term))

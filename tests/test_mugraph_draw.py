@@ -12,7 +12,7 @@ import pytest
 import egraph_mirage as em
 from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.mugraph.draw import mugraph_dot, mugraph_svg
-from egraph_mirage.viz import RenderError
+from egraph_mirage.render import RenderError
 
 
 def fused(name: str) -> em.KernelGraph:

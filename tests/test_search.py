@@ -118,7 +118,7 @@ def test_bad_arguments_are_clear_errors(rmsnorm):
 @pytest.mark.parametrize("name, ops", [("rmsnorm_linear", 5), ("lora", 5), ("ntrans", 6)])
 def test_goal_distances_lose_no_block_graph(name: str, ops: int) -> None:
     """Pruning by the goal distances finds exactly the block graphs the plain walk finds."""
-    from egraph_mirage.pipeline.stages import prepare
+    from egraph_mirage.search.prepare import prepare
     from egraph_mirage.search.tasks import Context, _Run
 
     config = SearchConfig(max_block_ops=ops)
@@ -158,7 +158,7 @@ def _is_split_plan(g, x_dims) -> bool:
 
 
 def test_split_tasks_come_between_the_one_kernel_sizes(rmsnorm):
-    from egraph_mirage.pipeline.stages import prepare
+    from egraph_mirage.search.prepare import prepare
     from egraph_mirage.search.tasks import FINAL, SPLIT_LAG, list_tasks
     from egraph_mirage.search.tasks import SPLIT as SPLIT_TASK
 
@@ -184,7 +184,7 @@ def test_a_split_k_plan_is_found_early(rmsnorm):
     """In task order, a split-K plan (kernel 1: partial products over pieces of the contraction;
     kernel 2: sums them in a loop that also walks X for its rms) comes before the library
     operators and the other two-kernel plans, verified like every result."""
-    from egraph_mirage.pipeline.stages import prepare
+    from egraph_mirage.search.prepare import prepare
     from egraph_mirage.search.tasks import list_tasks, run_task
 
     payload = prepare(rmsnorm, SPLIT)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 import egraph_mirage as em
-from egraph_mirage.pipeline.stages import prepare
 from egraph_mirage.search import SearchConfig
 from egraph_mirage.search import tasks as tasks_mod
+from egraph_mirage.search.prepare import prepare
 from egraph_mirage.search.tasks import Context, _Run
 
 

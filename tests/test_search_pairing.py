@@ -9,8 +9,8 @@ import pytest
 import egraph_mirage as em
 from egraph_mirage.expr import app
 from egraph_mirage.ops import OPS
-from egraph_mirage.pipeline.stages import prepare
 from egraph_mirage.search import SearchConfig, blocks, pairing
+from egraph_mirage.search.prepare import prepare
 from egraph_mirage.search.reach import ref
 from egraph_mirage.search.tasks import Context, _Run
 

@@ -287,7 +287,7 @@ def test_a_ctrl_c_while_waiting_for_tasks_is_raised_when_the_wait_is_over(
     setting their results, would then block for ever (the clean-up and the exit with it)."""
     import concurrent.futures as cf
 
-    from egraph_mirage.pipeline import stages
+    from egraph_mirage.search import run as stages
     from egraph_mirage.search.progress import Progress
 
     fut: cf.Future = cf.Future()
@@ -314,7 +314,7 @@ def test_tasks_still_running_after_the_deadline_and_its_overrun_are_left_behind(
     then ended). The deadline lies in the past: nothing here waits for a time to pass."""
     import concurrent.futures as cf
 
-    from egraph_mirage.pipeline import stages
+    from egraph_mirage.search import run as stages
     from egraph_mirage.search.progress import Progress
     from egraph_mirage.search.tasks import TaskResult
 

@@ -20,6 +20,7 @@ from search_space import TINY
 import egraph_mirage as em
 from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.lower import graph_knobs
+from egraph_mirage.pipeline import Request
 from egraph_mirage.pipeline.results_folder import result_files, write_results
 from egraph_mirage.rank.forms import spread
 from egraph_mirage.rank.measured import (
@@ -374,16 +375,18 @@ def test_the_time_budget_is_counted_from_the_start(rmsnorm: em.KernelGraph,
         seen["search deadline"] = deadline
         return run_task(payload, task, deadline, *args)
 
-    run_task = stages.run_task
+    from egraph_mirage.search import run as search_run
+
+    run_task = search_run.run_task
     monkeypatch.setattr(stages, "profile_stage", stage)
-    monkeypatch.setattr(stages, "run_task", task)
+    monkeypatch.setattr(search_run, "run_task", task)
     before = time.time()
     superoptimize(rmsnorm, TINY, time_budget=1000.0, workers=1, progress=False, profile=True,
                   profiler=Broken())
     after = time.time()
     assert before + 1000.0 <= seen["deadline"] <= after + 1000.0
     # the search stops at its share of the budget: the rest is the profiling's
-    share = stages.SEARCH_SHARE * 1000.0
+    share = Request().search_share * 1000.0
     assert before + share <= seen["search deadline"] <= after + share < before + 1000.0
     superoptimize(rmsnorm, TINY, workers=1, progress=False, profile=True, profiler=Broken())
     assert seen["deadline"] is None

@@ -17,9 +17,9 @@ import pytest
 import egraph_mirage as em
 from egraph_mirage.lower import fuse
 from egraph_mirage.ops import OPS
-from egraph_mirage.pipeline.stages import prepare
 from egraph_mirage.search import SearchConfig
 from egraph_mirage.search import dims as dims_mod
+from egraph_mirage.search.prepare import prepare
 from egraph_mirage.search.tasks import BESIDE, SPLIT, Context, list_tasks, run_task
 from egraph_mirage.search.tiling import KernelShape, kernel_shapes, split_of
 
@@ -152,7 +152,7 @@ def test_partial_goal_distances_lose_no_first_kernel(name: str, ops: int, beside
     """A split task's first kernel is pruned by goal distances to the tiles it may write (the
     partials, and in a beside task the results beside them): it writes exactly what the plain
     walk's first kernels write, in fewer states."""
-    from egraph_mirage.pipeline.stages import prepare
+    from egraph_mirage.search.prepare import prepare
     from egraph_mirage.search.tasks import Context, _Run
 
     payload = prepare(em.benchmarks.get(name, small=True), SearchConfig(max_block_ops=ops))

@@ -6,14 +6,15 @@ For each benchmark program and batch size, in fp16:
   ``egraph-mirage optimize --out`` folder ``DIR/<name>_b<batch>/`` or ``DIR/<name>/``, or single
   files ``DIR/<name>_b<batch>[_*].json``); ``--from-search`` first runs the search for each
   program and batch (``superoptimize`` with ``--search-budget``) into ``DIR/<name>_b<batch>/``.
-  Each result is expanded into its size variants (``rank.sizes.size_variants``: the same
+  Each result is expanded into its size variants (``rank.size_variants.size_variants``: the same
   structure at other grid, loop and split sizes, each verified against the program); every
   candidate is lowered, tuned over the lowering's knobs and numerically checked against PyTorch
   in float32 (``rank.measured.rank``); the fastest is checked again on fresh inputs and timed.
   ``source`` is always ``"search"``, ``mugraph_file`` names the file and ``size_variant`` the
   variant that won (0: the file's own sizes). Without a search result ours is empty (None) and
   the row says so in its notes;
-* the reference: the hand-written fused μGraphs (``bench.reference.variants``), measured the
+* the reference: the hand-written fused μGraphs (``bench.handwritten_fixtures.variants``), measured
+the
   same way in the same run, in a column of their own (``reference_*``); never ours;
 * the baselines of ``gpu.baselines`` (eager, torch.compile, SDPA where the program is attention);
 * each timed with plain launches and under CUDA-graph replay (``gpu.timing``), with the bandwidth
@@ -92,10 +93,11 @@ class GpuBenchConfig:
     #: of the fastest are tuned over the whole knob space
     tune_top: int = 4
     #: at most this many sizes of each search result, its own first (``size_variants``'s
-    #: ``limit``; None: its default, ``rank.sizes.DEFAULT_LIMIT``; 1: the search's own only)
+    #: ``limit``; None: its default, ``rank.size_variants.DEFAULT_LIMIT``; 1: the search's own only)
     size_limit: int | None = None
     #: processes that check the size variants against the program where one check is long (a
-    #: large program at its real sizes; ``rank.sizes.size_variants``); None: every core but one
+    #: large program at its real sizes; ``rank.size_variants.size_variants``); None: every core but
+    #: one
     check_workers: int | None = None
     #: also time the hand-written reference μGraphs (``reference_*``; never ours)
     reference: bool = True
@@ -159,7 +161,8 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     """The search's μGraphs for program ``name`` at ``batch`` (``g``), first found of:
 
     1. ``DIR/<name>_b<batch>/``: an ``egraph-mirage optimize --out`` folder (``result_<k>.json``
-       best first, else ``best.json``; ``search.outdir``); every μGraph must take ``g``'s inputs;
+       best first, else ``best.json``; ``pipeline.results_folder``); every μGraph must take ``g``'s
+       inputs;
     2. ``DIR/<name>/``: the same, for a search run at one batch: μGraphs for other shapes are
        retargeted to this batch's (``mugraph.sizes.retarget``: one search serves every batch;
        the size variants verify them against ``g``);
@@ -219,7 +222,8 @@ class Expanded:
 def expand_sizes(found: Candidates, g: KernelGraph, limit: int | None = None,
                  workers: int = 1, smem: int | None = None) -> Expanded:
     """Each of the search's μGraphs followed by its size variants
-    (``rank.sizes.size_variants``, verified against ``g``, in ``workers`` processes where one
+    (``rank.size_variants.size_variants``, verified against ``g``, in ``workers`` processes where
+    one
     check is long), their tiles within ``smem`` bytes of shared memory per block where given
     (the GPU's; else the search's budget); a μGraph met twice is kept once, the first time. A
     result whose variants cannot be made is kept at its own sizes (a note)."""
@@ -248,7 +252,8 @@ def expand_sizes(found: Candidates, g: KernelGraph, limit: int | None = None,
 def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
                 log: Log = _stderr) -> Path:
     """Run the search for ``g`` (``name`` at ``batch``) and write its folder
-    ``cfg.mugraph_dir/<name>_b<batch>/`` (``search.outdir``); its checkpoint lets a rerun resume
+    ``cfg.mugraph_dir/<name>_b<batch>/`` (``pipeline.results_folder``); its checkpoint lets a rerun
+    resume
     rather than search again. Imports the search (egglog, JAX) only here."""
     from ..pipeline.results_folder import write_results
     from ..rank.measured import keep_jax_off_the_gpu

@@ -1,7 +1,8 @@
 """Soundness benchmark of the finite-field verifier: mutants of the hand-written μGraphs.
 
 ``bench_verify()`` takes each benchmark program ``g`` and its hand-written reference μGraph
-(``bench.reference.fused``), generates mutants (``mugraph.mutate``: single edits, then chains of
+(``bench.handwritten_fixtures.fused``), generates mutants (``mugraph.mutate``: single edits, then
+chains of
 edits) and classifies each by float ground truth: ``run_reference`` (block by block, float64) on
 two random normal input sets against ``g.evaluate``. A relative error above 1e-6 makes it
 *non-equivalent*, below 1e-9 *equivalent*, between *ambiguous* (dropped, counted). A non-finite

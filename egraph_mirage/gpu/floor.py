@@ -6,7 +6,7 @@ The bandwidth is measured once per run (``measure_copy_bandwidth``) and handed a
 ``Floor``; nothing is cached behind the caller's back.
 
 What a particular μGraph moves (intermediates, re-read tiles) is the cost model's business:
-``rank.cost_model.ProgramCost.traffic_bytes``, the one no-GPU estimate of traffic.
+``lower.cost_model.ProgramCost.traffic_bytes``, the one no-GPU estimate of traffic.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ device name and the knobs, so a second run re-times nothing; the best is compile
 hand back a callable.
 
 ``rank(candidates, tuner)`` orders μGraphs by measured time where a GPU and the lowering are
-present, and by the search's cost model (``rank.cost_model.ProgramCost``: estimated time from
+present, and by the search's cost model (``lower.cost_model.ProgramCost``: estimated time from
 the bytes the kernels move and their launches) otherwise.
 """
 

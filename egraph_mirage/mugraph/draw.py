@@ -26,7 +26,7 @@
 
 Operand order is marked (``1``, ``2``) on the edges into non-commutative binary operators
 (matmul, div, concat). The text depends only on the graph, so equal graphs draw identically.
-``mugraph_svg`` renders with the ``dot`` program; a missing ``dot`` is a ``viz.RenderError``.
+``mugraph_svg`` renders with the ``dot`` program; a missing ``dot`` is a ``render.RenderError``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 from ..errors import GraphError
 from ..files import write_atomic
 from ..ops import lookup
-from ..viz import RenderError, _render
+from ..render import RenderError, svg_of_dot
 from .threadblock import (
     ACCUMULATOR_OPS,
     BUILDER_OPS,
@@ -324,7 +324,7 @@ def mugraph_dot(g: Any) -> str:
 
 def mugraph_svg(g: Any, path: str | Path | None = None) -> str:
     """SVG text of ``mugraph_dot(g)``; also written (atomically) to ``path`` if given."""
-    svg = _render(mugraph_dot(g))
+    svg = svg_of_dot(mugraph_dot(g))
     if path is not None:
         write_atomic(path, svg)
     return svg

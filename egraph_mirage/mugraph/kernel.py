@@ -13,7 +13,7 @@ Two evaluators give its meaning, and must agree:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +25,6 @@ from . import maps as pt
 from .accumulators import lookup_accumulator
 from .maps import EPILOGUE, INVARIANT, LOOP_SIDE
 
-if TYPE_CHECKING:
-    from .threadblock import ThreadBlockGraph
-
 #: the block graph run on a grid: (loader index -> the kernel input it reads, grid, loader index
 #: -> its tiles already laid out) -> the saved tiles in the vectorised layout, in saver order
 Body = Callable[[dict[int, Any], tuple[int, ...], dict[int, Any]], list[Any]]
@@ -36,7 +33,9 @@ Body = Callable[[dict[int, Any], tuple[int, ...], dict[int, Any]], list[Any]]
 class GraphDefinedKernel:
     """An immutable use of a thread-block graph as a kernel (``ThreadBlockGraph.as_kernel``)."""
 
-    def __init__(self, tb: ThreadBlockGraph) -> None:
+    def __init__(self, tb: Any) -> None:
+        """``tb``: a ``ThreadBlockGraph`` (``threadblock``, which builds kernels through
+        ``as_kernel`` and so imports this module, not the other way round)."""
         if not callable(getattr(tb, "as_kernel", None)):
             raise GraphError(f"customized: expected a ThreadBlockGraph, got {type(tb).__name__}")
         tb.validate()

@@ -5,7 +5,7 @@ kernel's grid axes split and its for-loop walks, the block operators, accumulato
 how many kernels. Its *sizes* are the numbers: blocks per grid axis and loop iterations, which
 fix the tile sizes and the number of pieces a split form cuts a reduction into. The search finds
 structures; this module instantiates one at other sizes, for a tuner to choose among
-(``rank.sizes.size_variants`` verifies and orders them).
+(``rank.size_variants.size_variants`` verifies and orders them).
 
 ``resize(g, sizes)`` rebuilds ``g`` with each graph-defined kernel's grid and loop range
 replaced; the block graph is replayed operator by operator on the new tiles. ``size_choices(g,
@@ -105,7 +105,8 @@ def retarget(g: KernelGraph, program: KernelGraph,
     """``g``'s structure on ``program``'s inputs (the same program at another batch size, say),
     its tiles chosen under the first of ``caps`` that fits. Raises a ``MapError`` where the
     inputs differ in number, rank or dtype, or the last ``EMError`` where no caps fit the new
-    shapes. The result is not verified: ``rank.sizes.size_variants(h, target=program)`` checks
+    shapes. The result is not verified: ``rank.size_variants.size_variants(h, target=program)``
+    checks
     it (and tries the other caps)."""
     if len(g.inputs) != len(program.inputs):
         raise MapError(f"retarget: the μGraph takes {len(g.inputs)} inputs, the program "
@@ -314,7 +315,8 @@ def _grid_parts(grid: Sequence[int], fd: int, loads: Sequence[Any]) -> int:
 
 def size_choices(g: KernelGraph, caps: Sequence[Caps] = DEFAULT_CAPS) -> list[KernelGraph]:
     """``g`` first, then its structure under each of ``caps`` that fits, one per set of sizes
-    (unverified: ``rank.sizes.size_variants`` checks them; a budget of shared memory that only
+    (unverified: ``rank.size_variants.size_variants`` checks them; a budget of shared memory that
+    only
     lets the same sizes through again gives nothing new)."""
     seen = {sizes_of(g)}
     out = [g]

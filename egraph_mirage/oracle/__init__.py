@@ -1,8 +1,7 @@
 """The e-graph reachability oracle and the rule-file loader."""
 
-from ..extract.snapshot import Snapshot
 from .oracle import Budget, IncompleteSaturationWarning, Oracle, OracleStats, Reachability
-from .rules import DEFAULT_RULES_DIR, load_rules, split_forms
+from .rules import DEFAULT_RULES_DIR, load_rules, rule_files, rules_digest, split_forms
 
 __all__ = [
            "DEFAULT_RULES_DIR",
@@ -11,7 +10,8 @@ __all__ = [
            "Oracle",
            "OracleStats",
            "Reachability",
-           "Snapshot",
            "load_rules",
+           "rule_files",
+           "rules_digest",
            "split_forms",
 ]

@@ -22,22 +22,20 @@ found so far written).
 from __future__ import annotations
 
 import argparse
-import math
 import runpy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .. import benchmarks
 from ..errors import EMError
 from ..graph import KernelGraph
-from ..processes import sigint_deferred
-from ..rank.measured import keep_jax_off_the_gpu
-from ..search.config import SearchConfig, SearchError
+from ..rank import keep_jax_off_the_gpu
+from ..search import SearchConfig, SearchError, SearchResults
 from ..search.explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET
 from ..search.progress import LOG_INTERVAL_S
-from ..search.results import SearchResults
-from .results_folder import write_results
-from .stages import superoptimize
+from .request import Request, RequestError
+from .stages import run as pipeline_run
 
 #: the exit status after Ctrl-C (128 + SIGINT, as shells report it)
 EXIT_INTERRUPTED = 130
@@ -108,17 +106,27 @@ def load_program(spec: str, batch: int, small: bool) -> KernelGraph:
     return g
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    """A ``SearchError`` naming the option for a budget or count that cannot be meant."""
-    if args.budget is not None and (math.isnan(args.budget) or args.budget <= 0):
-        raise SearchError(f"--budget must be a positive number of seconds, got {args.budget}")
-    for option, value in (("--max-tasks", args.max_tasks), ("--max-results", args.max_results),
-                          ("--workers", args.workers), ("--batch", args.batch)):
+#: the flag that sets each ``Request`` field, for error messages
+FLAGS = {"time_budget": "--budget", "max_tasks": "--max-tasks", "workers": "--workers",
+         "progress_interval": "--progress-interval", "rules": "--rules",
+         "extra_rules": "--extra-rules"}
+
+
+def request_of(args: argparse.Namespace) -> Request:
+    """The ``Request`` the flags ask for (validated there, once); a ``SearchError`` naming the
+    flag for a value that cannot be meant."""
+    for option, value in (("--max-results", args.max_results), ("--batch", args.batch)):
         if value is not None and value < 1:
             raise SearchError(f"{option} must be a positive integer, got {value}")
-    if math.isnan(args.progress_interval) or args.progress_interval < 0:
-        raise SearchError(f"--progress-interval must be a number of seconds >= 0, got "
-                          f"{args.progress_interval}")
+    try:
+        return Request.of(config=SearchConfig(max_results=args.max_results),
+                          time_budget=args.budget, workers=args.workers, profile=args.profile,
+                          max_tasks=args.max_tasks, rules=args.rules,
+                          extra_rules=args.extra_rules,
+                          progress=False if args.no_progress else None,
+                          progress_interval=args.progress_interval)
+    except RequestError as e:
+        raise SearchError(f"{FLAGS.get(e.field, e.field)} {e.detail}") from None
 
 
 def output_folder(path: str) -> Path:
@@ -136,22 +144,15 @@ def output_folder(path: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_arguments(args)
+    request = request_of(args)
     g = load_program(args.program, args.batch, args.small)
     out = output_folder(args.out)
-    config = SearchConfig(max_results=args.max_results)
+    request = replace(request, checkpoint=out / "search.ckpt")
     if args.profile:
         keep_jax_off_the_gpu()
     try:
-        results = superoptimize(g, config, time_budget=args.budget, workers=args.workers,
-                                checkpoint=out / "search.ckpt", profile=args.profile,
-                                max_tasks=args.max_tasks, rules=args.rules,
-                                extra_rules=args.extra_rules,
-                                progress=False if args.no_progress else None,
-                                progress_interval=args.progress_interval)
-        with sigint_deferred():  # the folder is written whole, even on a second Ctrl-C
-            write_results(out, results, {"name": args.program, "batch": args.batch,
-                                         "small": args.small})
+        results = pipeline_run(g, request, out=out, program_info={
+            "name": args.program, "batch": args.batch, "small": args.small})
         return report(results, out, args)
     except KeyboardInterrupt:  # before the search had results, or a second Ctrl-C
         print("(interrupted)", flush=True)

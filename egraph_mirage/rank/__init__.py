@@ -1,7 +1,7 @@
 """Ranking μGraphs, in one place.
 
-- ``cost_model.ProgramCost``: the estimate without a GPU (per launch, the longer of moving its
-  bytes and computing, at the share of the GPU its blocks occupy); ``by_cost`` orders the
+- ``lower.cost_model.ProgramCost``: the estimate without a GPU (per launch, the longer of
+  moving its bytes and computing, at the share of the GPU its blocks occupy); ``by_cost`` orders the
   search's verified results by it.
 - ``measured``: ranking by time measured on a GPU — the search's ``profile`` stage
   (``profile_stage``, ``GpuProfiler``) and ``rank`` (candidates ordered by a tuner's times, used
@@ -14,6 +14,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..mugraph.serialize import dumps
+from .measured import (
+    PROFILE_SIZES,
+    SEARCH_SHARE,
+    GpuProfiler,
+    Profiler,
+    cuda_available,
+    keep_jax_off_the_gpu,
+    profile_stage,
+)
 
 
 def cost_key(result: Any) -> tuple[float, int, str]:
@@ -27,4 +36,5 @@ def by_cost(results: Sequence[Any]) -> list[Any]:
     return sorted(results, key=cost_key)
 
 
-__all__ = ["by_cost", "cost_key"]
+__all__ = ["PROFILE_SIZES", "SEARCH_SHARE", "GpuProfiler", "Profiler", "by_cost", "cost_key",
+           "cuda_available", "keep_jax_off_the_gpu", "profile_stage"]

@@ -200,7 +200,7 @@ class GpuProfiler:
 SEARCH_SHARE = 0.6
 #: sizes timed for each of the first ``PROFILE_SIZES_FORMS`` results of the profiling order (the
 #: best estimated of each form): its own and the μGraph optimizer's next best
-#: (``rank.sizes.size_variants``)
+#: (``rank.size_variants.size_variants``)
 PROFILE_SIZES = 4
 PROFILE_SIZES_FORMS = 3
 #: results tuned in full after the first timings, the fastest first
@@ -238,7 +238,8 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     Compiling every setting of every result would time one or two results in a budget.
 
     ``sizes`` > 1: each of the first ``sized_forms`` results of that order is followed by its
-    structure at up to ``sizes - 1`` other sizes (``rank.sizes.size_variants``, each verified
+    structure at up to ``sizes - 1`` other sizes (``rank.size_variants.size_variants``, each
+    verified
     against ``program``), timed like the search's own results.
     """
     stats.ranked_by = BY_COST_MODEL

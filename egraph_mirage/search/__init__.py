@@ -1,8 +1,9 @@
-"""The superoptimizer: e-graph-guided search over μGraphs (see ``driver.superoptimize``)."""
+"""The search stage: e-graph-guided enumeration of μGraphs (``prepare``, ``tasks``, ``run``).
 
-from ..pipeline.stages import superoptimize
+The pipeline (``egraph_mirage.pipeline``) drives it; ``em.superoptimize`` is the entry point.
+"""
+
 from .config import SearchConfig, SearchError
 from .results import SearchResult, SearchResults, SearchStats
 
-__all__ = ["SearchConfig", "SearchError", "SearchResult", "SearchResults", "SearchStats",
-           "superoptimize"]
+__all__ = ["SearchConfig", "SearchError", "SearchResult", "SearchResults", "SearchStats"]

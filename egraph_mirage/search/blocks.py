@@ -24,32 +24,11 @@ from .config import SearchConfig, SearchError
 from .dims import LinkProbe, result_classes
 from .pairing import Pairing, joinable
 from .reach import ReachIndex, ref
+from .tile import Dims, Tile
 from .tiling import KernelShape
 
-Dims = tuple[int, ...]
 #: most distinct tiles the goal distances close over (beyond it the search runs unpruned)
 _CLOSURE_MAX = 20000
-
-
-@dataclass(frozen=True)
-class Tile:
-    #: e-class (or structural key without the oracle) with side, dims and dimension classes:
-    #: abstract expressions forget the order of a matmul's operands, so ``V @ E`` and ``E @ V``
-    #: of square tiles share a class; their dimension classes tell them apart
-    key: Any
-    cls: int | None
-    dims: Dims
-    itemsize: int
-    side: str
-    dcls: tuple[Any, ...]
-    op: str  # "input", an op-table name, "accum" or "max" (a running max)
-    args: tuple[int, ...]
-    params: tuple[tuple[str, Any], ...]
-    #: the key of the running max this loop-side tile moves with (None: no running max): it
-    #: may only be accumulated rescaled by that max (online softmax)
-    shift: Any = None
-    #: whether the tile is (made from) a tensor of the previous kernel (``BlockSearch.fresh``)
-    anchored: bool = True
 
 
 @dataclass

@@ -39,7 +39,8 @@ class SearchConfig:
     #: tile sizes the for-loop may walk a dimension in
     loop_tiles: tuple[int, ...] = (16, 64)
     #: kernel shapes searched per structure (grid classes, loop class, loads), the best by the
-    #: shape heuristic first; the μGraph optimizer stage (``rank.sizes``) re-sizes what is found.
+    #: shape heuristic first; the μGraph optimizer stage (``rank.size_variants``) re-sizes what is
+    #: found.
     #: None: every size
     sizes_per_structure: int | None = 1
     #: most blocks in one grid

@@ -16,17 +16,14 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import EMError
 from ..expr import Term
 from ..ops import OPS
 from .reach import ReachIndex, ref
+from .tile import Dims, Tile
 
-if TYPE_CHECKING:
-    from .blocks import Tile
-
-Dims = tuple[int, ...]
 #: per operator joining pattern: (own handle, other handle, joining operator, positions)
 Plan = list[tuple[Term, Term, str, tuple[int, int]]]
 Candidates = Callable[[tuple[Dims, Dims], bool], list[tuple[str, dict[str, Any]]]]

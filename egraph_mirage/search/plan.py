@@ -17,7 +17,8 @@ from ..errors import MapError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
 from ..mugraph import maps as pt
 from ..mugraph import new_threadblock_graph
-from .blocks import Tile, loads_read, used_tiles
+from .blocks import loads_read, used_tiles
+from .tile import Tile
 from .tiling import DTensor, KernelShape
 
 

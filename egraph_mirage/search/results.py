@@ -48,7 +48,7 @@ class SearchStats:
     dropped_results: int = 0
     #: when nothing was found: why, as far as the search can tell (``search.explain``)
     no_result_reasons: list[str] = field(default_factory=list)
-    #: what ordered the results: "cost model" (``rank.cost_model``) or "gpu" (measured; where
+    #: what ordered the results: "cost model" (``lower.cost_model``) or "gpu" (measured; where
     #: the time budget ended the profiling, the unmeasured results follow in the cost model's
     #: order)
     ranked_by: str = "cost model"

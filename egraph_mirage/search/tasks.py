@@ -22,7 +22,7 @@ from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import dumps, loads
 from ..mugraph.threadblock import EPILOGUE
-from .blocks import BlockSearch, Counters, Tile, loads_read
+from .blocks import BlockSearch, Counters, loads_read
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe
 from .plan import (
@@ -35,6 +35,7 @@ from .plan import (
     uses_whole_shape,
 )
 from .reach import ReachIndex, ref
+from .tile import Tile
 from .tiling import DTensor, KernelShape, can_finish, kernel_shapes, reduced_cuts
 
 T = TypeVar("T")

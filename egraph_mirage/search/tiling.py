@@ -184,7 +184,7 @@ def structure(ks: KernelShape, config: SearchConfig) -> tuple[Any, ...]:
     each block keeps one index of the class, a tile, or one of a few large pieces:
     ``grid_splits``), the class its loop walks, and how each tensor is loaded. Shapes of one
     structure differ only in block and iteration counts, which the μGraph optimizer stage
-    re-chooses for the found structure (``rank.sizes``)."""
+    re-chooses for the found structure (``rank.size_variants``)."""
     sizes = {c: t for ld in ks.loaders for c, t in zip(ld.tensor.dcls, ld.tile) if c is not None}
     axes = tuple((c, g > 1, sizes.get(c, 0) == 1, g in config.grid_splits)
                  for g, c in zip(ks.grid, ks.axis_classes))

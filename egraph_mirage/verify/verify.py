@@ -230,7 +230,7 @@ def check_numerics(candidate: KernelGraph, reference: KernelGraph, dtype: DType 
 CHECK_BYTES_PER_ELEMENT = 24
 CHECK_BASE_BYTES = 1 << 30
 #: the share of the machine's available memory that processes checking candidates may take
-#: together (the search's workers, ``rank.sizes``' checking workers)
+#: together (the search's workers, ``rank.size_variants``' checking workers)
 CHECK_MEMORY_SHARE = 0.6
 
 

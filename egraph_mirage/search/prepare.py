@@ -1,0 +1,70 @@
+"""The search's first step: saturate the target's e-graph and describe its inputs (``prepare``).
+
+The payload it returns is plain, picklable data (``tasks.Payload``): every search task, in any
+process, starts from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..graph import KernelGraph, abstract_term
+from ..mugraph.serialize import dumps
+from ..oracle import Budget, Oracle, rule_files, rules_digest
+from .config import SearchConfig, SearchError
+from .dims import LinkProbe, dim_classes
+from .reach import ReachIndex
+from .tasks import Payload
+from .tiling import DTensor
+
+
+def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0,
+            rules: Sequence[Path] | None = None, extra_rules: Sequence[Path] = (),
+            saturation_seconds: float | None = None) -> Payload:
+    """Saturate the target's e-graph and describe its inputs.
+
+    ``rules`` replaces the shipped rule files, ``extra_rules`` are loaded after them (both as
+    in ``Oracle``); the payload records a digest of the files' contents.
+    ``saturation_seconds`` caps the oracle's saturation time (default: ``Budget``'s)."""
+    return prepare_with_rules(g, config, seed, rules, extra_rules, saturation_seconds)[0]
+
+
+def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
+                       rules: Sequence[Path] | None = None, extra_rules: Sequence[Path] = (),
+                       saturation_seconds: float | None = None
+                       ) -> tuple[Payload, list[Path]]:
+    """``prepare``, and the rule files the oracle loaded (in order)."""
+    if not isinstance(g, KernelGraph):
+        raise SearchError(f"superoptimize: expected a KernelGraph, got {type(g).__name__}")
+    if len(g.outputs) != 1:
+        raise SearchError(f"superoptimize: the program must have exactly one output, it has "
+                          f"{len(g.outputs)}")
+    if any(t.op == "customized" for t in g.operators):
+        raise SearchError("superoptimize: the input program already has graph-defined kernels;"
+                          " give it as library operators")
+    budget = (Budget() if saturation_seconds is None
+              else Budget(max_seconds=min(Budget().max_seconds, saturation_seconds)))
+    oracle = Oracle(g, rules=None if rules is None else list(rules),
+                    extra_rules=list(extra_rules), budget=budget, warn_incomplete=False)
+    reach = ReachIndex.from_oracle(oracle)
+    classes, out_classes = dim_classes(g, LinkProbe())
+    inputs = []
+    for i, (t, dcls) in enumerate(zip(g.inputs, classes)):
+        cls = reach.classify(abstract_term(t))
+        inputs.append(DTensor(i, t.dims, t.dtype, cls, dcls, cls if cls is not None else ("v", i)))
+    scalars = sorted(program_scalars(g) | set(config.scalars))
+    # the generated prelude (from the op table) is part of the rules the e-graph was built with
+    digest = rules_digest(oracle.rule_paths, oracle.prelude)
+    payload = Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0],
+                      seed, digest)
+    return payload, rule_files(oracle.rule_paths)
+
+
+def program_scalars(g: KernelGraph) -> set[float]:
+    """The constants of ``g``'s operators, which ``add_scalar`` and ``mul_scalar`` may use in a
+    block: every ``scalar`` and every other float parameter (``rms_norm``'s ``eps``, so that
+    ``sqrt(mean(x * x) + eps)`` can be built from an accumulated mean)."""
+    return {float(v) for t in g.operators for k, v in t.params.items()
+            if k == "scalar" or (isinstance(v, float) and math.isfinite(v))}
