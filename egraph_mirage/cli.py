@@ -9,7 +9,7 @@
     egraph-mirage optimize NAME|FILE [--batch B] [--small] [--budget S] [--max-tasks N]
                            [--out DIR] [--profile] [--rules PATH] [--extra-rules PATH ...]
     egraph-mirage bench gpu [--json] [--batch B ...] [--programs NAME ...] [--mugraph-dir DIR]
-                            [--max-candidates K] [--from-search [--search-budget S]]
+                            [--max-candidates K] [--from-search [--budget S]]
                             [--size-variants K] [--no-reference]
     egraph-mirage bench torch [--json] [--out PATH] [--batch B ...] [--preset small|llama3_8b]
                               [--models llama hf] [--modes MODE ...] [--budget S]
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import random
 import sys
 from collections.abc import Sequence
@@ -85,8 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--small", action="store_true", help="reduced shapes")
     bs.add_argument("--programs", nargs="+", metavar="NAME", help="benchmarks (default: all)")
     bs.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    bs.add_argument("--budget", type=float, default=600.0, metavar="S",
-                    help="seconds each search may take (default 600)")
+    bs.add_argument("--budget", type=float, default=None, metavar="S",
+                    help="seconds each search may take (default: 600, "
+                    "bench.search_bench.BENCH_REQUEST)")
     bs.add_argument("--workers", type=int, default=None, metavar="N",
                     help="worker processes (default: every core)")
     bs.add_argument("--no-oracle", action="store_true",
@@ -132,10 +132,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the search for each program and batch first, into "
                     "DIR/<name>_b<batch>/ (DIR: --mugraph-dir, default "
                     "egraph-mirage-out/search; a rerun resumes from its checkpoint)")
-    bg.add_argument("--search-budget", type=float, default=300.0, metavar="S",
+    bg.add_argument("--budget", type=float, default=300.0, metavar="S",
                     help="seconds of search per program and batch with --from-search "
                     "(default 300)")
-    bg.add_argument("--search-workers", type=int, default=None, metavar="N",
+    bg.add_argument("--workers", type=int, default=None, metavar="N",
                     help="search processes with --from-search (default: every core)")
     bg.add_argument("--check-workers", type=int, default=None, metavar="N",
                     help="processes that check the size variants against the program when "
@@ -237,22 +237,24 @@ def _bench_oracle(args: argparse.Namespace) -> int:
 
 
 def _bench_search(args: argparse.Namespace) -> int:
-    from .bench.search_bench import bench_search, format_table, load_winners
+    from .bench.search_bench import BENCH_REQUEST, bench_search, format_table, load_winners
+    from .pipeline.command import request_from_flags
 
-    if math.isnan(args.budget) or args.budget <= 0:
-        print(f"error: --budget must be a positive number of seconds, got {args.budget}",
-              file=sys.stderr)
-        return 2
     try:
+        budget = BENCH_REQUEST.time_budget if args.budget is None else args.budget
+        request = request_from_flags(time_budget=budget, workers=args.workers,
+                                     max_tasks=args.max_tasks, extra_rules=args.extra_rules or (),
+                                     progress=args.progress)
         winners = load_winners(args.winners) if args.winners else None
+    except EMError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"error: --winners: {e}", file=sys.stderr)
         return 2
-    rows = bench_search(args.programs, small=args.small, batch=args.batch, budget=args.budget,
-                        workers=args.workers, use_oracle=not args.no_oracle,
-                        max_tasks=args.max_tasks, max_block_ops=args.max_block_ops,
+    rows = bench_search(args.programs, small=args.small, batch=args.batch, request=request,
+                        use_oracle=not args.no_oracle, max_block_ops=args.max_block_ops,
                         out=args.out, winners=winners,
-                        extra_rules=args.extra_rules, progress=args.progress,
                         on_row=lambda r: print(json.dumps(r), file=sys.stderr, flush=True))
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0

@@ -30,7 +30,8 @@ from egraph_mirage.mugraph.accumulators import (
     reduce_last_dims,
     reduce_last_shape,
 )
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 from egraph_mirage.verify import field as ff
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,7 +33,8 @@ SIZES = "egraph_mirage.rank.size_variants"
 
 
 def _sizes(monkeypatch: pytest.MonkeyPatch, fn: Any) -> None:
-    """Stand ``fn`` in for ``rank.sizes.size_variants`` (imported by the bench when called)."""
+    """Stand ``fn`` in for ``rank.size_variants.size_variants`` (imported by the bench when
+    called)."""
     monkeypatch.setitem(sys.modules, SIZES, types.SimpleNamespace(size_variants=fn))
 
 
@@ -92,15 +93,15 @@ def test_parse_bench_gpu_arguments() -> None:
     a = _parser().parse_args(["bench", "gpu"])
     assert a.batch == [1, 8, 16] and a.programs is None and a.mugraph_dir is None
     assert not (a.json or a.no_compile or a.max_autotune or a.no_tune or a.no_cache)
-    assert not a.from_search and a.search_budget == 300.0 and a.max_candidates is None
+    assert not a.from_search and a.budget == 300.0 and a.max_candidates is None
     a = _parser().parse_args(["bench", "gpu", "--json", "--batch", "1", "8", "--programs", "gqa",
                               "lora", "--mugraph-dir", "d", "--no-compile", "--markdown", "m.md",
                               "--plot", "p.png", "--cache-dir", "c"])
     assert a.batch == [1, 8] and a.programs == ["gqa", "lora"] and a.mugraph_dir == "d"
     assert a.json and a.no_compile and (a.markdown, a.plot, a.cache_dir) == ("m.md", "p.png", "c")
-    a = _parser().parse_args(["bench", "gpu", "--from-search", "--search-budget", "60",
-                              "--search-workers", "2", "--max-candidates", "4"])
-    assert a.from_search and (a.search_budget, a.search_workers, a.max_candidates) == (60, 2, 4)
+    a = _parser().parse_args(["bench", "gpu", "--from-search", "--budget", "60",
+                              "--workers", "2", "--max-candidates", "4"])
+    assert a.from_search and (a.budget, a.workers, a.max_candidates) == (60, 2, 4)
     assert a.size_variants is None and not a.no_reference
     a = _parser().parse_args(["bench", "gpu", "--size-variants", "3", "--no-reference",
                               "--and-handwritten"])  # the last: accepted, a no-op now
@@ -498,13 +499,14 @@ def test_a_result_without_size_variants_is_timed_at_its_own(tmp_path: Path,
 
 
 def test_from_search_runs_the_search_first(tmp_path: Path, one_size: list[Any]) -> None:
+    from egraph_mirage.pipeline import Request
     from egraph_mirage.search import SearchConfig
 
     tiny = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0, max_results=2)
     logs: list[str] = []
     (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1], mugraph_dir=str(tmp_path),
-                             from_search=True, search_config=tiny, search_workers=1,
-                             search_budget=float("inf")),  # tiny: no time limit needed
+                             from_search=True,  # tiny: no time limit needed
+                             search=Request(config=tiny, workers=1, progress=False)),
                         timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
                         device_name="fake", log=logs.append)
     folder = tmp_path / "rmsnorm_linear_b1"

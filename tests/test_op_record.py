@@ -22,7 +22,8 @@ from egraph_mirage.ops.table import elementwise, unary
 from egraph_mirage.ops.terms import Constructor, Degree
 from egraph_mirage.oracle.prelude import prelude_text
 from egraph_mirage.oracle.rules import DEFAULT_RULES_DIR
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 from egraph_mirage.verify.verify import degree
 
 IDENTITY = "(birewrite (Cube a) (Mul a (Square a)))   ; a cube is x times its square\n"

@@ -1,4 +1,4 @@
-"""The search's cost model (``rank.cost_model``) on attention plans at paper shapes."""
+"""The search's cost model (``lower.cost_model``) on attention plans at paper shapes."""
 
 from __future__ import annotations
 

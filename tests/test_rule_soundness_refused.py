@@ -19,7 +19,8 @@ import egraph_mirage as em
 from egraph_mirage import RuleError
 from egraph_mirage.cli import main
 from egraph_mirage.oracle.rules import DEFAULT_RULES_DIR
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 
 EXP_IS_IDENTITY = "; a wrong identity\n(rewrite (Exp a) a)  ; exp of anything is itself\n"
 

@@ -10,7 +10,8 @@ from search_space import TINY
 from search_space import texts as _texts
 
 import egraph_mirage as em
-from egraph_mirage.search import SearchConfig, SearchError, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig, SearchError
 
 
 def test_rmsnorm_linear_is_discovered_as_one_kernel(rmsnorm):

@@ -15,7 +15,8 @@ from egraph_mirage.bench.search_bench import bench_search, format_table, load_wi
 from egraph_mirage.cli import main
 from egraph_mirage.mugraph.serialize import dumps
 from egraph_mirage.mugraph.sizes import retarget, structure_of
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 
 #: lora's small search finds its first μGraph at task 19 (its tasks of 7 and more operators take
 #: seconds each)

@@ -11,7 +11,8 @@ from search_space import TINY
 from search_space import texts as _texts
 
 import egraph_mirage as em
-from egraph_mirage.search import SearchConfig, SearchError, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig, SearchError
 from egraph_mirage.search.prepare import prepare
 from egraph_mirage.search.tasks import list_tasks, run_task
 

@@ -8,7 +8,8 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage.bench.search_bench import largest_intermediate
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 from egraph_mirage.search.prepare import program_scalars
 
 #: about twice the tasks the search needs (measured 2026-11-26: the first fused result at task 77)

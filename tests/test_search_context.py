@@ -19,11 +19,8 @@ from search_space import texts as _texts
 import egraph_mirage as em
 from egraph_mirage.oracle.prelude import prelude_text
 from egraph_mirage.oracle.rules import DEFAULT_RULES_DIR, rules_digest
-from egraph_mirage.search import (
-    SearchError,
-    SearchResult,
-    superoptimize,
-)
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchError, SearchResult
 from egraph_mirage.search.prepare import prepare
 from egraph_mirage.search.tasks import context
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from search_space import TINY, texts
 
-from egraph_mirage.search import superoptimize, tasks
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import tasks
 from egraph_mirage.search.prepare import prepare_with_rules as _prepare
 from egraph_mirage.search.tasks import Units, context, list_tasks, run_task
 

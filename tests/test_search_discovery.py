@@ -18,7 +18,8 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage.bench.search_bench import GOALS, largest_intermediate
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 
 #: tasks a small search may run before the test gives up: about twice the most any program
 #: needs (qknorm, 385), so a change of the task order that costs a little does not fail it

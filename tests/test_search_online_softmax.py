@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import egraph_mirage as em
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 
 RULE = Path(__file__).resolve().parents[1] / "rules" / "optional" / "online_softmax.egg"
 #: one kernel: grid over the heads, the loop over the 64 keys in tiles of 16

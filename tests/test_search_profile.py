@@ -20,7 +20,7 @@ from search_space import TINY
 import egraph_mirage as em
 from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.lower import graph_knobs
-from egraph_mirage.pipeline import Request
+from egraph_mirage.pipeline import Request, superoptimize
 from egraph_mirage.pipeline.results_folder import result_files, write_results
 from egraph_mirage.rank.forms import spread
 from egraph_mirage.rank.measured import (
@@ -31,7 +31,7 @@ from egraph_mirage.rank.measured import (
     cuda_available,
     profile_stage,
 )
-from egraph_mirage.search import SearchConfig, SearchError, SearchResults, superoptimize
+from egraph_mirage.search import SearchConfig, SearchError, SearchResults
 from egraph_mirage.search.results import SearchResult, SearchStats
 
 ROOT = Path(__file__).resolve().parents[1]

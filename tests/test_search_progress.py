@@ -13,7 +13,7 @@ from search_space import TINY
 import egraph_mirage as em
 from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.cli import main
-from egraph_mirage.search import superoptimize
+from egraph_mirage.pipeline import superoptimize
 from egraph_mirage.search.progress import BAR, OFF, mode
 
 LOG_LINE = re.compile(r"^\[\s*\d+\.\d s\] tasks (\d+)/(\d+) \| states ")

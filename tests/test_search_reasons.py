@@ -9,7 +9,8 @@ from search_space import TINY
 
 import egraph_mirage as em
 from egraph_mirage.cli import main
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 from egraph_mirage.search.prepare import prepare
 from egraph_mirage.search.tasks import list_tasks
 

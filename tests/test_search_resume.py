@@ -12,7 +12,7 @@ from search_space import texts as _texts
 
 import egraph_mirage as em
 from egraph_mirage.bench import handwritten_fixtures as fixtures
-from egraph_mirage.search import superoptimize
+from egraph_mirage.pipeline import superoptimize
 from egraph_mirage.search.checkpoint import CheckpointWarning
 
 

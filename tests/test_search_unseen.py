@@ -8,7 +8,8 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage.bench.search_bench import largest_intermediate
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 
 #: about twice the tasks the slowest of them needs (measured 2026-11-23: 41, 30 and 185 tasks)
 MAX_TASKS = 400

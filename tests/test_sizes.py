@@ -1,5 +1,6 @@
 """Structure apart from sizes: a μGraph re-sized keeps computing the program (``mugraph.sizes``,
-``rank.sizes``). The reference forms of ``bench/fixtures.py`` serve as inputs: their tile caps
+``rank.size_variants``). The reference forms of ``bench/fixtures.py`` serve as inputs: their tile
+caps
 are exactly what re-sizing changes."""
 
 from __future__ import annotations
@@ -131,8 +132,8 @@ def test_resized_forms_keep_their_structure_and_other_forms_differ() -> None:
 
 
 def test_the_search_takes_one_size_per_structure_unless_asked() -> None:
-    from egraph_mirage.pipeline.stages import prepare
     from egraph_mirage.search.config import SearchConfig, SearchError
+    from egraph_mirage.search.prepare import prepare
     from egraph_mirage.search.tasks import Context
     from egraph_mirage.search.tiling import structure
 

@@ -5,7 +5,7 @@ For each benchmark program and batch size, in fp16:
 * ours: only what the search found. The μGraphs under ``--mugraph-dir DIR`` (``candidates``: an
   ``egraph-mirage optimize --out`` folder ``DIR/<name>_b<batch>/`` or ``DIR/<name>/``, or single
   files ``DIR/<name>_b<batch>[_*].json``); ``--from-search`` first runs the search for each
-  program and batch (``superoptimize`` with ``--search-budget``) into ``DIR/<name>_b<batch>/``.
+  program and batch (``superoptimize`` with ``--budget``) into ``DIR/<name>_b<batch>/``.
   Each result is expanded into its size variants (``rank.size_variants.size_variants``: the same
   structure at other grid, loop and split sizes, each verified against the program); every
   candidate is lowered, tuned over the lowering's knobs and numerically checked against PyTorch
@@ -39,6 +39,8 @@ from ..graph import KernelGraph
 from ..lower.cost_model import ProgramCost
 from ..mugraph.serialize import dumps, load
 from ..mugraph.sizes import retarget
+from ..pipeline import Request
+from ..pipeline.command import request_from_flags
 from ..rank.forms import FORM_SLACK, form_label, rank_correlation, spread, to_tune
 from . import handwritten_fixtures as fixtures
 from .gpu_report import best, fmt, format_table, markdown, plot, ratio, table_cells
@@ -86,9 +88,9 @@ class GpuBenchConfig:
     max_candidates: int | None = None
     #: run the search first, writing ``mugraph_dir/<name>_b<batch>/`` (``search_into``)
     from_search: bool = False
-    search_budget: float = 300.0
-    search_config: Any = None  # a ``SearchConfig``; None: the default one
-    search_workers: int | None = None  # None: every core
+    #: what the search is asked with ``from_search``: five minutes per program and batch, on
+    #: every core, silent (its checkpoint is the program's folder's)
+    search: Request = field(default_factory=lambda: Request(time_budget=300.0, progress=False))
     #: with more candidates than this, all are first timed at ``QUICK_KNOBS`` and only this many
     #: of the fastest are tuned over the whole knob space
     tune_top: int = 4
@@ -252,20 +254,16 @@ def expand_sizes(found: Candidates, g: KernelGraph, limit: int | None = None,
 def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
                 log: Log = _stderr) -> Path:
     """Run the search for ``g`` (``name`` at ``batch``) and write its folder
-    ``cfg.mugraph_dir/<name>_b<batch>/`` (``pipeline.results_folder``); its checkpoint lets a rerun
-    resume
-    rather than search again. Imports the search (egglog, JAX) only here."""
-    from ..pipeline.results_folder import write_results
-    from ..rank.measured import keep_jax_off_the_gpu
-    from ..search import SearchConfig, superoptimize
+    ``cfg.mugraph_dir/<name>_b<batch>/`` (the pipeline's ``write`` stage); its checkpoint lets
+    a rerun resume rather than search again. Imports the search (egglog, JAX) only here."""
+    from ..pipeline import run
+    from ..rank import keep_jax_off_the_gpu
 
     keep_jax_off_the_gpu()
     folder = Path(cfg.mugraph_dir or DEFAULT_SEARCH_DIR) / f"{name}_b{batch}"
     folder.mkdir(parents=True, exist_ok=True)
-    results = superoptimize(g, cfg.search_config or SearchConfig(),
-                            time_budget=cfg.search_budget, workers=cfg.search_workers,
-                            checkpoint=folder / "search.ckpt", progress=False)
-    write_results(folder, results, {"name": name, "batch": batch, "small": cfg.small})
+    results = run(g, replace(cfg.search, checkpoint=folder / "search.ckpt"), out=folder,
+                  program_info={"name": name, "batch": batch, "small": cfg.small})
     st = results.stats
     log(f"{name} b={batch}: search found {len(results)} μGraph(s), {st.tasks_done}/"
         f"{st.tasks_total} tasks{' (budget reached)' if st.budget_exhausted else ''}, "
@@ -585,8 +583,11 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"error: {flag} must be at least 1", file=sys.stderr)
             return 2
-    if args.search_budget <= 0:
-        print("error: --search-budget must be positive", file=sys.stderr)
+    try:
+        search = request_from_flags(time_budget=args.budget, workers=args.workers,
+                                    progress=False)
+    except EMError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if args.mugraph_dir is None and not args.from_search:
         _stderr("note: no --mugraph-dir or --from-search: ours (the search's) stays empty; "
@@ -595,7 +596,7 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
                          mugraph_dir=args.mugraph_dir, use_compile=not args.no_compile,
                          max_autotune=args.max_autotune, tune=not args.no_tune, cache_dir=cache,
                          max_candidates=args.max_candidates, from_search=args.from_search,
-                         search_budget=args.search_budget, search_workers=args.search_workers,
+                         search=search,
                          tune_top=args.tune_top, size_limit=args.size_variants,
                          check_workers=args.check_workers, reference=not args.no_reference)
     keep_jax_off_the_gpu()  # before the search or the size variants' verifier imports JAX

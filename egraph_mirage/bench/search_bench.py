@@ -34,6 +34,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,11 @@ from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
 from ..mugraph.sizes import retarget, structure_of
-from ..pipeline.results_folder import write_results
-from ..search import SearchConfig, superoptimize
+from ..pipeline import Request, run
 from .text_table import aligned
 
+#: what each search of the benchmark is asked by default: ten minutes, silent
+BENCH_REQUEST = Request(time_budget=600.0, progress=False)
 KEYS = ("benchmark", "seconds_to_first", "seconds_to_best", "seconds_total", "states",
         "best_num_kernels", "verified", "met")
 #: most kernel launches the best μGraph may have, per program (the search never reads this)
@@ -60,20 +62,17 @@ def largest_intermediate(g: KernelGraph) -> int:
 
 
 def bench_search(names: Sequence[str] | None = None, *, small: bool = False, batch: int = 1,
-                 budget: float | None = 600.0, max_tasks: int | None = None,
-                 workers: Any = None, use_oracle: bool = True,
+                 request: Request | None = None, use_oracle: bool = True,
                  max_block_ops: int | None = None,
                  on_row: Callable[[dict[str, Any]], None] | None = None,
                  out: str | Path | None = None,
                  winners: Mapping[str, KernelGraph] | None = None,
-                 extra_rules: Sequence[str | Path] | None = None,
-                 progress: bool = False) -> list[dict[str, Any]]:
+                 ) -> list[dict[str, Any]]:
     """One row per program; see the module docstring for the keys. ``on_row`` sees each row as
     soon as its program is done. ``out``: each program's results are also written to
     ``out/<name>_b<batch>/`` in ``optimize``'s layout (what ``bench gpu --mugraph-dir`` reads).
-    ``max_tasks``: each search's work budget (with ``budget``, whichever ends first).
-    ``extra_rules``: rule files added to ``rules/`` for every search. ``progress``: each
-    search's progress report on stderr (``superoptimize(progress=...)``)."""
+    ``request``: each search's budgets, workers, rules and progress (default:
+    ``BENCH_REQUEST``); its configuration gets ``use_oracle`` and ``max_block_ops``."""
     from ..rank.measured import keep_jax_off_the_gpu
 
     keep_jax_off_the_gpu()  # a search on a GPU host: every worker's JAX would take its memory
@@ -83,14 +82,12 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
         overrides: dict[str, Any] = {"use_oracle": use_oracle}
         if max_block_ops is not None:
             overrides["max_block_ops"] = max_block_ops
-        config = SearchConfig(**overrides)
+        asked = replace(request or BENCH_REQUEST,
+                        config=replace((request or BENCH_REQUEST).config, **overrides))
         t0 = time.perf_counter()
-        results = superoptimize(g, config, time_budget=budget, max_tasks=max_tasks,
-                                workers=workers, progress=progress, extra_rules=extra_rules)
+        results = run(g, asked, out=None if out is None else Path(out) / f"{name}_b{batch}",
+                      program_info={"name": name, "batch": batch, "small": small})
         total = time.perf_counter() - t0
-        if out is not None:
-            write_results(Path(out) / f"{name}_b{batch}", results,
-                          {"name": name, "batch": batch, "small": small})
         st, best = results.stats, results.best
         program_big = largest_intermediate(g)
         best_big = largest_intermediate(best.graph) if best is not None else None

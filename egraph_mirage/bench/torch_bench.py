@@ -48,6 +48,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import EMError
+from ..pipeline.command import request_from_flags
 from .gpu_report import best, fmt, ratio
 from .text_table import aligned
 
@@ -446,10 +447,11 @@ def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
             args.rounds is not None and args.rounds < 1):
         raise BenchTorchError("bench torch: --batch, --tp, --kv-len and --rounds must be "
                               "positive")
-    if not args.budget > 0 or (args.max_tasks is not None and args.max_tasks < 1) or (
-            args.workers is not None and args.workers < 1):
-        raise BenchTorchError("bench torch: --budget must be positive, --max-tasks and "
-                              "--workers at least 1")
+    try:  # the backend's budget, task budget and workers, as the pipeline's Request checks them
+        request_from_flags(time_budget=args.budget, max_tasks=args.max_tasks,
+                           workers=args.workers)
+    except EMError as e:
+        raise BenchTorchError(f"bench torch: {e}") from None
     smoke = args.cpu_smoke and not cuda
     preset = args.preset or ("small" if smoke else "llama3_8b")
     if smoke and preset != "small":

@@ -26,6 +26,7 @@ import runpy
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .. import benchmarks
 from ..errors import EMError
@@ -112,21 +113,26 @@ FLAGS = {"time_budget": "--budget", "max_tasks": "--max-tasks", "workers": "--wo
          "extra_rules": "--extra-rules"}
 
 
+def request_from_flags(**fields: Any) -> Request:
+    """``Request.of(**fields)`` for a command line: a value that cannot be meant is a
+    ``SearchError`` naming the flag that gave it (``FLAGS``), validated in ``Request`` only."""
+    try:
+        return Request.of(**fields)
+    except RequestError as e:
+        raise SearchError(f"{FLAGS.get(e.field, e.field)} {e.detail}") from None
+
+
 def request_of(args: argparse.Namespace) -> Request:
-    """The ``Request`` the flags ask for (validated there, once); a ``SearchError`` naming the
-    flag for a value that cannot be meant."""
+    """The ``Request`` ``optimize``'s flags ask for."""
     for option, value in (("--max-results", args.max_results), ("--batch", args.batch)):
         if value is not None and value < 1:
             raise SearchError(f"{option} must be a positive integer, got {value}")
-    try:
-        return Request.of(config=SearchConfig(max_results=args.max_results),
-                          time_budget=args.budget, workers=args.workers, profile=args.profile,
-                          max_tasks=args.max_tasks, rules=args.rules,
-                          extra_rules=args.extra_rules,
-                          progress=False if args.no_progress else None,
-                          progress_interval=args.progress_interval)
-    except RequestError as e:
-        raise SearchError(f"{FLAGS.get(e.field, e.field)} {e.detail}") from None
+    return request_from_flags(config=SearchConfig(max_results=args.max_results),
+                              time_budget=args.budget, workers=args.workers,
+                              profile=args.profile, max_tasks=args.max_tasks, rules=args.rules,
+                              extra_rules=args.extra_rules,
+                              progress=False if args.no_progress else None,
+                              progress_interval=args.progress_interval)
 
 
 def output_folder(path: str) -> Path:

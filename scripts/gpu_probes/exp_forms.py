@@ -14,7 +14,7 @@ Usage, on the GPU machine from the repository root: ``python scripts/gpu_probes/
 GROUPS`` (LIMIT=seconds in the environment stops timing early). The runs behind the figures
 (H200, Triton 3.6, 2026-11-23): ``mqa16 gqa1`` at 5bd867a (an earlier version of this script:
 forms orig, h, hq and q2 for mqa16, orig and hq for gqa1, other tilings), ``mqa16 gqa1 more`` at 5bd867a, and ``gqa1new`` with 8c8f93b's
-handwritten.py, now bench/reference.py (the split-KV tilings under the Hopper budget; ``orig`` is exp2 there).
+handwritten.py, now bench/handwritten_fixtures.py (the split-KV tilings under the Hopper budget; ``orig`` is exp2 there).
 """
 import importlib.util
 import os

@@ -6,7 +6,7 @@ Compiles a module with ``torch.compile`` (Inductor) and with the egraph_mirage b
 and under CUDA-graph replay, and breaks a replaced piece's host time into its layers: the custom
 op, the runner (views in and out), the compiled μGraph (input checks), the generated program's
 ``launch``. Prints cProfile's top functions and torch.profiler's CPU-side operators of the
-backend's call, and whether each kernel launch took the direct path (``lower.program``).
+backend's call, and whether each kernel launch took the direct path (``lower.triton_program``).
 
 Usage: python scripts/gpu_probes/host_cost.py OUT [--model rms|layer] [--batch B] [--budget S]
 [--force] [--stand-in] [--noop] [--cache DIR] [--partitioned] [--launch inductor|op]
