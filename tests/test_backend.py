@@ -21,14 +21,10 @@ import torch
 from search_space import TINY
 
 import egraph_mirage as em
-from egraph_mirage.fx.backend import (
-    NAME,
-    Backend,
-    BackendError,
-    BackendOptions,
-    DynamicShapesError,
-    egraph_mirage_backend,
-)
+from egraph_mirage.fx import inductor_timing
+from egraph_mirage.fx.backend import NAME, Backend, egraph_mirage_backend
+from egraph_mirage.fx.decision import slower
+from egraph_mirage.fx.options import BackendError, BackendOptions, DynamicShapesError
 from egraph_mirage.fx.report import KEPT, RECENT, REPLACED, torch_report
 from egraph_mirage.search.results import SearchResult, SearchResults, SearchStats
 
@@ -273,8 +269,8 @@ def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
     times = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 40.0,
              "inductor_plain_us": 20.0, "ours_flushed_us": 40.0, "inductor_flushed_us": 20.0}
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
-    monkeypatch.setattr(be, "_time_against_inductor", lambda *a, **k: dict(times))
-    monkeypatch.setattr(be, "_time_graphs", lambda *a, **k: {  # the whole graph: faster
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: dict(times))
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {  # the whole graph: faster
         "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
         "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
     search = StandIn()
@@ -308,7 +304,7 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     faster = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
               "inductor_plain_us": 20.0, "ours_flushed_us": 10.0, "inductor_flushed_us": 20.0}
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
-    monkeypatch.setattr(be, "_time_against_inductor", lambda *a, **k: dict(faster))
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: dict(faster))
     ours, theirs = whole
     timed: list[int] = []
 
@@ -317,7 +313,7 @@ def test_the_whole_graph_is_never_slower_than_inductors(
         return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours,
                 "inductor_plain_us": theirs, "ours_flushed_us": ours, "inductor_flushed_us": theirs}
 
-    monkeypatch.setattr(be, "_time_graphs", time_graphs)
+    monkeypatch.setattr(inductor_timing, "time_graphs", time_graphs)
     for rerun in (False, True):
         torch._dynamo.reset()
         backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
@@ -348,20 +344,18 @@ def test_the_whole_graph_is_never_slower_than_inductors(
 
 
 def test_the_timing_criterion() -> None:
-    from egraph_mirage.fx.backend import _slower
-
     timed = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
              "inductor_plain_us": 20.0, "ours_flushed_us": 11.0, "inductor_flushed_us": 21.0}
-    assert _slower(timed, "both") == _slower(timed, "graph") == _slower(timed, "plain") == ""
+    assert slower(timed, "both") == slower(timed, "graph") == slower(timed, "plain") == ""
     slow_replay = dict(timed, ours_us=7.0)
-    assert _slower(slow_replay, "both") == "not faster than Inductor's code (CUDA-graph replay)"
-    assert _slower(slow_replay, "plain") == ""
-    assert _slower({}, "both") == ""  # not timed: no GPU
-    assert "earlier version" in _slower({"ours_us": 5.0, "inductor_us": 6.0}, "both")
+    assert slower(slow_replay, "both") == "not faster than Inductor's code (CUDA-graph replay)"
+    assert slower(slow_replay, "plain") == ""
+    assert slower({}, "both") == ""  # not timed: no GPU
+    assert "earlier version" in slower({"ours_us": 5.0, "inductor_us": 6.0}, "both")
     # a winner whose CUDA graph could not be captured is not used where replay counts
     uncaptured = dict(timed, ours_us=None)
-    assert _slower(uncaptured, "graph") == "could not be timed under CUDA-graph replay"
-    assert _slower(uncaptured, "plain") == ""
+    assert slower(uncaptured, "graph") == "could not be timed under CUDA-graph replay"
+    assert slower(uncaptured, "plain") == ""
     with pytest.raises(BackendError, match="timing must be one of"):
         BackendOptions.of({"timing": "fast"})
 
@@ -545,7 +539,7 @@ def test_after_the_first_call_a_runner_passes_its_sources_in_place(
     weight read transposed (``nn.Linear``'s W, stored (out, in)) through the strides of its
     view, with no copy: the kernels were compiled for them."""
     import egraph_mirage.api as api
-    from egraph_mirage.fx import backend as backend_module
+    from egraph_mirage.fx import runtime
     from egraph_mirage.fx.trace import trace
 
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -562,7 +556,7 @@ def test_after_the_first_call_a_runner_passes_its_sources_in_place(
     real_compile = api.compile
     monkeypatch.setattr(api, "compile", lambda g, **o: compiled.append(real_compile(g, **o))
                         or compiled[-1])
-    runner = backend_module.make_runner(traced, kernels, {}, (x, w))
+    runner = runtime.make_runner(traced, kernels, {}, (x, w))
     (fn,) = compiled
     assert fn.strides == [None, (1, 64)]
     first = runner([x, w])
@@ -685,7 +679,6 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
     """A host-bound plain launch measures slower whenever the host is busy: ours and
     Inductor's code are timed one after the other, ``PLAIN_ROUNDS`` times, and each side's
     fastest round counts, so that a slow spell of the host falls on both sides."""
-    from egraph_mirage.fx import backend as be
     from egraph_mirage.gpu import timing
 
     calls: list[str] = []
@@ -712,8 +705,8 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
         return 12.0
 
     monkeypatch.setattr(timing, "CudaTimer", Timer)
-    times = be._time_pair(ours, inductor, [], ("graph", "plain"))
-    assert calls == ["ours", "inductor"] * be.PLAIN_ROUNDS
+    times = inductor_timing.time_pair(ours, inductor, [], ("graph", "plain"))
+    assert calls == ["ours", "inductor"] * inductor_timing.PLAIN_ROUNDS
     assert times == {"ours_us": 10.0, "inductor_us": 12.0, "ours_plain_us": 10.0,
                      "inductor_plain_us": 12.0, "ours_flushed_us": 13.0,
                      "inductor_flushed_us": 15.0}
@@ -722,13 +715,11 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
 def test_plain_launches_must_be_faster_back_to_back_and_after_an_l2_flush() -> None:
     """Plain launches are timed back to back and each after an L2 flush (as ``bench torch``
     reports them); a replacement faster one way and slower the other is not used."""
-    from egraph_mirage.fx import backend as be
-
     faster = {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 10.0,
               "inductor_plain_us": 12.0}
-    assert be._slower({**faster, "ours_flushed_us": 9.0, "inductor_flushed_us": 11.0}, "both") == ""
-    slower = {**faster, "ours_flushed_us": 13.0, "inductor_flushed_us": 11.0}
-    assert be._slower(slower, "both") == ("not faster than Inductor's code (plain launches, each "
-                                          "after an L2 flush)")
-    assert be._slower(slower, "plain") and not be._slower(slower, "graph")
-    assert "plain, L2 flushed" in be._fmt_times(slower)
+    assert slower({**faster, "ours_flushed_us": 9.0, "inductor_flushed_us": 11.0}, "both") == ""
+    slow = {**faster, "ours_flushed_us": 13.0, "inductor_flushed_us": 11.0}
+    assert slower(slow, "both") == ("not faster than Inductor's code (plain launches, each after "
+                                    "an L2 flush)")
+    assert slower(slow, "plain") and not slower(slow, "graph")
+    assert "plain, L2 flushed" in inductor_timing.fmt_times(slow)

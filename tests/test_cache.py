@@ -204,3 +204,68 @@ def test_writer_killed_midway_leaves_no_entry(tmp_path: Path) -> None:
     assert cache.get(_key()) is None  # ... and never read
     cache.put(_key(), RECORD)
     assert cache.get(_key()) == RECORD
+
+
+#: records as the backend has cached them (``fx.decision``): a timed winner, one whose CUDA
+#: graph could not be captured, one timed before plain launches were also timed after an L2
+#: flush (an earlier version), nothing found, and a winner found without a GPU
+DECISIONS = [
+    {"decision": "replace", "reason": "", "mugraph": '{"a": 1}', "knobs": {"k": 2},
+     "created": 1.5, "search_seconds": 2.0, "num_kernels": 1, "grids": [[4, 1, 1]],
+     "estimated_us": 3.0, "ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
+     "inductor_plain_us": 12.0, "ours_flushed_us": 9.0, "inductor_flushed_us": 11.0},
+    {"decision": "replace", "reason": "", "mugraph": '{"a": 1}', "knobs": None, "created": 1.5,
+     "search_seconds": 2.0, "num_kernels": 1, "grids": [[4, 1, 1]], "estimated_us": 3.0,
+     "ours_us": None, "inductor_us": 6.0, "ours_plain_us": 1.0, "inductor_plain_us": 9.0,
+     "ours_flushed_us": 1.0, "inductor_flushed_us": 9.0},
+    {"decision": "replace", "reason": "", "mugraph": '{"a": 1}', "knobs": {}, "created": 1.5,
+     "search_seconds": 2.0, "num_kernels": 2, "grids": [[4, 1, 1], [1, 1, 1]],
+     "estimated_us": 3.0, "ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 1.0,
+     "inductor_plain_us": 9.0},
+    {"decision": "keep", "reason": "no μGraph found: none found", "mugraph": None,
+     "knobs": None, "created": 1.5, "search_seconds": 2.0},
+    {"decision": "replace", "reason": "", "mugraph": "{}", "knobs": None, "created": 1.5,
+     "search_seconds": 0.5, "num_kernels": 1, "grids": [], "estimated_us": 3.0},
+]
+
+
+@pytest.mark.parametrize("record", DECISIONS)
+def test_a_piece_decision_reads_and_writes_the_records_the_cache_holds(
+        tmp_path: Path, record: dict[str, Any]) -> None:
+    """``PieceDecision`` reads a cached record and writes it back key for key (existing caches
+    still hit), an earlier version's included; the report and the timing rule read it."""
+    from egraph_mirage.fx.decision import PieceDecision
+    from egraph_mirage.fx.report import KEPT, REPLACED, PieceReport
+
+    cache = SearchCache(tmp_path)
+    decision = PieceDecision.from_record(record)
+    assert decision.to_record() == record
+    cache.put(_key(), decision.to_record())
+    assert PieceDecision.from_record(cache.get(_key()) or {}) == decision
+    out = PieceReport(0, "egm_0")
+    decision.fill(out)
+    assert out.status == (REPLACED if record["decision"] == "replace" else KEPT)
+    assert out.num_kernels == record.get("num_kernels") and bool(out.winner) == bool(
+        record["mugraph"])
+    assert (out.ours_us, out.inductor_plain_us) == (record.get("ours_us"),
+                                                    record.get("inductor_plain_us"))
+    why = {"both": decision.why_not_used("both"), "graph": decision.why_not_used("graph")}
+    if record is DECISIONS[0] or "ours_us" not in record:
+        assert why == {"both": "", "graph": ""}
+    elif record is DECISIONS[1]:
+        assert why["graph"] == "could not be timed under CUDA-graph replay"
+    else:
+        assert "cached by an earlier version" in why["both"] and why["graph"] == ""
+
+
+def test_a_pieces_key_records_the_budget_and_how_it_was_timed() -> None:
+    from egraph_mirage.fx.cache import piece_key
+    from egraph_mirage.fx.inductor_timing import key_settings
+
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    key = piece_key(g, {"budget": 60.0}, key_settings(None))
+    assert key.search == {"budget": 60.0, "inductor_mode": "default",
+                          "plain_timing": key_settings(None)["plain_timing"]}
+    assert key == CacheKey.of(g, search=key.search)
+    assert piece_key(g, {"budget": 60.0}).digest() != key.digest()
+    assert piece_key(g, {"budget": 30.0}).digest() != piece_key(g, {"budget": 60.0}).digest()

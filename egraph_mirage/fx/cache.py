@@ -5,8 +5,10 @@ use it (``fx.backend``). That work is keyed by what decides its outcome (``Cache
 piece's program as canonical μGraph JSON (``mugraph.serialize.dumps``, which holds its operators,
 shapes and dtypes), the rules' digest (``oracle.rules.rules_digest`` of the shipped rules and the
 generated prelude), the lowering's fingerprint (``gpu.tune.lowering_fingerprint``), the device's
-name, the search settings and ``FORMAT_VERSION``. A record is any JSON-able mapping; the backend
-stores the winner's μGraph JSON text, its statistics and the decision (``fx.backend``).
+name, the search settings and ``FORMAT_VERSION`` (``piece_key``; ``whole_key`` for the check of
+a whole graph with its pieces replaced). A record is any JSON-able mapping; the backend stores a
+piece's decision (``fx.decision.PieceDecision.to_record``: the winner's μGraph JSON text, its
+statistics and times, the decision) and a whole graph's times.
 
 Layout: ``<root>/fx/<first two hex digits>/<sha256 of the key>.json``, each file one object
 ``{"format", "version", "key", "record", "checksum"}`` where ``checksum`` is the SHA-256 of the
@@ -33,7 +35,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,36 @@ class CacheKey:
     def digest(self) -> str:
         """SHA-256 hex digest of the key's canonical JSON: the entry's file name."""
         return hashlib.sha256(_canonical(self.as_dict()).encode()).hexdigest()
+
+
+def piece_key(graph: KernelGraph, settings: Mapping[str, Any],
+              timed: Mapping[str, Any] | None = None) -> CacheKey:
+    """The key of a piece's decision (``fx.decision``): its program (``CacheKey.of``) and the
+    search settings, with, where its winner is timed against Inductor, how it is timed
+    (``timed``: ``fx.inductor_timing.key_settings``; times measured otherwise miss)."""
+    return CacheKey.of(graph, search={**settings, **(timed or {})})
+
+
+def whole_key(gm: Any, example_inputs: Sequence[Any], replaced: Sequence[Sequence[str]],
+              launch: str, settings: Mapping[str, Any], timed: Mapping[str, Any]) -> CacheKey:
+    """The key of a whole-graph check (``fx.backend``): Dynamo's graph ``gm`` (its code), its
+    inputs' shapes, strides and dtypes, the ``replaced`` pieces (each ``[name, winner]``, the
+    winner's digest) and who launches their kernels (``launch``), the rules, lowering and
+    device (``CacheKey``'s defaults), the search settings and how the graphs are timed
+    (``timed``)."""
+    import torch
+
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    layout = [[list(x.shape), list(x.stride()), str(x.dtype).removeprefix("torch.")]
+              for x in tensors]
+    program = json.dumps({"code": gm.code, "inputs": layout,
+                          "replaced": [list(r) for r in replaced], "launch": launch},
+                         sort_keys=True)
+    return CacheKey(program=hashlib.sha256(program.encode()).hexdigest(),
+                    operators=("whole graph",), shapes=tuple(tuple(s) for s, _, _ in layout),
+                    dtypes=tuple(d for _, _, d in layout), rules=default_rules_digest(),
+                    device=device_name(), lowering=lowering_fingerprint(),
+                    search={**settings, **timed})
 
 
 def _canonical(value: Any) -> str:
@@ -255,4 +287,5 @@ def _fsync_dir(folder: Path) -> None:
 
 
 __all__ = ["FORMAT_VERSION", "CacheError", "CacheKey", "CacheWarning", "SearchCache",
-           "default_cache_dir", "default_rules_digest", "device_name", "lowering_fingerprint"]
+           "default_cache_dir", "default_rules_digest", "device_name", "lowering_fingerprint",
+           "piece_key", "whole_key"]

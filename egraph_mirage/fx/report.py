@@ -16,7 +16,8 @@ piece (fields separated by " | ") and one per operator left out of every piece::
 
 (each entry is one line; wrapped here). On a GPU with ``profile`` on, a piece also shows
 ``ours 8.1 µs / 30.2 µs, Inductor 12.0 µs / 25.0 µs (graph replay / plain launches)``; a piece
-kept says why (no μGraph found, several outputs, not faster than Inductor's code, ...).
+kept says why (no μGraph found, several outputs, not faster than Inductor's code, not
+searched: the compilation's time budget was spent, ...).
 """
 
 from __future__ import annotations

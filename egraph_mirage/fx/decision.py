@@ -1,0 +1,137 @@
+"""What the backend decided for one piece (``PieceDecision``), and the rule a timed winner
+must pass to replace its piece (``slower``).
+
+A decision is made once per piece, after its search (``fx.backend``): "replace" when the winner
+compiled, ran and matched the piece's eager outputs (and, on a GPU, carries its times and
+Inductor's); "keep" otherwise, with the reason. It is what the disk cache stores
+(``fx.cache``), as a JSON object whose keys are the dataclass's fields, the optional ones
+only where set and the times flat (``TIMES``' fields): ``to_record`` writes that object,
+``from_record`` reads it back, also as an earlier version wrote it (fields it lacks stay
+unset). Timed winners are judged at each compile, from the times (``slower``), so that the
+``timing`` option needs no new search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..graph import KernelGraph
+from . import report as rep
+from .inductor_timing import TIME_FIELDS, TIMED, TIMES, kinds
+
+#: the decisions
+REPLACE, KEEP = "replace", "keep"
+#: the record's fields written only where set (not None)
+_OPTIONAL = ("search_seconds", "num_kernels", "grids", "estimated_us")
+
+
+@dataclass
+class PieceDecision:
+    """One piece's decision, as cached: "replace" or "keep" and why, the winner (its μGraph
+    JSON and knobs, with statistics) and, on a GPU, its times against Inductor's."""
+
+    decision: str = KEEP
+    reason: str = ""
+    #: the winner's μGraph as JSON text (``mugraph.serialize.dumps``; None: no winner)
+    mugraph: str | None = None
+    knobs: dict[str, Any] | None = None
+    #: when the decision was made (``time.time()``)
+    created: float = field(default_factory=time.time)
+    #: seconds the search took (None: no search ran)
+    search_seconds: float | None = None
+    num_kernels: int | None = None
+    #: the grid of each of the winner's graph-defined kernels, in order
+    grids: list[list[int]] | None = None
+    estimated_us: float | None = None
+    #: µs per call, ours and Inductor's, under each kind of timing measured (``TIMES``' fields;
+    #: a field absent: not measured; None: not measurable, a CUDA graph not captured)
+    times: dict[str, float | None] = field(default_factory=dict)
+
+    def replaces(self) -> bool:
+        """Whether the winner replaces the piece (before ``slower`` judges its times)."""
+        return self.decision == REPLACE
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON-able object the cache stores."""
+        record: dict[str, Any] = {"decision": self.decision, "reason": self.reason,
+                                  "mugraph": self.mugraph, "knobs": self.knobs,
+                                  "created": self.created}
+        record.update((k, getattr(self, k)) for k in _OPTIONAL if getattr(self, k) is not None)
+        record.update(self.times)
+        return record
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> PieceDecision:
+        """The decision a cached record holds (``to_record``'s, or an earlier version's)."""
+        return cls(decision=record.get("decision", KEEP), reason=record.get("reason", ""),
+                   mugraph=record.get("mugraph"), knobs=record.get("knobs"),
+                   created=record.get("created", 0.0),
+                   **{k: record.get(k) for k in _OPTIONAL},
+                   times={k: record[k] for k in TIME_FIELDS if k in record})
+
+    def set_winner(self, mugraph: KernelGraph, knobs: dict[str, Any] | None, num_kernels: int,
+                   estimated_seconds: float) -> None:
+        """Record the search's best result (not yet checked)."""
+        from ..mugraph.serialize import dumps
+
+        self.mugraph, self.knobs, self.num_kernels = dumps(mugraph), knobs, num_kernels
+        self.grids, self.estimated_us = _grids(mugraph), estimated_seconds * 1e6
+
+    def winner(self) -> str:
+        """SHA-256 of the winner's μGraph JSON and knobs ("" without a winner)."""
+        if not self.mugraph:
+            return ""
+        text = json.dumps([self.mugraph, self.knobs], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def why_not_used(self, timing: str) -> str:
+        """Why a winner to replace its piece is not used under the ``timing`` option after all
+        (``slower``; "" when it is used, and for a decision to keep)."""
+        return slower(self.times, timing) if self.replaces() else ""
+
+    def fill(self, out: rep.PieceReport) -> None:
+        """The report's fields from this decision."""
+        out.status = rep.REPLACED if self.replaces() else rep.KEPT
+        out.reason = self.reason
+        out.num_kernels = self.num_kernels
+        out.grids = [tuple(g) for g in self.grids or []]
+        out.ours_us, out.inductor_us = self.times.get("ours_us"), self.times.get("inductor_us")
+        out.ours_plain_us = self.times.get("ours_plain_us")
+        out.inductor_plain_us = self.times.get("inductor_plain_us")
+        if self.mugraph:
+            out.winner = self.winner()
+
+
+def slower(times: Mapping[str, Any], timing: str) -> str:
+    """Why a timed winner (or graph) with these ``times`` (``TIMES``' fields) is not used under
+    the ``timing`` option ("" when it is faster, or was not timed: no GPU)."""
+    if "ours_us" not in times and "ours_plain_us" not in times:
+        return ""
+    for kind in kinds(timing):
+        ours, theirs = TIMES[kind]
+        if ours not in times or theirs not in times:
+            return f"not timed under {TIMED[kind]} (a decision cached by an earlier version)"
+        if times[ours] is None or times[theirs] is None:  # a CUDA graph could not be captured
+            return f"could not be timed under {TIMED[kind]}"
+        if times[ours] >= times[theirs]:
+            return f"not faster than Inductor's code ({TIMED[kind]})"
+    return ""
+
+
+def _grids(mugraph: KernelGraph) -> list[list[int]]:
+    """The grid of each graph-defined kernel, in order."""
+    grids, seen = [], set()
+    for t in mugraph.operators:
+        kernel = t.params.get("kernel") if t.op == "customized" else None
+        if kernel is not None and id(kernel) not in seen:
+            seen.add(id(kernel))
+            grids.append(list(kernel.tb.grid_dim))
+    return grids
+
+
+__all__ = ["KEEP", "REPLACE", "PieceDecision", "slower"]

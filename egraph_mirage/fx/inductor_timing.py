@@ -1,0 +1,126 @@
+"""Timing a winner, or a graph with its replaced pieces, against Inductor's code on the GPU.
+
+Three kinds of timing (``TIMES``' keys), each a pair of fields of a decision's times, ours and
+Inductor's, in µs per call: CUDA-graph replay ("graph"), plain launches back to back ("plain")
+and plain launches each after an L2 flush ("flushed"). ``time_pair`` measures them;
+``time_against_inductor`` times a piece's winner through the custom op the piece would become
+against Inductor's code for the piece; ``time_graphs`` times a whole graph. How plain launches
+are timed is part of the cache keys (``key_settings``): times measured another way miss.
+``fx.decision.slower`` decides from the times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .pieces import Piece
+from .runtime import Runner, define_piece_op
+from .trace import TracedProgram
+
+#: the fields of each kind of timing: ours, Inductor's. Plain launches are timed two ways, back
+#: to back (a loop of calls) and each call after an L2 flush (``triton``'s ``do_bench``, as
+#: ``bench torch`` reports them): the flush hides part of a call's host time, back to back none,
+#: and a replacement must be faster both ways
+TIMES = {"graph": ("ours_us", "inductor_us"), "plain": ("ours_plain_us", "inductor_plain_us"),
+         "flushed": ("ours_flushed_us", "inductor_flushed_us")}
+#: each kind of timing in words, for the reasons a winner is not used
+TIMED = {"graph": "CUDA-graph replay", "plain": "plain launches",
+         "flushed": "plain launches, each after an L2 flush"}
+#: every field of ``TIMES``
+TIME_FIELDS = tuple(f for pair in TIMES.values() for f in pair)
+
+#: rounds of plain-launch timing in ``time_pair`` (ours, then Inductor's, in each)
+PLAIN_ROUNDS = 7
+#: how plain launches are timed, as the cache keys record it (times measured otherwise miss)
+PLAIN_TIMING = f"back to back and after an L2 flush, alternated, fastest of {PLAIN_ROUNDS}"
+
+
+def kinds(timing: str) -> tuple[str, ...]:
+    """The kinds of timing (``TIMES``' keys) the ``timing`` option asks for."""
+    plain = ("plain", "flushed")
+    return ("graph", *plain) if timing == "both" else plain if timing == "plain" else (timing,)
+
+
+def key_settings(mode: str | None) -> dict[str, str]:
+    """What a cache key records of how times were measured: Inductor's ``mode`` and how plain
+    launches are timed."""
+    return {"inductor_mode": mode or "default", "plain_timing": PLAIN_TIMING}
+
+
+def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[Any],
+              which: Sequence[str]) -> dict[str, float | None]:
+    """Ours and Inductor's µs per call on inputs ``xs`` under each kind of timing in ``which``
+    ("graph", "plain"): CUDA-graph replay (None where a graph cannot be captured) and plain
+    launches, issued back to back (``CudaTimer.back_to_back``, so that a call's host time
+    counts) and each after an L2 flush (``CudaTimer.plain``); keys from ``TIMES``.
+    Plain launches are bound by the host, whose speed drifts between measurements (the same
+    compiled graph measured half as long again a few seconds later on a GPU host): ours and
+    Inductor's are timed in alternation, ``PLAIN_ROUNDS`` times each, and the fastest of each
+    counts (a busy host only ever adds time)."""
+    from ..gpu.timing import CudaTimer, TimingConfig
+
+    timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
+    times: dict[str, float | None] = {}
+    fns = ((0, ours), (1, inductor))
+    if "graph" in which:
+        for who, fn in fns:
+            try:
+                times[TIMES["graph"][who]] = timer.graph(fn, [xs])
+            except Exception:  # not capturable
+                times[TIMES["graph"][who]] = None
+    if "plain" in which:
+        plain: dict[str, dict[int, list[float]]] = {k: {0: [], 1: []} for k in ("plain",
+                                                                                 "flushed")}
+        for _ in range(PLAIN_ROUNDS):
+            for who, fn in fns:
+                plain["plain"][who].append(timer.back_to_back(fn, [xs], repeats=1))
+                plain["flushed"][who].append(timer.plain(fn, [xs]))
+        for kind, by in plain.items():
+            for who, _ in fns:
+                times[TIMES[kind][who]] = min(by[who])
+    return times
+
+
+def time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
+                          mode: str | None = None) -> dict[str, float | None]:
+    """Ours and Inductor's µs per call on the piece's example inputs, both kinds of timing
+    (``time_pair``); ours through the custom op the piece would become. Inductor compiles
+    the piece in ``torch.compile``'s ``mode``."""
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    xs = list(piece.example_inputs)
+    # outside Dynamo's tracing context: compiling the piece must not add guards (on symbols
+    # of its own) to the shape environment of the graph being compiled
+    with torch._guards.tracing(None):
+        theirs = compile_fx(piece.module, xs, config_patches=dict(
+            list_mode_options(mode)) if mode not in (None, "default") else None)
+    op = define_piece_op(runner, traced, f"{piece.name}_timed")
+    return time_pair(lambda *a: op.op(list(a)), lambda *a: theirs(*a), xs, ("graph", "plain"))
+
+
+def time_graphs(ours: Callable[..., Any], inductor: Callable[..., Any],
+                example_inputs: Sequence[Any]) -> dict[str, float | None]:
+    """The whole graph's µs per call with the pieces replaced (``ours``) and as Inductor
+    compiled it, under both kinds of timing (``time_pair``)."""
+    return time_pair(ours, inductor, list(example_inputs), ("graph", "plain"))
+
+
+def fmt_times(times: Mapping[str, float | None]) -> str:
+    """``ours 1.0 / 2.0 µs, Inductor 1.5 / 2.5 µs (graph replay / plain launches)``: the kinds
+    of timing in ``times``."""
+    present = [k for k in ("graph", "plain", "flushed") if TIMES[k][0] in times]
+    say = {"graph": "graph replay", "plain": "plain launches", "flushed": "plain, L2 flushed"}
+
+    def cell(who: int) -> str:
+        vals = [times[TIMES[k][who]] for k in present]
+        return " / ".join("–" if v is None else f"{v:.1f}" for v in vals)
+
+    return f"ours {cell(0)} µs, Inductor {cell(1)} µs ({' / '.join(say[k] for k in present)})"
+
+
+__all__ = ["PLAIN_ROUNDS", "PLAIN_TIMING", "TIMED", "TIMES", "TIME_FIELDS", "fmt_times",
+           "key_settings", "kinds", "time_against_inductor", "time_graphs", "time_pair"]

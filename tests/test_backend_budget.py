@@ -1,0 +1,150 @@
+"""The backend's ``budget`` bounds a whole compilation (``fx.budget``), ``refine`` included.
+
+A stand-in search records the ``time_budget`` it is handed and spends it (sleeps), finding
+nothing, so that every piece is refined into parts that are searched too. Nothing here waits on
+the clock to find something: sleeps only spend budgets, and the assertions bound time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import egraph_mirage as em
+from egraph_mirage.fx.backend import Backend
+from egraph_mirage.fx.budget import SPENT
+from egraph_mirage.fx.report import KEPT
+from egraph_mirage.search.results import SearchResults, SearchStats
+
+#: seconds a search may end past the compilation's deadline: a stand-in's sleep overshooting
+#: its budget and its own bookkeeping, on a busy host
+MARGIN_S = 0.5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def three_blocks(x: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:
+    """Three pieces (the cumsums are left out of every piece), each an RMSNorm before a matmul,
+    which ``refine`` cuts into two parts at the matmul's input."""
+    for w in ws:
+        x = torch.relu(torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=1e-6) @ w)
+        x = torch.cumsum(x, dim=-1)
+    return x
+
+
+def block_inputs(widths: tuple[int, ...] = (32, 32, 32, 32)) -> tuple[torch.Tensor, ...]:
+    """``x`` and one weight per block; blocks of other widths are other programs."""
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(2, widths[0], generator=gen),
+            *(torch.randn(a, b, generator=gen) / 4 for a, b in itertools.pairwise(widths)))
+
+
+class Spending:
+    """A search that finds nothing and spends its ``time_budget`` (sleeps ``min(time_budget,
+    cap)``, or ``first`` seconds on its first call, however small its budget: a search that
+    overruns), recording each budget and the seconds each call took, and when it ended."""
+
+    def __init__(self, cap: float = 10.0, first: float | None = None) -> None:
+        self.cap, self.first = cap, first
+        self.budgets: list[float | None] = []
+        self.seconds: list[float] = []
+        self.ended = 0.0
+
+    def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+        t0 = time.perf_counter()
+        budget = options["time_budget"]
+        self.budgets.append(budget)
+        if self.first is not None and len(self.budgets) == 1:
+            time.sleep(self.first)
+        elif budget is not None:
+            time.sleep(min(budget, self.cap))
+        self.ended = time.perf_counter()
+        self.seconds.append(self.ended - t0)
+        return SearchResults([], SearchStats())  # nothing found
+
+
+def compile_timed(backend: Backend, xs: tuple[torch.Tensor, ...]) -> float:
+    """Compile and run ``three_blocks`` through ``backend``; returns when the backend was
+    called (``time.perf_counter()``): its deadline counts from then, not from Dynamo's
+    tracing."""
+    started: list[float] = []
+
+    def timed(gm: Any, example_inputs: Any) -> Any:
+        started.append(time.perf_counter())
+        return backend(gm, example_inputs)
+
+    with torch.no_grad():
+        got = torch.compile(three_blocks, backend=timed, dynamic=False)(*xs)
+    torch.testing.assert_close(got, three_blocks(*xs))
+    (t0,) = started
+    return t0
+
+
+def test_a_compilation_of_three_pieces_searches_within_its_budget_refine_included() -> None:
+    """budget=B for three pieces whose searches find nothing and spend what they are given:
+    the budgets handed out add up to at most B, and every search, the parts' included, ends
+    within B (plus ``MARGIN_S``) of the compilation's start. A piece reached with no time left
+    is kept unsearched, saying so."""
+    budget = 2.0
+    search = Spending()
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
+    t0 = compile_timed(backend, block_inputs())
+    report = backend.reports[0]
+    pieces = [p for p in report.pieces if p.part is None]
+    parts = [p for p in report.pieces if p.part is not None]
+    assert len(pieces) == 3 and all(p.status == KEPT for p in report.pieces)
+    assert "searched in 2 parts (0.0–0.1)" in pieces[0].reason and len(parts) >= 2
+    assert all(b is not None and b > 0 for b in search.budgets)
+    assert sum(search.budgets) <= budget  # type: ignore[arg-type]
+    assert sum(search.seconds) <= budget + MARGIN_S
+    assert search.ended - t0 <= budget + MARGIN_S
+    searched = [p for p in report.pieces if p.search_seconds is not None]
+    assert len(searched) == len(search.budgets) == backend.searches == report.searches
+    assert sum(p.search_seconds for p in searched) <= budget + MARGIN_S  # type: ignore[misc]
+    for p in report.pieces:
+        if p.search_seconds is None:
+            assert p.reason == SPENT
+
+
+def test_a_piece_reached_after_the_deadline_is_not_searched_nor_cached(tmp_path: Path) -> None:
+    """A first search that overruns the whole budget leaves none for the other pieces: they
+    are kept, unsearched, and not cached, so that the next compilation searches them; there the
+    piece found in the cache costs nothing and the others share the budget."""
+    budget = 2.0
+    xs = block_inputs((32, 24, 16, 8))  # three pieces, three programs
+    first = Spending(first=budget + 0.2)
+    backend = Backend(search=first, budget=budget, rest="eager", cache_dir=str(tmp_path),
+                      workers=1, refine=False)
+    compile_timed(backend, xs)
+    report = backend.reports[0]
+    assert len(first.budgets) == 1 and backend.searches == report.searches == 1
+    assert [p.reason for p in report.pieces[1:]] == [SPENT, SPENT]
+    assert [p.search_seconds for p in report.pieces[1:]] == [None, None]
+    assert f"kept: {SPENT}" in report.text()
+    torch._dynamo.reset()
+    again = Spending(cap=0.0)  # finds nothing at once
+    backend = Backend(search=again, budget=budget, rest="eager", cache_dir=str(tmp_path),
+                      workers=1, refine=False)
+    compile_timed(backend, xs)
+    assert [p.cache for p in backend.reports[0].pieces] == ["hit", "miss", "miss"]
+    (second, third) = again.budgets
+    assert second is not None and third is not None
+    assert 0 < second <= budget / 2 and second < third <= budget  # the hit took no share
+
+
+def test_without_a_budget_each_search_is_unbounded() -> None:
+    search = Spending(cap=0.0)
+    backend = Backend(search=search, budget=None, rest="eager", cache=False, workers=1,
+                      refine=False)
+    compile_timed(backend, block_inputs())
+    assert search.budgets == [None, None, None]
