@@ -127,7 +127,6 @@ def _parser() -> argparse.ArgumentParser:
     bg.add_argument("--no-reference", action="store_true",
                     help="leave out the hand-written reference μGraphs (by default timed in a "
                     "column of their own, never as ours)")
-    # kept so that older command lines still run: the reference is always timed now (a note)
     bg.add_argument("--from-search", action="store_true",
                     help="run the search for each program and batch first, into "
                     "DIR/<name>_b<batch>/ (DIR: --mugraph-dir, default "

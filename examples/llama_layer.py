@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", choices=["small", "llama3_8b"], default="small")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel shard of llama3_8b")
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--budget", type=float, default=20.0, help="search seconds per piece")
+    p.add_argument("--budget", type=float, default=120.0,
+                   help="search seconds for the whole compilation, its pieces sharing them")
     p.add_argument("--max-tasks", type=int, default=4, help="search tasks per piece")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--rest", choices=["inductor", "eager"], default="inductor")

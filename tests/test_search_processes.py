@@ -215,7 +215,8 @@ def test_a_second_ctrl_c_does_not_hang(tmp_path: Path) -> None:
 
 SCRIPT = """\
 import egraph_mirage as em
-from egraph_mirage.search import SearchConfig, superoptimize
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.search import SearchConfig
 
 g = em.benchmarks.get("rmsnorm_linear", small=True)
 config = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0)

@@ -88,7 +88,8 @@ class TorchBenchConfig:
     kv_len: int = 4096
     modes: Sequence[str] = MODES
     dtype: str = "float16"
-    #: the backend's options (``fx.backend.BackendOptions``)
+    #: the backend's options (``fx.options.BackendOptions``; ``budget``: seconds for each
+    #: whole compilation, its pieces sharing them)
     budget: float | None = 60.0
     max_tasks: int | None = None
     workers: int | None = None
@@ -413,7 +414,8 @@ def add_arguments(p: Any) -> None:
                    help="default: all four (--cpu-smoke: eager and egraph_mirage)")
     p.add_argument("--dtype", choices=tuple(TOLERANCE), default="float16")
     p.add_argument("--budget", type=float, default=60.0, metavar="S",
-                   help="search seconds per piece (default 60)")
+                   help="search seconds for each compilation, its pieces sharing them "
+                   "(default 60)")
     p.add_argument("--max-tasks", type=int, default=None, metavar="N",
                    help="search tasks per piece (default: no limit)")
     p.add_argument("--workers", type=int, default=None, metavar="N",

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ..errors import EMError
+from ..pipeline import Request, RequestError
 from ..search.config import SearchConfig
 
 #: the ``timing`` option's values
@@ -111,18 +112,12 @@ class BackendOptions:
         if options.get("rest", "inductor") not in ("inductor", "eager"):
             raise BackendError(f"egraph_mirage backend: rest must be 'inductor' or 'eager', got "
                                f"{options['rest']!r}")
-        budget = options.get("budget", DEFAULT_BUDGET)
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                                   or not budget > 0):
-            raise BackendError(f"egraph_mirage backend: budget must be a positive number of "
-                               f"seconds or None, got {budget!r}")
-        for name in ("max_tasks", "workers"):
-            v = options.get(name)
-            if name == "workers" and isinstance(v, cf.Executor):
-                continue
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise BackendError(f"egraph_mirage backend: {name} must be a positive integer "
-                                   f"or None, got {v!r}")
+        try:  # budget, task budget and workers: checked as the pipeline's Request checks them
+            Request(time_budget=options.get("budget", DEFAULT_BUDGET),
+                    max_tasks=options.get("max_tasks"), workers=options.get("workers"))
+        except RequestError as e:
+            name = {"time_budget": "budget"}.get(e.field, e.field)
+            raise BackendError(f"egraph_mirage backend: {name} {e.detail}") from None
         if options.get("search") is not None and not callable(options["search"]):
             raise BackendError(f"egraph_mirage backend: search must be a function, got "
                                f"{options['search']!r}")
