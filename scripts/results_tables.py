@@ -1,6 +1,7 @@
 """The measurement tables of README.md and docs/*.md, generated from the rows in docs/results/.
 
-A table sits between two marker comments naming a rows file (its stem) and a view:
+A table sits between two marker comments, each alone on its line, naming a rows file (its
+stem) and a view:
 
     <!-- results:gpu_h100:speedups -->
     ...generated...
@@ -38,7 +39,9 @@ TARGETS = {"gqa": 2.0, "mha": 1.3, "mqa": 2.0, "qknorm": 2.0, "rmsnorm_linear": 
            "lora": 2.5, "gated_mlp": 1.6, "ntrans": 1.3}
 MODES = ("eager", "compile", "max-autotune", "egraph_mirage", "egraph_mirage-max-autotune")
 DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-MARKER = re.compile(r"<!-- results:(?P<name>[\w:]+) -->\n.*?<!-- /results:(?P=name) -->", re.S)
+#: a marked table: the markers alone on their lines
+MARKER = re.compile(r"^<!-- results:(?P<name>[\w:]+) -->\n.*?^<!-- /results:(?P=name) -->$",
+                    re.S | re.M)
 
 
 def us(v: float | None) -> str:
@@ -170,7 +173,7 @@ def regenerate(text: str) -> str:
         name = m["name"]
         return f"<!-- results:{name} -->\n\n{render(name)}\n\n<!-- /results:{name} -->"
     new, n = MARKER.subn(block, text)
-    if n != text.count("<!-- results:"):
+    if n != len(re.findall(r"^<!-- results:", text, re.M)):
         raise ValueError("a <!-- results:NAME --> marker without its <!-- /results:NAME -->")
     return new
 

@@ -1,0 +1,83 @@
+"""The measurement tables in README.md and docs/ are generated from docs/results/ and current."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("results_tables",
+                                               ROOT / "scripts" / "results_tables.py")
+assert _spec and _spec.loader
+rt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rt)
+
+
+def test_every_table_matches_its_rows() -> None:
+    assert rt.main(["--check"]) == 0, "run python3 scripts/results_tables.py"
+
+
+def test_every_rows_file_has_one_row_per_key_and_is_shown() -> None:
+    shown = "".join(p.read_text() for p in rt.documents())
+    stems = [p.stem for p in (ROOT / "docs" / "results").glob("*.json") if p.stem != "archive"]
+    assert {"gpu_h100", "gpu_h200", "torch_h100", "torch_h200"} <= set(stems)
+    for stem in stems:
+        rt.load(stem)  # raises on a repeated key
+        assert f"<!-- results:{stem}:" in shown, f"docs/results/{stem}.json is in no table"
+
+
+def _row(name: str, batch: int, graph: float | None, plain: float = 2.0) -> dict[str, object]:
+    return {"benchmark": name, "batch": batch, "dtype": "float16", "recorded_in": "abc1234",
+            "ours_us": 5.0, "ours_graph_us": 4.0, "speedup_vs_best": plain,
+            "speedup_vs_best_graph": graph, "baselines_graph_us": {"compile": 6.0},
+            "baselines_us": {"eager": 9.0, "compile-max-autotune": 7.5}}
+
+
+@pytest.fixture
+def made_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(rt, "RESULTS", tmp_path)
+    rows = [_row("rmsnorm_linear", 1, 1.25), _row("rmsnorm_linear", 8, 0.9964),
+            _row("gated_mlp", 1, 1.5, plain=0.9996), _row("unseen", 16, 3.0)]
+    (tmp_path / "gpu_fake.json").write_text(json.dumps(rows))
+    return tmp_path
+
+
+def test_speedups_render_per_batch_against_the_target(made_up: Path) -> None:
+    lines = rt.render("gpu_fake:speedups").splitlines()
+    assert lines[0] == "| program | dtype | b = 1 / 8 / 16 | target (b = 1) |"
+    # a slowdown never rounds up to 1.00×, a batch not measured is a dash, targets are checked
+    assert lines[2] == "| rmsnorm_linear | fp16 | 1.25× / 0.996× / – | 1.2× ✓ |"
+    assert lines[3] == "| gated_mlp | fp16 | 1.50× / – / – | 1.6× ✗ |"
+    assert lines[4] == "| unseen | fp16 | – / – / 3.00× | – |"
+
+
+def test_the_full_table_names_the_best_baseline_and_the_provenance(made_up: Path) -> None:
+    line = rt.render("gpu_fake:table").splitlines()[4]
+    assert "| 7.5 (max-autotune) / 6.0 (compile) |" in line
+    assert "| 1.000× / 1.50× |" in line
+    assert line.endswith("| – | – | – | before abc1234 |")
+
+
+def test_regenerate_rewrites_only_between_the_markers(made_up: Path) -> None:
+    text = ("intro\n<!-- results:gpu_fake:speedups -->\nstale | table\n"
+            "<!-- /results:gpu_fake:speedups -->\noutro\n")
+    new = rt.regenerate(text)
+    assert new.startswith("intro\n<!-- results:gpu_fake:speedups -->\n\n| program |")
+    assert new.endswith("|\n\n<!-- /results:gpu_fake:speedups -->\noutro\n")
+    assert "stale" not in new and rt.regenerate(new) == new
+    prose = "write `<!-- results:gpu_fake:nope -->` around a table\n"
+    assert rt.regenerate(prose) == prose  # a marker counts alone on its line only
+    with pytest.raises(ValueError, match="without its"):
+        rt.regenerate("<!-- results:gpu_fake:speedups -->\nno end\n")
+    with pytest.raises(ValueError, match="no view"):
+        rt.regenerate("<!-- results:gpu_fake:nope -->\n<!-- /results:gpu_fake:nope -->")
+
+
+def test_two_rows_for_one_key_are_refused(made_up: Path) -> None:
+    rows = json.loads((made_up / "gpu_fake.json").read_text())
+    (made_up / "gpu_twice.json").write_text(json.dumps([*rows, rows[0]]))
+    with pytest.raises(ValueError, match="two rows for"):
+        rt.load("gpu_twice")
