@@ -1,7 +1,8 @@
 """Hashes of the Triton source generated for every hand-written variant of the benchmark
 programs at b = 1, 8 and 16, at every setting of ``fuse_combines``, ``swap_dots`` and ``pdl`` that
 the checked-out lowering knows: run it at two commits and compare the JSON to show that a change
-leaves the generated code alone (``docs/benchmarks.md`` says which commits were compared).
+leaves the generated code alone (``docs/benchmarks.md``, "Probes and tools", names the last commits
+compared).
 
 Usage, from the repository root of each checkout:
   PYTHONPATH=. python3 scripts/source_hashes.py [PROGRAM ...] > hashes.json

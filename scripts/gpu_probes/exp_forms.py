@@ -1,6 +1,6 @@
-"""GPU probe behind docs/benchmarks.md's exponential figures: the generated attention kernels
-with their exp written in other forms, each checked against float32 (inputs of std 0.1, and of
-std 0.35: the "big" column) and timed under CUDA-graph replay with rotated inputs.
+"""GPU probe behind docs/lowering.md's exponential figures (section 4): the generated attention
+kernels with their exp written in other forms, each checked against float32 (inputs of std 0.1,
+and of std 0.35: the "big" column) and timed under CUDA-graph replay with rotated inputs.
 
 Forms (text transforms of the generated source; they look for ``tl.exp(``, so they apply to
 sources generated before commit 8f2e592, which made the lowering write exp2 itself):

@@ -1,8 +1,9 @@
-"""GPU probe behind docs/benchmarks.md's later rmsnorm_linear figures: split-K forms with
-wider W tiles (256 columns, 8 or 16 splits), 128-column tiles in 16 splits, and the table's
-winners (variants 14 and 15), swapped, with and without the fused combine, with W loaded as
-generated or with ``eviction_policy="evict_first"``, at several warps / stages; each checked
-against float32 and timed under CUDA-graph replay with rotated inputs, beside torch.compile.
+"""GPU probe behind the rmsnorm_linear b = 16 figures of the H200 runs (in docs/benchmarks.md
+before 507cb26): split-K forms with wider W tiles (256 columns, 8 or 16 splits), 128-column
+tiles in 16 splits, and the table's winners (variants 14 and 15), swapped, with and without the
+fused combine, with W loaded as generated or with ``eviction_policy="evict_first"``, at several
+warps / stages; each checked against float32 and timed under CUDA-graph replay with rotated
+inputs, beside torch.compile.
 
 Usage, on the GPU machine from the repository root: ``python scripts/gpu_probes/rmsnorm_tiles.py
 BATCHES`` (LIMIT=seconds in the environment stops timing early). The runs behind the figures

@@ -1,9 +1,9 @@
-"""GPU probe behind docs/benchmarks.md's hand-written figures: RMSNorm + Linear's split-K products
-kernel (the products and each piece's sum of squares of X, no combine), written by hand in several
-formulations; each configuration is checked against torch (worst element, relative to the
-largest, <= 1e-3) and timed under CUDA-graph replay with rotated inputs. Prints, per form, how
-many configurations were right, wrong, or failed to compile, and the five fastest right ones;
-writes every figure to $OUT/p13_b<batch>.txt.
+"""GPU probe behind docs/lowering.md's §3b figures (hand-written forms): RMSNorm + Linear's split-K
+products kernel (the products and each piece's sum of squares of X, no combine), written by hand
+in several formulations; each configuration is checked against torch (worst element, relative to
+the largest, <= 1e-3) and timed under CUDA-graph replay with rotated inputs. Prints, per form,
+how many configurations were right, wrong, or failed to compile, and the five fastest right
+ones; writes every figure to $OUT/p13_b<batch>.txt.
 
 Forms:
   plain   acc[MP,BN] += dot(x, w), pointer loads (the generated code's shape)
