@@ -14,8 +14,8 @@ import collections
 import time
 
 import egraph_mirage as em
-from egraph_mirage.pipeline.stages import prepare
 from egraph_mirage.search import SearchConfig
+from egraph_mirage.search.prepare import prepare
 from egraph_mirage.search.tasks import Context, list_tasks, run_task
 
 

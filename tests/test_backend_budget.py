@@ -148,3 +148,27 @@ def test_without_a_budget_each_search_is_unbounded() -> None:
                       refine=False)
     compile_timed(backend, block_inputs())
     assert search.budgets == [None, None, None]
+
+
+def test_real_searches_stay_within_the_budget_and_the_stated_margin() -> None:
+    """The same with ``em.superoptimize``: three pieces, each e-graph saturated and searched
+    inside its share (``search.prepare`` caps the saturation at what is left), ``refine``
+    included where nothing is found. Every search ends within the budget plus the stated
+    margin (``fx.budget``: a task in one long step may hold a search ``search.run.OVERRUN_S``
+    longer); whatever is found is checked against eager by the backend."""
+    from egraph_mirage.pipeline import superoptimize
+    from egraph_mirage.search.run import OVERRUN_S
+
+    budget = 6.0
+    handed: list[float | None] = []
+
+    def search(g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+        handed.append(options["time_budget"])
+        return superoptimize(g, config, **options)
+
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
+    compile_timed(backend, block_inputs())  # the compiled function matches eager
+    report = backend.reports[0]
+    searched = [p for p in report.pieces if p.search_seconds is not None]
+    assert len(searched) == len(handed) >= 1 and sum(handed) <= budget  # type: ignore[arg-type]
+    assert sum(p.search_seconds for p in searched) <= budget + OVERRUN_S  # type: ignore[misc]

@@ -61,7 +61,8 @@ MODES = ("eager", "compile", "max-autotune", "egraph_mirage", "egraph_mirage-max
 #: the backend's modes: the rest compiled by Inductor in its default mode, or in max-autotune
 BACKEND_MODES = ("egraph_mirage", "egraph_mirage-max-autotune")
 #: the keys of every row
-KEYS = ("model", "preset", "sizes", "batch", "dtype", "device", "timing", "mode", "plain_us",
+KEYS = ("model", "preset", "sizes", "batch", "dtype", "device", "timing", "backend_timing",
+        "mode", "plain_us",
         "graph_us", "plain_rounds", "speedup_vs_eager", "speedup_vs_eager_graph", "speedup_vs_best",
         "speedup_vs_best_graph", "compile_s", "max_error", "matches_eager", "tolerance",
         "pieces", "replaced", "searches", "cache_hits", "report", "error")
@@ -206,10 +207,13 @@ def _input_sets(example: ModuleType, sizes: Any, batch: int, cfg: TorchBenchConf
 
 def _row(model: str, batch: int, mode: str, cfg: TorchBenchConfig, sizes: Any,
          device: str) -> dict[str, Any]:
+    from ..fx.options import BackendOptions
+
     row: dict[str, Any] = dict.fromkeys(KEYS)
     row.update(model=model, preset=cfg.preset, sizes=asdict(sizes), batch=batch,
                dtype=cfg.dtype, device=device, mode=mode, tolerance=TOLERANCE[cfg.dtype],
-               timing="cuda" if cfg.device == "cuda" else "cpu wall clock (Triton interpreter)")
+               timing="cuda" if cfg.device == "cuda" else "cpu wall clock (Triton interpreter)",
+               backend_timing=cfg.backend().get("timing", BackendOptions.timing))
     return row
 
 

@@ -13,6 +13,11 @@ and the last search left may take all that is left. A piece reached once no time
 not searched (``SPENT``). Tracing, compiling, checking and timing a piece's winner take their
 time from the same clock; Inductor's compilation of the rest, after the last search, does not.
 ``budget=None``: no deadline, each search unbounded (``time_budget=None``).
+
+The stated margin: a search (``em.superoptimize``) saturates its e-graph and searches inside its
+``time_budget``, each task stopping at its next check of the deadline; a task in the middle of
+one long step (the check of a candidate at a large program's real sizes) may hold the search up
+to ``search.run.OVERRUN_S`` seconds longer before it is left behind.
 """
 
 from __future__ import annotations

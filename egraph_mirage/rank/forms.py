@@ -51,7 +51,7 @@ def spread(items: Sequence[T], graph: Callable[[T], KernelGraph] = lambda x: x  
 #: after first timings, a form whose fastest μGraph is within this factor of the fastest of
 #: all is tuned too: tuning the lowering's knobs has taken a μGraph's first timing down by up
 #: to 1.27× (rmsnorm_linear's split-K form at b = 16 on an H100, 27.7 -> 21.8 µs, where it
-#: then won; ``docs/benchmarks.md``), so a form that close may still win and one further
+#: then won; ``docs/results/gpu_h100.json``), so a form that close may still win and one further
 #: behind is not expected to
 FORM_SLACK = 1.35
 
