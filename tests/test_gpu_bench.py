@@ -103,9 +103,8 @@ def test_parse_bench_gpu_arguments() -> None:
                               "--workers", "2", "--max-candidates", "4"])
     assert a.from_search and (a.budget, a.workers, a.max_candidates) == (60, 2, 4)
     assert a.size_variants is None and not a.no_reference
-    a = _parser().parse_args(["bench", "gpu", "--size-variants", "3", "--no-reference",
-                              "--and-handwritten"])  # the last: accepted, a no-op now
-    assert a.size_variants == 3 and a.no_reference and a.and_handwritten
+    a = _parser().parse_args(["bench", "gpu", "--size-variants", "3", "--no-reference"])
+    assert a.size_variants == 3 and a.no_reference
 
 
 def test_bench_gpu_without_cuda_says_so(capsys: pytest.CaptureFixture[str]) -> None:

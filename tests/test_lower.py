@@ -558,7 +558,7 @@ import sys
 for m in ("egglog", "jax"):
     sys.modules[m] = None
 import egraph_mirage as em
-from egraph_mirage.bench import reference
+from egraph_mirage.bench import handwritten_fixtures as fixtures
 import egraph_mirage.lower
 assert "triton" not in sys.modules and "torch" not in sys.modules, "eager import"
 g = em.benchmarks.get("gqa", small=True)

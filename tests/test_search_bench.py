@@ -7,6 +7,7 @@ bounded by tasks, not seconds."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -15,12 +16,14 @@ from egraph_mirage.bench.search_bench import bench_search, format_table, load_wi
 from egraph_mirage.cli import main
 from egraph_mirage.mugraph.serialize import dumps
 from egraph_mirage.mugraph.sizes import retarget, structure_of
-from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.pipeline import Request, superoptimize
 from egraph_mirage.search import SearchConfig
 
 #: lora's small search finds its first μGraph at task 19 (its tasks of 7 and more operators take
 #: seconds each)
 TASKS = 24
+#: the searches here: the first TASKS tasks, in this process, silent
+SMALL = Request(max_tasks=TASKS, workers=1, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ def test_the_winners_structure_is_found_and_timed(lora_results, tmp_path) -> Non
     winners = load_winners(path)
     assert set(winners) == {"lora"}
 
-    row, = bench_search(["lora"], small=True, max_tasks=TASKS, budget=None, workers=1,
+    row, = bench_search(["lora"], small=True, request=SMALL,
                         winners=winners)
     assert row["winner_found"] is True
     assert row["tasks_to_winner"] == first_of_it.found_at_task
@@ -66,11 +69,12 @@ def test_the_winners_structure_is_found_and_timed(lora_results, tmp_path) -> Non
 
 def test_a_structure_the_search_never_made_is_reported_as_not_found(tmp_path) -> None:
     other = em.benchmarks.get("ntrans", small=True)  # the input program: library operators only
-    row, = bench_search(["lora"], small=True, max_tasks=TASKS, budget=None, workers=1,
+    row, = bench_search(["lora"], small=True, request=SMALL,
                         winners={"lora": other})
     assert row["winner_found"] is False and row["seconds_to_winner"] is None
     assert "not found" in format_table([row])
-    row, = bench_search(["lora"], small=True, max_tasks=1, budget=None, workers=1)
+    row, = bench_search(["lora"], small=True,
+                        request=replace(SMALL, max_tasks=1))
     assert row["winner_found"] is None and row["tasks_to_winner"] is None
 
 

@@ -28,17 +28,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..rank import SEARCH_SHARE, Profiler
 from ..search import SearchConfig, SearchError
+from ..search.prepare import RulePaths, rule_paths
 from ..search.progress import LOG_INTERVAL_S
-
-#: rule files or folders, as ``Oracle(rules=, extra_rules=)`` takes them; one path is a list of one
-RulePaths = Sequence[str | os.PathLike[str]] | str | os.PathLike[str]
 
 
 class RequestError(SearchError):
@@ -58,14 +55,11 @@ def _is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
-def rule_paths(value: RulePaths | None, name: str) -> tuple[Path, ...] | None:
-    """``rules`` / ``extra_rules`` as a tuple of paths (one path is a tuple of one)."""
-    if value is None:
-        return None
-    items = [value] if isinstance(value, (str, os.PathLike)) else value
+def _paths(value: RulePaths | None, name: str) -> tuple[Path, ...] | None:
+    """``search.prepare.rule_paths``, its refusal a ``RequestError`` naming the field."""
     try:
-        return tuple(Path(p) for p in items)
-    except TypeError:
+        return rule_paths(value, name)
+    except SearchError:
         raise RequestError(name, f"must be rule files or folders, got {value!r}") from None
 
 
@@ -129,8 +123,8 @@ class Request:
            **fields: Any) -> Request:
         """A request from loosely typed arguments: rule paths as strings or one path, no
         config (the default), a checkpoint path as a string."""
-        return cls(rules=rule_paths(rules, "rules"),
-                   extra_rules=rule_paths(extra_rules, "extra_rules") or (),
+        return cls(rules=_paths(rules, "rules"),
+                   extra_rules=_paths(extra_rules, "extra_rules") or (),
                    config=SearchConfig() if config is None else config,
                    checkpoint=None if checkpoint is None else Path(checkpoint), **fields)
 

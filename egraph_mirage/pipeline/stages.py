@@ -35,11 +35,11 @@ from ..rank import PROFILE_SIZES, Profiler, by_cost, cuda_available, profile_sta
 from ..search import SearchConfig, SearchResult, SearchResults, SearchStats
 from ..search.checkpoint import Checkpoint
 from ..search.explain import no_result_reasons
-from ..search.prepare import prepare_with_rules
+from ..search.prepare import RulePaths, prepare_with_rules
 from ..search.progress import LOG_INTERVAL_S
 from ..search.run import search_tasks
 from ..search.tasks import Context, Payload, Task, list_tasks
-from .request import Request, RulePaths
+from .request import Request
 from .results_folder import write_results
 
 

@@ -7,6 +7,7 @@ process, starts from it.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,9 +20,25 @@ from .reach import ReachIndex
 from .tasks import Payload
 from .tiling import DTensor
 
+#: rule files or folders, as ``Oracle(rules=, extra_rules=)`` takes them; one path is a list of one
+RulePaths = Sequence[str | os.PathLike[str]] | str | os.PathLike[str]
+
+
+def rule_paths(value: RulePaths | None, name: str) -> tuple[Path, ...] | None:
+    """``rules`` / ``extra_rules`` as a tuple of paths (one path is a tuple of one); a
+    ``SearchError`` naming ``name`` for anything else."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, (str, os.PathLike)) else value
+    try:
+        return tuple(Path(p) for p in items)
+    except TypeError:
+        raise SearchError(f"superoptimize: {name} must be rule files or folders, got "
+                          f"{value!r}") from None
+
 
 def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0,
-            rules: Sequence[Path] | None = None, extra_rules: Sequence[Path] = (),
+            rules: RulePaths | None = None, extra_rules: RulePaths = (),
             saturation_seconds: float | None = None) -> Payload:
     """Saturate the target's e-graph and describe its inputs.
 
@@ -32,7 +49,7 @@ def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0,
 
 
 def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
-                       rules: Sequence[Path] | None = None, extra_rules: Sequence[Path] = (),
+                       rules: RulePaths | None = None, extra_rules: RulePaths = (),
                        saturation_seconds: float | None = None
                        ) -> tuple[Payload, list[Path]]:
     """``prepare``, and the rule files the oracle loaded (in order)."""
@@ -46,8 +63,9 @@ def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
                           " give it as library operators")
     budget = (Budget() if saturation_seconds is None
               else Budget(max_seconds=min(Budget().max_seconds, saturation_seconds)))
-    oracle = Oracle(g, rules=None if rules is None else list(rules),
-                    extra_rules=list(extra_rules), budget=budget, warn_incomplete=False)
+    oracle = Oracle(g, rules=rule_paths(rules, "rules"),
+                    extra_rules=rule_paths(extra_rules, "extra_rules") or (), budget=budget,
+                    warn_incomplete=False)
     reach = ReachIndex.from_oracle(oracle)
     classes, out_classes = dim_classes(g, LinkProbe())
     inputs = []
