@@ -172,7 +172,7 @@ def test_one_row_on_the_gpu(torch_cuda, tmp_path: Path,  # type: ignore[no-untyp
     # a μGraph file stands in for the search's result, at its own sizes only
     em.save(fixtures.fused("gqa", em.benchmarks.get("gqa", small=True)), tmp_path / "gqa_b1.json")
     monkeypatch.setitem(sys.modules, "egraph_mirage.rank.size_variants", types.SimpleNamespace(
-        size_variants=lambda g, target=None, limit=None: [g]))
+        size_variants=lambda g, target=None, limit=None, **_: [g]))
     cfg = gb.GpuBenchConfig(programs=["gqa"], batches=[1], use_compile=False,
                             cache_dir=str(tmp_path), small=True, mugraph_dir=str(tmp_path))
     timer = CudaTimer(TimingConfig(rep_ms=10, graph_replay_ms=2, graph_replays=3))
