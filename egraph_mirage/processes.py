@@ -178,6 +178,12 @@ def warm(executor: cf.ProcessPoolExecutor, n: int, hold: float = 0.2) -> int:
     return len({f.result() for f in [executor.submit(_ready, hold) for _ in range(n)]})
 
 
+def broken(executor: cf.Executor) -> bool:
+    """Whether ``executor`` is a process pool one of whose workers died: it takes no more
+    tasks (``concurrent.futures`` keeps that in a private attribute; no public one says it)."""
+    return bool(getattr(executor, "_broken", False))
+
+
 def stop(executor: cf.ProcessPoolExecutor) -> None:
     """Cancel the queued tasks and end the workers now; the tasks they were running are lost.
     Takes at most about ``2 * TERMINATE_GRACE_S`` seconds; Ctrl-C is ignored meanwhile, so a

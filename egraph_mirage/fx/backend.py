@@ -387,11 +387,15 @@ class Backend:
         of this compilation, started (and warmed: the search imported in each worker) at the
         first search, before its share of the time budget is reckoned, so that no search's
         share is spent starting processes and a compilation whose pieces all hit the cache
-        starts none."""
+        starts none. A pool one of whose workers died during a search (that search loses the
+        tasks it had in flight, ``stats.tasks_lost``) is replaced before the next."""
         w = self.options.workers
         n = (os.cpu_count() or 1) if w is None else w
         if not isinstance(n, int) or n == 1:
             return w
+        if self._pool is not None and processes.broken(self._pool):  # a worker died: anew
+            processes.stop(self._pool)
+            self._pool = None
         if self._pool is None:
             self._pool = processes.worker_pool(n)
             processes.warm(self._pool, n)

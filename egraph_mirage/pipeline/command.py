@@ -33,7 +33,14 @@ from ..errors import EMError
 from ..graph import KernelGraph
 from ..rank import keep_jax_off_the_gpu
 from ..search import SearchConfig, SearchError, SearchResults
-from ..search.explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET
+from ..search.explain import (
+    INTERRUPTED,
+    MAX_RESULTS,
+    TASK_BUDGET,
+    TASKS_LOST,
+    TIME_BUDGET,
+    lost_names,
+)
 from ..search.progress import LOG_INTERVAL_S
 from .request import Request, RequestError
 from .stages import run as pipeline_run
@@ -42,7 +49,8 @@ from .stages import run as pipeline_run
 EXIT_INTERRUPTED = 130
 #: how the summary names what ended a search early
 STOPPED = {TIME_BUDGET: "time budget reached", TASK_BUDGET: "task budget reached",
-           MAX_RESULTS: "--max-results reached", INTERRUPTED: "interrupted"}
+           MAX_RESULTS: "--max-results reached", INTERRUPTED: "interrupted",
+           TASKS_LOST: "tasks lost with worker processes that died"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -181,6 +189,10 @@ def report(results: SearchResults, out: Path, args: argparse.Namespace) -> int:
                if st.resumed_partial else "")
         print(f"resumed {st.resumed_tasks} task(s){cut} from {out / 'search.ckpt'} "
               f"({st.resumed_results} result(s), verified again{dropped})")
+    if st.workers_lost:
+        lost = f", {len(st.tasks_lost)} lost: {lost_names(st)}" if st.tasks_lost else ""
+        print(f"{st.workers_lost} worker process(es) died (killed by memory, a signal or a "
+              f"crash): {len(st.tasks_retried)} task(s) they were running run again{lost}")
     secs = ", ".join(f"{k} {v:.1f} s" for k, v in st.seconds.items())
     print(f"seconds: {secs}")
     if args.profile:

@@ -39,7 +39,7 @@ from ..search.prepare import RulePaths, prepare_with_rules
 from ..search.progress import LOG_INTERVAL_S
 from ..search.run import search_tasks
 from ..search.tasks import Context, Payload, Task, list_tasks
-from .request import Request
+from .request import Request, RequestError
 from .results_folder import write_results
 
 
@@ -115,10 +115,12 @@ def _stage_rank(run: Run) -> None:
 
 
 def _stage_profile(run: Run) -> None:
-    """With ``profile=True``: re-rank by time measured on the GPU (``rank.profile_stage``)."""
+    """With ``profile=True``: re-rank by time measured on the GPU (``rank.profile_stage``).
+    Then, in the final order, the statistics that need the whole search (``_finish``)."""
     if run.request.profile:
         run.ranked = profile_stage(run.ranked, run.g, run.stats, run.request.profiler,
                                    deadline=run.end, sizes=PROFILE_SIZES)
+    _finish(run)
 
 
 def _stage_write(run: Run) -> None:
@@ -149,7 +151,7 @@ def run(g: KernelGraph, request: Request,
     artefact)`` after each stage with what it made (``Run.artefact``); ``out``: the folder the
     ``write`` stage writes (with ``program_info``, e.g. the benchmark's name and batch)."""
     if not isinstance(request, Request):
-        raise TypeError(f"run: expected a Request, got {type(request).__name__}")
+        raise RequestError("request", f"must be a Request, got {type(request).__name__}")
     end = time.time() + request.time_budget if request.limited() else None
     deadline = end
     timed = request.profile and (request.profiler is not None or cuda_available()[0])
@@ -157,11 +159,7 @@ def run(g: KernelGraph, request: Request,
         deadline = end - (1 - request.search_share) * request.time_budget  # type: ignore[operator]
     state = Run(g, request, on_result, out, dict(program_info or {}), end=end,
                 deadline=deadline)
-    # the output of the stages before ``write``: ``no_result_reasons`` and the best's time are
-    # statistics the results folder records too
     for name, stage in STAGES:
-        if name == "write":
-            _finish(state)
         stage(state)
         if on_stage is not None:
             on_stage(name, state.artefact(name))

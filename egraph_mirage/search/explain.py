@@ -15,8 +15,8 @@ from .config import SearchConfig
 from .results import SearchStats
 
 #: ``SearchStats.stopped_by`` values
-TIME_BUDGET, TASK_BUDGET, MAX_RESULTS, INTERRUPTED = (
-    "time budget", "task budget", "max_results", "interrupted")
+TIME_BUDGET, TASK_BUDGET, MAX_RESULTS, INTERRUPTED, TASKS_LOST = (
+    "time budget", "task budget", "max_results", "interrupted", "tasks lost")
 
 
 def no_result_reasons(stats: SearchStats, g: KernelGraph, config: SearchConfig,
@@ -51,6 +51,10 @@ def no_result_reasons(stats: SearchStats, g: KernelGraph, config: SearchConfig,
                    "rerun with the same checkpoint goes on from there)")
     elif stats.stopped_by == INTERRUPTED:
         out.append(f"the search was interrupted at {at}")
+    elif stats.stopped_by == TASKS_LOST:
+        out.append(f"{len(stats.tasks_lost)} task(s) were lost with worker processes that "
+                   f"died ({stats.workers_lost} of them; {lost_names(stats)}): a worker killed "
+                   "by memory most often; give the search fewer workers")
     elif not stats.candidates_verified:
         out.append(f"the whole space ({stats.tasks_total} tasks) holds no candidate in the "
                    f"target's e-class: allow more (SearchConfig.max_block_ops "
@@ -60,6 +64,13 @@ def no_result_reasons(stats: SearchStats, g: KernelGraph, config: SearchConfig,
         out.append(f"{stats.invalid_candidates} complete candidate(s) could not be built as "
                    "μGraphs (a bug in the search)")
     return out
+
+
+def lost_names(stats: SearchStats, most: int = 5) -> str:
+    """The tasks lost with dead workers, the first ``most`` by name."""
+    names = stats.tasks_lost[:most]
+    more = len(stats.tasks_lost) - len(names)
+    return ", ".join(names) + (f" and {more} more" if more > 0 else "")
 
 
 def unused_inputs(g: KernelGraph) -> list[Tensor]:

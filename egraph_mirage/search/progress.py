@@ -125,6 +125,13 @@ class Progress:
         self._say(f"the time budget is spent: {tasks} task(s) still running are left behind "
                   "(what they found since they started is lost)")
 
+    def worker_lost(self, again: int, retried: int, lost: int, new_pool: bool) -> None:
+        """A worker process died: the tasks in flight run again (on a new pool) or are lost."""
+        then = (f"{again} task(s) in flight run again on a new pool ({retried} of them were "
+                "in a worker)" if new_pool else f"{again} task(s) in flight cannot run again")
+        gone = f"; {lost} task(s) lost (in a worker when one died twice)" if lost else ""
+        self._say(f"a worker process died (killed by memory, a signal or a crash): {then}{gone}")
+
     def found(self, result: SearchResult, count: int) -> None:
         if self.how == LOG:
             self._write(f"found result {count}: {result.num_kernels} kernel(s), "

@@ -39,6 +39,13 @@ class SearchStats:
     #: tasks still running ``OVERRUN_S`` seconds after the deadline, left behind (their workers
     #: ended, what they had found lost)
     tasks_left_behind: int = 0
+    #: worker processes that died mid-search (killed by memory, a signal, a crash): each time,
+    #: the pool was replaced and the tasks in flight run again (``search.run``)
+    workers_lost: int = 0
+    #: tasks that were in a worker when it died and were run again
+    tasks_retried: list[str] = field(default_factory=list)
+    #: tasks given up: in a worker when it died twice, or out when no new pool could be started
+    tasks_lost: list[str] = field(default_factory=list)
     #: tasks (and their results) taken from a checkpoint instead of searched
     resumed_tasks: int = 0
     resumed_results: int = 0

@@ -5,13 +5,22 @@ A checkpoint's finished tasks are taken as done (their results verified again fi
 a time budget had cut short resume where they stopped. Ctrl-C, the time budget, the task budget
 and ``max_results`` end the search early with what was found (``stats.stopped_by`` says which);
 worker processes are stopped at once (``processes.stop``).
+
+A worker process that dies (killed for memory, by a signal, or crashed) breaks its pool, and
+every task in flight on it fails. The search replaces the pool (``MAX_POOL_RESTARTS`` times at
+most) and runs those tasks again: a task that was in a worker when it died is run once more
+(``TASK_ATTEMPTS``) and then given up, a task that was only queued is run again freely
+(``Retries``). ``stats.workers_lost``, ``tasks_retried`` and ``tasks_lost`` say what happened;
+the search goes on with the other tasks. A caller's executor is not ours to replace: the tasks
+in flight on it when it breaks are lost.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 
 from .. import processes
 from ..graph import KernelGraph
@@ -19,7 +28,7 @@ from ..mugraph.serialize import loads
 from ..verify import checks_that_fit
 from .checkpoint import Checkpoint, verify_stored
 from .config import SearchConfig
-from .explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TIME_BUDGET
+from .explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TASKS_LOST, TIME_BUDGET
 from .progress import Progress, mode
 from .results import SearchResult, SearchStats
 from .tasks import Context, Payload, Task, TaskResult, run_task
@@ -117,12 +126,42 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
                            else type(executor).__name__)
             # threads of this process share its context; other processes build their own
             shared = ctx if isinstance(executor, cf.ThreadPoolExecutor) else None
-            futures = [executor.submit(run_task, payload, task, deadline, shared,
-                                       skip.get(task.name, 0))
-                       for task in todo]
+            task_of: dict[cf.Future[TaskResult], Task] = {}
+
+            def submit(task: Task) -> cf.Future[TaskResult]:
+                assert executor is not None
+                fut = executor.submit(run_task, payload, task, deadline, shared,
+                                      skip.get(task.name, 0))
+                task_of[fut] = task
+                return fut
+
+            retries, restarts = Retries(), [0]
+
+            def rerun(failed: list[cf.Future[TaskResult]], running: set[cf.Future[TaskResult]]
+                      ) -> list[cf.Future[TaskResult]]:
+                """A worker died: a new pool for the tasks in flight (``Retries``)."""
+                nonlocal executor
+                was_running = {task_of[f].name for f in running}
+                by_name = {task_of[f].name: task_of.pop(f) for f in failed}
+                again, retried, lost = retries.after_break(list(by_name), was_running)
+                stats.workers_lost += 1
+                can = owned and restarts[0] < MAX_POOL_RESTARTS
+                report.worker_lost(len(again), len(retried), len(lost), can)
+                if not can:  # a caller's executor, or too many deaths: every one is lost
+                    stats.tasks_lost += list(by_name)
+                    return []
+                stats.tasks_retried += retried
+                stats.tasks_lost += lost
+                restarts[0] += 1
+                processes.stop(executor)  # type: ignore[arg-type]
+                executor = processes.worker_pool(workers)  # type: ignore[arg-type]
+                return [submit(by_name[n]) for n in again]
+
+            futures = [submit(task) for task in todo]
             behind = [0]
             complete = _collect(futures, deadline, absorb, enough, report,
-                                lambda: report.update(stats, results, idle=True), behind)
+                                lambda: report.update(stats, results, idle=True), behind,
+                                rerun)
             stats.tasks_left_behind = behind[0]
     except KeyboardInterrupt:
         stats.interrupted = True
@@ -144,6 +183,8 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
         stats.stopped_by = MAX_RESULTS
     elif stats.tasks_done < limit and deadline is not None and time.time() > deadline:
         stats.stopped_by = TIME_BUDGET
+    elif stats.tasks_lost:
+        stats.stopped_by = TASKS_LOST
     elif stats.tasks_done < stats.tasks_total and limit < stats.tasks_total:
         stats.stopped_by = TASK_BUDGET
     stats.budget_exhausted = stats.stopped_by in (TIME_BUDGET, TASK_BUDGET)
@@ -155,33 +196,89 @@ WAIT_SLICE_S = 0.5
 #: without them (their workers are ended): a task stops at its next check of the deadline, but
 #: one step of it, the check of a candidate at a large program's real sizes, can take a minute
 OVERRUN_S = 15.0
+#: times a search replaces its pool of workers after one died before it gives up the tasks out
+MAX_POOL_RESTARTS = 3
+#: times a task may be in a worker when one dies before it is given up
+TASK_ATTEMPTS = 2
+
+
+class Retries:
+    """Which tasks run again after a worker died: a task that was running (in a worker, or
+    handed to one) gets a strike, and at ``TASK_ATTEMPTS`` strikes it is given up; a task that
+    was only queued runs again without one. Where none of the failed tasks was seen running (a
+    worker died as it took its task), all of them get a strike."""
+
+    def __init__(self, attempts: int = TASK_ATTEMPTS) -> None:
+        self.attempts = attempts
+        self.strikes: dict[str, int] = {}
+
+    def after_break(self, failed: Sequence[str], running: set[str]
+                    ) -> tuple[list[str], list[str], list[str]]:
+        """The failed tasks (by name, in order) split into those to run again, those of them
+        that were running (retried), and those given up."""
+        struck = {n for n in failed if n in running} or set(failed)
+        again, retried, lost = [], [], []
+        for name in failed:
+            if name in struck:
+                self.strikes[name] = self.strikes.get(name, 0) + 1
+            if self.strikes.get(name, 0) >= self.attempts:
+                lost.append(name)
+                continue
+            again.append(name)
+            if name in struck:
+                retried.append(name)
+        return again, retried, lost
+
+
+Rerun = Callable[[list[cf.Future[TaskResult]], set[cf.Future[TaskResult]]],
+                 list[cf.Future[TaskResult]]]
 
 
 def _collect(futures: list[cf.Future[TaskResult]], deadline: float | None,
              absorb: Callable[[TaskResult, bool], None], enough: list[bool],
              report: Progress, tick: Callable[[], None],
-             left_behind: list[int] | None = None) -> bool:
+             left_behind: list[int] | None = None, rerun: Rerun | None = None) -> bool:
     """Absorb the tasks' results as they come (in the order submitted among those that come
     together); queued tasks are cancelled once the time budget is spent (running ones stop at
     it by themselves, or are left behind ``OVERRUN_S`` seconds later). Wakes every
     ``WAIT_SLICE_S`` seconds for the progress log (which writes at its own interval). Returns
     False when it stopped with tasks still out (``max_results``, or tasks left behind: their
-    number in ``left_behind[0]``)."""
+    number in ``left_behind[0]``).
+
+    Tasks that fail because a worker died (``BrokenProcessPool``) are handed to
+    ``rerun(failed, seen_running)``, with those of them seen running, once every task in
+    flight on the broken pool has come back; what it returns (the same tasks submitted again)
+    is waited for in their place. Without ``rerun`` the failure is raised."""
     left_behind = [0] if left_behind is None else left_behind
     order = {fut: i for i, fut in enumerate(futures)}
     pending = set(futures)
+    running: set[cf.Future[TaskResult]] = set()  # seen running, not yet back
     while pending:
+        running = {f for f in pending if f in running or f.running()}
         # a Ctrl-C is held back while waiting: raised inside ``cf.wait``, it can leave the
         # locks of futures it was taking held, and the pool's manager thread, setting their
         # results, then blocks for ever (and with it the clean-up and the interpreter's exit)
         with processes.sigint_deferred():
             finished, pending = cf.wait(pending, timeout=WAIT_SLICE_S,
                                         return_when=cf.FIRST_COMPLETED)
+        broken = [f for f in finished if not f.cancelled() and rerun is not None
+                  and isinstance(f.exception(), BrokenProcessPool)]
+        if broken:  # every task in flight on the pool fails now: wait for all of them
+            with processes.sigint_deferred():
+                more, pending = cf.wait(pending, timeout=OVERRUN_S)
+            finished |= more
+            broken = [f for f in finished if not f.cancelled()
+                      and isinstance(f.exception(), BrokenProcessPool)]
+            finished -= set(broken)
         for fut in sorted(finished, key=order.__getitem__):
             if not fut.cancelled():
                 absorb(fut.result(), True)
             if enough[0]:
                 return not pending
+        if broken and rerun is not None:
+            again = rerun(sorted(broken, key=order.__getitem__), running & set(broken))
+            order.update((f, len(order) + i) for i, f in enumerate(again))
+            pending |= set(again)
         if deadline is not None and time.time() > deadline:
             for fut in pending:
                 fut.cancel()
