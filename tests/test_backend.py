@@ -532,6 +532,36 @@ def test_the_pieces_of_a_compilation_share_one_pool_of_workers(tmp_path: Path,
     assert [p.cache for p in backend.reports[0].pieces] == ["hit", "hit"]
 
 
+def test_a_piece_whose_checks_take_much_memory_gets_as_many_processes_as_fit(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Where fewer processes checking a piece's candidates fit in memory than the compilation's
+    pool has workers (``verify.checks_that_fit``: a real model's sizes), that piece's search
+    gets that many processes of its own, and no shared pool is started for it: a worker
+    killed for memory would lose its tasks."""
+    from egraph_mirage import processes
+    from egraph_mirage.fx import backend as be
+
+    started: list[Any] = []
+    monkeypatch.setattr(processes, "worker_pool", lambda n: started.append(n))
+    monkeypatch.setattr(be, "checks_that_fit", lambda g: 1)
+    seen: list[Any] = []
+
+    class Recording(StandIn):
+        def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+            seen.append(options["workers"])
+            return super().__call__(g, config, **options)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w)
+
+    gen = torch.Generator().manual_seed(0)
+    xs = (torch.randn(4, 16, generator=gen).half(), torch.randn(16, 16, generator=gen).half())
+    backend = Backend(**options(tmp_path, search=Recording(), workers=4, cache=False))
+    with torch.no_grad():
+        torch.compile(f, backend=backend)(*xs)
+    assert seen == [1] and started == []
+
+
 def test_after_the_first_call_a_runner_passes_its_sources_in_place(
         monkeypatch: Any) -> None:
     """A replaced piece's runner checks its inputs on the first call; later calls hand the

@@ -71,6 +71,7 @@ from .. import processes
 from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
+from ..verify import checks_that_fit
 from . import inductor_timing as timing
 from . import report as rep
 from .budget import SPENT, CompileBudget
@@ -337,7 +338,7 @@ class Backend:
             decision.reason = (f"{len(g.outputs)} outputs (the search takes programs of one "
                                "output)")
             return decision, None, False
-        workers = None if self._budget.spent() else self._search_workers()
+        workers = None if self._budget.spent() else self._search_workers(g)
         share = self._budget.share()  # after the pool's start, which is not the search's time
         if share is not None and share <= 0:
             decision.reason = SPENT
@@ -382,17 +383,23 @@ class Backend:
                 return decision, None, False
         return decision, runner, True
 
-    def _search_workers(self) -> int | cf.Executor | None:
+    def _search_workers(self, g: KernelGraph) -> int | cf.Executor | None:
         """What a piece's search gets as ``workers``: the caller's Executor, or 1, or the pool
         of this compilation, started (and warmed: the search imported in each worker) at the
         first search, before its share of the time budget is reckoned, so that no search's
         share is spent starting processes and a compilation whose pieces all hit the cache
-        starts none. A pool one of whose workers died during a search (that search loses the
+        starts none. A piece whose candidates' checks take so much memory that fewer processes
+        than the pool's fit side by side (``verify.checks_that_fit``: a program at a real
+        model's sizes) gets that many processes of its own instead, so that no worker is killed
+        for memory. A pool one of whose workers died during a search (that search loses the
         tasks it had in flight, ``stats.tasks_lost``) is replaced before the next."""
         w = self.options.workers
         n = (os.cpu_count() or 1) if w is None else w
         if not isinstance(n, int) or n == 1:
             return w
+        fit = checks_that_fit(g)
+        if fit is not None and fit < n:  # checks of this piece at its sizes take gigabytes
+            return fit  # each: as many processes as fit in memory, in a pool of its own
         if self._pool is not None and processes.broken(self._pool):  # a worker died: anew
             processes.stop(self._pool)
             self._pool = None
