@@ -10,7 +10,8 @@ Options (``torch.compile(..., options={...})`` or ``Backend(**options)``):
   it is kept, "the compilation's time budget was spent". A cache hit costs nothing;
 - ``max_tasks``: search tasks per piece (None: all);
 - ``workers``: search processes (None: every core; one pool serves every piece of a
-  compilation) or a ``concurrent.futures.Executor``;
+  compilation, but a piece whose checks need more memory gets as many as fit) or a
+  ``concurrent.futures.Executor``;
 - ``config``: a ``SearchConfig`` or a mapping of its fields;
 - ``cache_dir`` (default ``fx.cache.default_cache_dir()``), ``cache`` (False: neither read nor
   write);
