@@ -33,6 +33,7 @@ from .errors import EMError
 from .expr import Term, parse
 from .graph import KernelGraph, abstract_expr
 from .oracle import Oracle
+from .pipeline import DEFAULT_BUDGETS
 from .rank.forms import FORM_SLACK
 
 
@@ -85,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--programs", nargs="+", metavar="NAME", help="benchmarks (default: all)")
     bs.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     bs.add_argument("--budget", type=float, default=None, metavar="S",
-                    help="seconds each search may take (default: 600, "
-                    "bench.search_bench.BENCH_REQUEST)")
+                    help="seconds each search may take (default "
+                    f"{DEFAULT_BUDGETS['bench search']:g})")
     bs.add_argument("--workers", type=int, default=None, metavar="N",
                     help="worker processes (default: every core)")
     bs.add_argument("--no-oracle", action="store_true",
@@ -131,9 +132,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="run the search for each program and batch first, into "
                     "DIR/<name>_b<batch>/ (DIR: --mugraph-dir, default "
                     "egraph-mirage-out/search; a rerun resumes from its checkpoint)")
-    bg.add_argument("--budget", type=float, default=300.0, metavar="S",
+    bg.add_argument("--budget", type=float, default=None, metavar="S",
                     help="seconds of search per program and batch with --from-search "
-                    "(default 300)")
+                    f"(default {DEFAULT_BUDGETS['bench gpu']:g})")
     bg.add_argument("--workers", type=int, default=None, metavar="N",
                     help="search processes with --from-search (default: every core)")
     bg.add_argument("--check-workers", type=int, default=None, metavar="N",

@@ -93,7 +93,7 @@ def test_parse_bench_gpu_arguments() -> None:
     a = _parser().parse_args(["bench", "gpu"])
     assert a.batch == [1, 8, 16] and a.programs is None and a.mugraph_dir is None
     assert not (a.json or a.no_compile or a.max_autotune or a.no_tune or a.no_cache)
-    assert not a.from_search and a.budget == 300.0 and a.max_candidates is None
+    assert not a.from_search and a.budget is None and a.max_candidates is None
     a = _parser().parse_args(["bench", "gpu", "--json", "--batch", "1", "8", "--programs", "gqa",
                               "lora", "--mugraph-dir", "d", "--no-compile", "--markdown", "m.md",
                               "--plot", "p.png", "--cache-dir", "c"])

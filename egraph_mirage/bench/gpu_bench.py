@@ -39,7 +39,7 @@ from ..graph import KernelGraph
 from ..lower.cost_model import ProgramCost
 from ..mugraph.serialize import dumps, load
 from ..mugraph.sizes import retarget
-from ..pipeline import Request
+from ..pipeline import DEFAULT_BUDGETS, Request
 from ..pipeline.command import request_from_flags
 from ..rank.forms import FORM_SLACK, form_label, rank_correlation, spread, to_tune
 from . import handwritten_fixtures as fixtures
@@ -90,7 +90,8 @@ class GpuBenchConfig:
     from_search: bool = False
     #: what the search is asked with ``from_search``: five minutes per program and batch, on
     #: every core, silent (its checkpoint is the program's folder's)
-    search: Request = field(default_factory=lambda: Request(time_budget=300.0, progress=False))
+    search: Request = field(default_factory=lambda: Request(
+        time_budget=DEFAULT_BUDGETS["bench gpu"], progress=False))
     #: with more candidates than this, all are first timed at ``QUICK_KNOBS`` and only this many
     #: of the fastest are tuned over the whole knob space
     tune_top: int = 4
@@ -584,8 +585,8 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
             print(f"error: {flag} must be at least 1", file=sys.stderr)
             return 2
     try:
-        search = request_from_flags(time_budget=args.budget, workers=args.workers,
-                                    progress=False)
+        budget = DEFAULT_BUDGETS["bench gpu"] if args.budget is None else args.budget
+        search = request_from_flags(time_budget=budget, workers=args.workers, progress=False)
     except EMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

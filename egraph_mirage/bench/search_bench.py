@@ -43,11 +43,11 @@ from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
 from ..mugraph.sizes import retarget, structure_of
-from ..pipeline import Request, run
+from ..pipeline import DEFAULT_BUDGETS, Request, run
 from .text_table import aligned
 
 #: what each search of the benchmark is asked by default: ten minutes, silent
-BENCH_REQUEST = Request(time_budget=600.0, progress=False)
+BENCH_REQUEST = Request(time_budget=DEFAULT_BUDGETS["bench search"], progress=False)
 KEYS = ("benchmark", "seconds_to_first", "seconds_to_best", "seconds_total", "states",
         "best_num_kernels", "verified", "met")
 #: most kernel launches the best μGraph may have, per program (the search never reads this)

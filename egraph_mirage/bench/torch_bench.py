@@ -48,6 +48,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import EMError
+from ..pipeline import DEFAULT_BUDGETS
 from ..pipeline.command import request_from_flags
 from .gpu_report import best, fmt, ratio
 from .text_table import aligned
@@ -91,7 +92,7 @@ class TorchBenchConfig:
     dtype: str = "float16"
     #: the backend's options (``fx.options.BackendOptions``; ``budget``: seconds for each
     #: whole compilation, its pieces sharing them)
-    budget: float | None = 60.0
+    budget: float | None = DEFAULT_BUDGETS["torch backend"]
     max_tasks: int | None = None
     workers: int | None = None
     cache_dir: str | None = None
@@ -417,9 +418,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--modes", nargs="+", choices=MODES, default=None,
                    help="default: all four (--cpu-smoke: eager and egraph_mirage)")
     p.add_argument("--dtype", choices=tuple(TOLERANCE), default="float16")
-    p.add_argument("--budget", type=float, default=60.0, metavar="S",
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGETS["torch backend"], metavar="S",
                    help="search seconds for each compilation, its pieces sharing them "
-                   "(default 60)")
+                   f"(default {DEFAULT_BUDGETS['torch backend']:g})")
     p.add_argument("--max-tasks", type=int, default=None, metavar="N",
                    help="search tasks per piece (default: no limit)")
     p.add_argument("--workers", type=int, default=None, metavar="N",

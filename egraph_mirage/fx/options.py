@@ -36,13 +36,13 @@ from typing import Any
 import torch
 
 from ..errors import EMError
-from ..pipeline import Request, RequestError
+from ..pipeline import DEFAULT_BUDGETS, Request, RequestError
 from ..search.config import SearchConfig
 
 #: the ``timing`` option's values
 TIMINGS = ("both", "graph", "plain")
 #: the ``budget`` option's default: seconds for a whole compilation's searches
-DEFAULT_BUDGET = 60.0
+DEFAULT_BUDGET = DEFAULT_BUDGETS["torch backend"]
 
 
 class BackendError(EMError, ValueError):

@@ -42,7 +42,7 @@ from ..search.explain import (
     lost_names,
 )
 from ..search.progress import LOG_INTERVAL_S
-from .request import Request, RequestError
+from .request import DEFAULT_BUDGETS, Request, RequestError
 from .stages import run as pipeline_run
 
 #: the exit status after Ctrl-C (128 + SIGINT, as shells report it)
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a benchmark name (see `list`) or a Python file that builds a graph")
     p.add_argument("--batch", type=int, default=1, help="batch size of a benchmark")
     p.add_argument("--small", action="store_true", help="the benchmark's reduced shapes")
-    p.add_argument("--budget", type=float, default=None, metavar="S",
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGETS["optimize"], metavar="S",
                    help="stop after S seconds with what was found (default: no time limit; "
                         "without --max-tasks either, the whole space is searched)")
     p.add_argument("--workers", type=int, default=None, metavar="N",

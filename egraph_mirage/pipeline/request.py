@@ -37,6 +37,14 @@ from ..search import SearchConfig, SearchError
 from ..search.prepare import RulePaths, rule_paths
 from ..search.progress import LOG_INTERVAL_S
 
+#: the time budget each entry point takes when none is given, in seconds (None: no limit), in
+#: one place: the library and ``optimize`` search the whole space; a benchmark bounds each
+#: search; the torch backend bounds each compilation (its pieces share it)
+DEFAULT_BUDGETS: dict[str, float | None] = {
+    "superoptimize": None, "optimize": None, "bench search": 600.0, "bench gpu": 300.0,
+    "torch backend": 60.0,
+}
+
 
 class RequestError(SearchError):
     """A field of a ``Request`` that cannot be meant; ``field`` names it."""
@@ -68,7 +76,7 @@ class Request:
     """What one search is asked to do, and within what budget (module docstring)."""
 
     #: seconds for the whole job, counted from its start (``inf`` or None: no limit)
-    time_budget: float | None = None
+    time_budget: float | None = DEFAULT_BUDGETS["superoptimize"]
     #: only the first ``max_tasks`` tasks of the task list are searched (None: all)
     max_tasks: int | None = None
     #: where results will be timed on a GPU, the search stops at this share of the time budget
