@@ -269,15 +269,53 @@ def _transformer_ops() -> em.KernelGraph:
     return h
 
 
+def _heads_sharing_a_key_head(dtype: em.DType = em.float32) -> em.KernelGraph:
+    """Grouped-query attention's product, as a GQA decode piece's search gave it: rank-5 tiles
+    (batch, key head, query head of the group, row, ...) whose batch and key-head dimensions
+    are 1 in every tile (left out of the code), four query heads sharing one key head: tiles
+    (1, 1, 4, 1, 16) @ (1, 1, 1, 16, 64), once "tl.dot takes tiles of rank 2 or 3"."""
+    h, (A, B) = _graph((2, 2, 4, 1, 32), (2, 2, 1, 32, 64), dtype=dtype)
+    tb = em.new_threadblock_graph(grid_dim=(2, 2, 1), forloop_range=2)
+    a = tb.new_input(A, (0, 1, -1), forloop_dim=4)        # (1, 1, 4, 1, 16)
+    b = tb.new_input(B, (0, 1, -1), forloop_dim=3)        # (1, 1, 1, 16, 64)
+    tb.new_output(tb.forloop_accum(tb.matmul(a, b)), (0, 1, -1))
+    h.mark_output(h.customized([A, B], tb)[0])
+    return h
+
+
+def _two_batch_dimensions() -> em.KernelGraph:
+    """Rank-4 tiles kept whole in the code, the right operand broadcast over the second batch
+    dimension: (2, 4, 16, 16) @ (2, 1, 16, 48)."""
+    h, (A, B) = _graph((2, 4, 16, 32), (2, 1, 32, 48))
+    tb = em.new_threadblock_graph(grid_dim=(1, 1, 1), forloop_range=2)
+    a = tb.new_input(A, (-1, -1, -1), forloop_dim=3)
+    b = tb.new_input(B, (-1, -1, -1), forloop_dim=2)
+    tb.new_output(tb.forloop_accum(tb.matmul(a, b)), (-1, -1, -1))
+    h.mark_output(h.customized([A, B], tb)[0])
+    return h
+
+
 GENERIC = {"reduction_mean": _reduction_mean, "concat_matmul": _concat_matmul,
            "rms_norm_gain_rows": _rms_norm_gain_rows, "batched_todimx": _batched_todimx,
            "batch_of_one": _batch_of_one, "batch_of_one_dimx16": lambda: _batch_of_one(16),
-           "transformer_ops": _transformer_ops}
+           "transformer_ops": _transformer_ops,
+           "heads_sharing_a_key_head": _heads_sharing_a_key_head,
+           "two_batch_dimensions": _two_batch_dimensions}
 
 
 @pytest.mark.parametrize("name", GENERIC)
 def test_generic_block_graphs(name: str) -> None:
     _check(GENERIC[name](), em.float32)
+
+
+def test_query_heads_sharing_a_key_head_lower_as_one_2d_dot_in_fp16() -> None:
+    """The GQA tiles of a verified μGraph that once failed to lower: the four query heads'
+    rows fold into one 2-D dot against the shared key head (no copy of it per query head),
+    and the result matches in fp16."""
+    h = _heads_sharing_a_key_head(em.float16)
+    src = generate_source(h)
+    assert "tl.dot(tl.reshape(" in src and "tl.broadcast_to" not in src
+    _check(h, em.float16)
 
 
 def test_a_batch_of_one_is_written_as_2d_blocks() -> None:

@@ -15,6 +15,7 @@ code through the layout.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -218,34 +219,64 @@ class TileContext:
 
     # --- structural operators ---------------------------------------------------------------
     def dot(self, i: int, j: int) -> str:
-        """``tl.dot`` of operands ``i`` @ ``j`` (ranks 2 or 3), contraction padding masked,
-        operands cast to the dot dtype, batch dimensions broadcast."""
+        """``tl.dot`` of operands ``i`` @ ``j``, contraction padding masked, operands cast to
+        the dot dtype, batch dimensions broadcast. Tiles of rank 2 and 3 are ``tl.dot``'s own;
+        tiles of rank 4 and more (heads beside batches; several query heads sharing one key
+        head) have their batch dimensions folded into one (``_folded_dot``). The code's ranks
+        count (``layout``: a leading dimension of block size 1 in every tile is left out)."""
         a, b = self.operands[i], self.operands[j]
         r = len(a.padded)
-        if r not in (2, 3):
-            raise LowerError(f"tl.dot takes tiles of rank 2 or 3, got {a.real} @ {b.real}")
-        batched = self.layout.kept(r) == 3  # else the batch dimension is left out of the code
-        texts = []
-        for v, k, other in ((a, r - 1, b), (b, r - 2, a)):
-            mask = None if v.zero_pad else pad_mask(v.real, v.padded, [k], self.layout)
-            text = v.name if mask is None else f"tl.where({mask}, {v.name}, 0.0)"
-            if v.dtype != self.dot_dtype:
-                text = f"{text}.to({self.dot_dtype})"
-            if batched and v.padded[0] < other.padded[0]:
-                text = f"tl.broadcast_to({text}, {fmt_shape((other.padded[0], *v.padded[1:]))})"
-            texts.append(text)
+        ca, cb = self.layout.dims(a.padded), self.layout.dims(b.padded)
+        if len(ca) < 2 or len(cb) != len(ca):
+            raise LowerError(f"tl.dot takes tiles of one rank of at least 2, got {a.real} @ "
+                             f"{b.real}")
+        texts = [self._dot_operand(a, r - 1), self._dot_operand(b, r - 2)]
         extra = ""
         if self.dot_dtype == "tl.float32":
             extra = f', input_precision="{self.dot_precision}"'
-        if batched and a.padded[0] == 1 and b.padded[0] == 1:
+        if r > 3 and len(ca) > 2:
+            return self._folded_dot(texts, ca, cb, extra)
+        batched = len(ca) == 3
+        if batched:  # the batch dimension broadcast
+            for t, (cv, co) in enumerate(((ca, cb), (cb, ca))):
+                if cv[0] < co[0]:
+                    texts[t] = f"tl.broadcast_to({texts[t]}, {fmt_shape((co[0], *cv[1:]))})"
+        m, k, n = ca[-2], ca[-1], cb[-1]
+        if batched and ca[0] == 1 and cb[0] == 1:
             # a batch of one: a plain 2-D dot (Triton's batched dot is far slower on the GPU)
-            m, k, n = a.padded[1], a.padded[2], b.padded[2]
             product = (f"tl.dot(tl.reshape({texts[0]}, ({m}, {k})), "
                        f"tl.reshape({texts[1]}, ({k}, {n})){extra})")
             return f"tl.reshape({product}, (1, {m}, {n}))"
         if r == 2 and self.swap_dots and swaps(a.padded[0], b.padded[1]):
             return f"tl.trans(tl.dot(tl.trans({texts[1]}), tl.trans({texts[0]}){extra}))"
         return f"tl.dot({texts[0]}, {texts[1]}{extra})"
+
+    def _dot_operand(self, v: Val, k: int) -> str:
+        """Operand ``v`` of a dot, its padding along the contraction dimension ``k`` masked to
+        0, cast to the dot dtype."""
+        mask = None if v.zero_pad else pad_mask(v.real, v.padded, [k], self.layout)
+        text = v.name if mask is None else f"tl.where({mask}, {v.name}, 0.0)"
+        return text if v.dtype == self.dot_dtype else f"{text}.to({self.dot_dtype})"
+
+    def _folded_dot(self, texts: list[str], ca: Sequence[int], cb: Sequence[int],
+                    extra: str) -> str:
+        """The dot of code tiles of rank 4 and more: their batch dimensions broadcast to one
+        shape and folded into one (a 3-D ``tl.dot``; where one right operand serves every
+        batch, a 2-D dot of all the left operand's rows), the product unfolded again."""
+        m, k, n = ca[-2], ca[-1], cb[-1]
+        batch = tuple(max(x, y) for x, y in zip(ca[:-2], cb[:-2]))
+        count = math.prod(batch)
+        left = (texts[0] if tuple(ca[:-2]) == batch
+                else f"tl.broadcast_to({texts[0]}, {fmt_shape((*batch, m, k))})")
+        if math.prod(cb[:-2]) == 1:  # one right operand for every batch: fold into the rows
+            product = (f"tl.dot(tl.reshape({left}, ({count * m}, {k})), "
+                       f"tl.reshape({texts[1]}, ({k}, {n})){extra})")
+        else:
+            right = (texts[1] if tuple(cb[:-2]) == batch
+                     else f"tl.broadcast_to({texts[1]}, {fmt_shape((*batch, k, n))})")
+            product = (f"tl.dot(tl.reshape({left}, ({count}, {m}, {k})), "
+                       f"tl.reshape({right}, ({count}, {k}, {n})){extra})")
+        return f"tl.reshape({product}, {fmt_shape((*batch, m, n))})"
 
     def concat(self, a: str, b: str, dim: int) -> str:
         """Operands ``a`` and ``b`` joined along ``dim``: two halves of one size without padding
