@@ -67,3 +67,19 @@ def _lowers_and_matches(h: em.KernelGraph, g: em.KernelGraph) -> None:
     for a, b in zip(got, want, strict=True):
         err = np.abs(a.double().cpu().numpy() - b).max() / max(np.abs(b).max(), 1e-30)
         assert err < 1e-2, f"the found μGraph lowers but differs from the program: {err:.1e}"
+
+
+#: programs whose first results come within a few dozen tasks, searched for their first
+#: ``SEVERAL`` results: every one of them must lower and match, not only the best
+QUICK = ("rmsnorm_linear", "lora", "gated_mlp", "ntrans", "mqa")
+SEVERAL = 6
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_every_result_of_a_small_search_lowers_and_matches(name: str) -> None:
+    g = em.benchmarks.get(name, small=True)
+    results = superoptimize(g, SearchConfig(max_results=SEVERAL), max_tasks=MAX_TASKS,
+                            workers=1, progress=False)
+    assert len(results) >= SEVERAL  # a task may find several at once
+    for r in results:
+        _lowers_and_matches(r.graph, g)
