@@ -191,8 +191,12 @@ class KernelGraph(OpShorthands[Tensor]):
         """The tensors produced by operators, in the order they were added."""
         return [t for t in self.tensors if t.op is not None]
 
-    def evaluate(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run the graph in float64 numpy (each op's ``reference``); returns the outputs."""
+    def evaluate(self, inputs: Sequence[np.ndarray], exact: bool = False) -> list[np.ndarray]:
+        """Run the graph in float64 numpy (each op's ``reference``); returns the outputs.
+
+        ``exact``: an operator whose abstract expression is an operand's own (a cast) passes
+        that operand through instead of rounding it: the real function that the oracle and the
+        verifier reason about (``OpSpec.passes_through``)."""
         try:
             got: Any = len(inputs)
         except TypeError:
@@ -211,8 +215,11 @@ class KernelGraph(OpShorthands[Tensor]):
                                  f"expected {t.dims}")
             values[t.index] = x
         for t in self.operators:
-            values[t.index] = lookup(t.op).reference([values[o.index] for o in t.operands],
-                                                     t.params)
+            spec, args = lookup(t.op), [values[o.index] for o in t.operands]
+            through = spec.passes_through([o.dims for o in t.operands], t.params) if exact \
+                else None
+            values[t.index] = args[through] if through is not None else \
+                spec.reference(args, t.params)
         return [values[t.index] for t in self.outputs]
 
     def __repr__(self) -> str:

@@ -103,7 +103,8 @@ def param(r: random.Random, name: str, shape: tuple[int, ...]) -> Any:
     plausible = {"dim": lambda: r.randint(-3, 3), "scalar": lambda: r.choice([0.5, 2, -1.0]),
                  "count": lambda: r.choice([1, 4, 64]),
                  "normalized_shape": lambda: r.choice([shape[-1:], shape[-2:], 4, (8,)]),
-                 "kernel": lambda: None, "output": lambda: 0}
+                 "kernel": lambda: None, "output": lambda: 0,
+                 "dtype": lambda: r.choice(["float16", "bfloat16", "float32", em.float16])}
     return some(r, plausible.get(name, lambda: None), 0.1)
 
 

@@ -295,12 +295,28 @@ def _two_batch_dimensions() -> em.KernelGraph:
     return h
 
 
+def _casts() -> em.KernelGraph:
+    """Casts in a block graph: X's and W's tiles rounded to float16 and back to float32 (the
+    rounding of loaded values, the same in the reference), then X @ W. (Triton's interpreter
+    truncates to bfloat16 where a GPU rounds to nearest: ``tests/test_mixed_precision.py``
+    checks bfloat16 casts within bfloat16's tolerance.)"""
+    h, (X, W) = _graph((8, 64), (64, 32))
+    tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4)
+    x = tb.new_input(X, (-1, -1, -1), forloop_dim=1)      # (8, 16)
+    w = tb.new_input(W, (1, -1, -1), forloop_dim=0)       # (16, 16)
+    xr = tb.cast(tb.cast(x, em.float16), em.float32)
+    wr = tb.cast(tb.cast(w, em.float16), em.float32)
+    tb.new_output(tb.forloop_accum(tb.matmul(xr, wr)), (1, -1, -1))
+    h.mark_output(h.customized([X, W], tb)[0])
+    return h
+
+
 GENERIC = {"reduction_mean": _reduction_mean, "concat_matmul": _concat_matmul,
            "rms_norm_gain_rows": _rms_norm_gain_rows, "batched_todimx": _batched_todimx,
            "batch_of_one": _batch_of_one, "batch_of_one_dimx16": lambda: _batch_of_one(16),
            "transformer_ops": _transformer_ops,
            "heads_sharing_a_key_head": _heads_sharing_a_key_head,
-           "two_batch_dimensions": _two_batch_dimensions}
+           "two_batch_dimensions": _two_batch_dimensions, "casts": _casts}
 
 
 @pytest.mark.parametrize("name", GENERIC)
@@ -524,12 +540,12 @@ def test_host_emission_matches_reference(name: str) -> None:
     spec = em.OPS[name]
     shapes = shapes[:spec.num_inputs[1]]
     params = {"dim": -1, "scalar": 0.25, "normalized_shape": (4,), "start": 1, "stop": 3,
-              "count": 4}
+              "count": 4, "dtype": "bfloat16"}
     params = {k: params[k] for k in spec.params}
     xs = [np.abs(rng.standard_normal(s)) + 0.1 for s in shapes]
     text = spec.triton.host([f"x{k}" for k in range(len(xs))], shapes, params)
     got = eval(text, {"torch": torch}, {f"x{k}": torch.tensor(x) for k, x in enumerate(xs)})
-    np.testing.assert_allclose(got.numpy(), spec.reference(xs, params), rtol=1e-10)
+    np.testing.assert_allclose(got.double().numpy(), spec.reference(xs, params), rtol=1e-10)
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -52,7 +52,8 @@ def test_entry_complete(name: str) -> None:
     if name != "customized":  # a graph-defined kernel is lowered as a whole
         shapes = [(4, 4)] * spec.num_inputs[0]
         params = {k: v for k, v in {"dim": 1, "scalar": 2.0, "normalized_shape": (4,),
-                                    "start": 1, "stop": 3, "count": 4}.items() if k in spec.params}
+                                    "start": 1, "stop": 3, "count": 4,
+                                    "dtype": "float16"}.items() if k in spec.params}
         rel = spec.triton.dims(shapes, params)
         assert isinstance(rel, TileDims) and len(rel.out) == 2
         assert isinstance(spec.triton.host(["a", "b"][:len(shapes)], shapes, params), str)
@@ -129,7 +130,7 @@ BAD_SHAPES: dict[str, Callable[[], tuple[Callable[[], object], list[str]]]] = {
     "amax": _case([(2, 3)], lambda g, a: g.amax(a, -3), ["(2, 3)"]),
     "slice_last": _case([(2, 3)], lambda g, a: g.slice_last(a, 1, 4), ["(2, 3)"]),
 }
-SHAPE_FREE = {*ELEMENTWISE_UNARY, "mul_scalar", "add_scalar", "div_count"}
+SHAPE_FREE = {*ELEMENTWISE_UNARY, "mul_scalar", "add_scalar", "div_count", "cast"}
 
 
 def test_every_op_has_a_shape_case() -> None:
@@ -153,7 +154,8 @@ def test_shape_free_ops_keep_any_shape(name: str) -> None:
     spec = OPS[name]
     assert spec.num_inputs == (1, 1) and THREAD in spec.levels
     params = ({"scalar": 2.0} if name in ("mul_scalar", "add_scalar") else
-              {"count": 4} if name == "div_count" else {})
+              {"count": 4} if name == "div_count" else
+              {"dtype": "float32"} if name == "cast" else {})
     for dims in [(5,), (2, 3), (1, 4, 1), (2, 3, 4, 5)]:
         g, (x,) = _graph(dims)
         assert g.apply(name, (x,), **params).dims == dims
@@ -256,7 +258,7 @@ def test_binary_reference(name: str, fn) -> None:
 
 #: parameters the generic cases below give the operators that take them
 SAMPLE_PARAMS = {"dim": -1, "scalar": 0.5, "normalized_shape": (4,), "start": 1, "stop": 3,
-                 "count": 4}
+                 "count": 4, "dtype": "float16"}
 #: operand shapes tried in order; the first that the operator's shape rule accepts is used
 SAMPLE_SHAPES = [((3, 4),), ((3, 4), (3, 4)), ((3, 4), (4, 2)), ((3, 4), (1, 4))]
 

@@ -99,6 +99,8 @@ def _params(spec, dims):
         return [{"dim": d} for d in range(len(dims[0]))]
     if "scalar" in spec.params:
         return [{"scalar": 2.0}]
+    if "dtype" in spec.params:
+        return [{"dtype": "bfloat16"}]
     if "normalized_shape" in spec.params:
         return [{"normalized_shape": (dims[0][-1],)}]
     return [{}] if not spec.params else []

@@ -71,7 +71,7 @@ def test_a_numeric_check_evaluates_its_reference_once_and_agrees_with_check_nume
     wrong.mark_output(wrong.matmul(x, w))
     calls = []
     evaluate = g.evaluate
-    g.evaluate = lambda xs: calls.append(1) or evaluate(xs)  # type: ignore[method-assign]
+    g.evaluate = lambda xs, **kw: calls.append(1) or evaluate(xs, **kw)  # type: ignore[method-assign]
     check = NumericCheck(g)
     assert check.error(h) == em.check_numerics(h, g) < 1e-9
     assert check.error(wrong) == em.check_numerics(wrong, g) > 1e-3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
+from ..dtypes import DType
 from .table import OPS
 
 T = TypeVar("T")
@@ -108,3 +109,8 @@ class OpShorthands(Generic[T]):
     def slice_last(self, A: T, start: int, stop: int) -> T:
         """Elements ``start:stop`` of the last dimension (kernel graphs only)."""
         return self.apply("slice_last", (A,), start=start, stop=stop)
+
+    # --- mixed precision ---------------------------------------------------------------------
+    def cast(self, A: T, dtype: DType | str) -> T:
+        """``A`` rounded to ``dtype`` (a ``DType`` or its name), of that dtype."""
+        return self.apply("cast", (A,), dtype=dtype.value if isinstance(dtype, DType) else dtype)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DType
-from ..expr import Term
+from ..expr import Term, var
 from .terms import Constructor
 
 Shape = tuple[int, ...]
@@ -161,6 +161,15 @@ class OpSpec:
         """A graph-defined kernel's output: evaluators run the kernel's thread-block graph as a
         whole (``verify.kernels``, ``gpu.torch_eval``, the lowering) instead of ``ff``/``torch``."""
         return "kernel" in self.params
+
+    def passes_through(self, shapes: Sequence[Shape], params: Params) -> int | None:
+        """The operand whose abstract expression the result's is (an operator that is the
+        identity in exact arithmetic: a cast, a slice of the whole dimension), or None."""
+        if self.graph_defined:
+            return None
+        operands = [var(f"operand {i}") for i in range(len(shapes))]
+        out = self.expr(operands, shapes, params)
+        return operands.index(out) if out in operands else None
 
     @property
     def mutation_class(self) -> str | None:

@@ -1,8 +1,8 @@
 """The op table: one ``OpSpec`` per operator of the kernel-graph language.
 
 To add an operator, add one entry (here, or in the module of its kind: ``elementwise``,
-``reductions``, ``layout``); if its expression uses a new term constructor, the entry declares
-it (``terms``) and the oracle derives the datatype line and the reachability rule. Its
+``reductions``, ``layout``, ``cast``); if its expression uses a new term constructor, the entry
+declares it (``terms``) and the oracle derives the datatype line and the reachability rule. Its
 identities go under ``rules/``, one per line. Nothing else switches on op names.
 """
 
@@ -17,6 +17,7 @@ from ..errors import LowerError, ShapeError
 from ..expr import Term, app, sum_
 from . import field_ops as ff
 from . import shapes as sh
+from .cast import CASTS
 from .elementwise import ALL_LEVELS, ELEMENTWISE, MORE_ELEMENTWISE, unary
 from .emit import GELU_K, LOG2E, elementwise, torch_module, triton_exp
 from .layout import LAYOUT, MORE_LAYOUT
@@ -85,10 +86,11 @@ CUSTOMIZED = OpSpec(
 
 #: the entries in table order, which is the order of the oracle's datatype and of the search's
 #: candidate operators: the first entries as they have always been, then those added for
-#: transformer blocks (``MORE_*``), so the search meets the earlier operators first
+#: transformer blocks (``MORE_*``), so the search meets the earlier operators first, then the
+#: dtype conversion (which the search never proposes: ``cast.py``)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     MATMUL, *ELEMENTWISE, *REDUCTIONS, *LAYOUT,
-    *MORE_ELEMENTWISE, *MORE_REDUCTIONS, *MORE_LAYOUT, CUSTOMIZED,
+    *MORE_ELEMENTWISE, *MORE_REDUCTIONS, *MORE_LAYOUT, *CASTS, CUSTOMIZED,
 ]}
 
 __all__ = ["ALL_LEVELS", "GELU_K", "GRAPH_LEVELS", "LOG2E", "OPS", "elementwise",

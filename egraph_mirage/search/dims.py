@@ -73,10 +73,11 @@ class LinkProbe:
 #: sizes up to this are probed as they are; larger ones are probed at ``SMALL + 1``, ``SMALL + 2``
 #: ... (one value per distinct size, in order)
 SMALL = 16
-#: parameters that are left alone (an axis index, a scalar) or that hold sizes of the operands'
-#: dimensions (mapped like the dimensions); an operator with any other parameter is probed at
-#: its own sizes
-_SHRINKABLE = {"dim": False, "scalar": False, "eps": False, "normalized_shape": True}
+#: parameters that are left alone (an axis index, a scalar, a cast's dtype) or that hold sizes
+#: of the operands' dimensions (mapped like the dimensions); an operator with any other
+#: parameter is probed at its own sizes
+_SHRINKABLE = {"dim": False, "scalar": False, "eps": False, "dtype": False,
+               "normalized_shape": True}
 
 
 def _shrunk(dims: list[Dims], params: dict[str, Any]) -> tuple[list[Dims], dict[str, Any]]:

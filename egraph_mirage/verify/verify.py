@@ -215,9 +215,11 @@ def check_numerics(candidate: KernelGraph, reference: KernelGraph, dtype: DType 
     """Largest relative error of ``candidate`` against ``reference`` in float64, on random
     normal inputs rounded to ``dtype`` (relative to each output's largest magnitude).
 
-    Both programs are evaluated in float64 by the reference semantics: this checks that they
-    compute the same function on realistic inputs; it does not model the rounding or overflow of
-    intermediate values in ``dtype`` (the GPU check of lowered kernels does). To check many
+    Both programs are evaluated in float64 by the reference semantics, casts passing their
+    operand through (``KernelGraph.evaluate(exact=True)``): this checks that they compute the
+    same function on realistic inputs; it does not model the rounding or overflow of
+    intermediate values in ``dtype`` or at a program's casts (the GPU check of lowered kernels
+    and the torch backend's check against eager do, within ``gpu.tune.TOLERANCE``). To check many
     candidates against one reference, ``NumericCheck`` evaluates the reference once."""
     _check_arguments("check_numerics", [("candidate", candidate), ("reference", reference)],
                      [("seed", seed)])
@@ -284,7 +286,7 @@ class NumericCheck:
             raise GraphError(f"check_numerics: {problem}")
         inputs = self._reference_inputs()
         worst = 0.0
-        for x, y in zip(candidate.evaluate(inputs), self._want):
+        for x, y in zip(candidate.evaluate(inputs, exact=True), self._want):
             scale = max(float(np.max(np.abs(y))), 1e-30)
             worst = max(worst, float(np.max(np.abs(x - y))) / scale)
         return worst
@@ -301,6 +303,6 @@ class NumericCheck:
             for t in self.reference.inputs:
                 x = rng.standard_normal(t.dims).astype(np.float32)
                 inputs.append(x.astype(ndtype[self.dtype.value]).astype(np.float64))
-            self._want = list(self.reference.evaluate(inputs))
+            self._want = list(self.reference.evaluate(inputs, exact=True))
             self._inputs = inputs
         return self._inputs
