@@ -18,13 +18,18 @@ within its output dtype's.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 import egraph_mirage as em
+from egraph_mirage.fx import partition, trace
+from egraph_mirage.fx.report import REPLACED, reports_of
 from egraph_mirage.gpu.torch_eval import evaluate, relative_error
 from egraph_mirage.gpu.tune import TOLERANCE
+from egraph_mirage.mugraph.serialize import dumps
 from egraph_mirage.ops import BLOCK, KERNEL, THREAD
 from egraph_mirage.ops.cast import CAST, to_dtype
 from egraph_mirage.verify import NumericCheck
@@ -152,3 +157,182 @@ def test_a_cast_between_kernels_is_a_torch_cast() -> None:
     assert got.dtype == torch.float32
     assert relative_error(got, want) < TOLERANCE[em.bfloat16]
     torch.testing.assert_close(evaluate(g, [xs], None)[0], want, rtol=1e-2, atol=1e-2)
+
+
+# --- the front end -------------------------------------------------------------------------------
+
+class RMSNorm(torch.nn.Module):
+    """``transformers``' ``LlamaRMSNorm`` as written there (Qwen3's and Mistral's are the same):
+    the statistics and the scaling in float32, cast back before the weight."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class NormProjection(torch.nn.Module):
+    """The norm, then the projection it feeds (a ``Linear`` without bias), randomly set."""
+
+    def __init__(self, hidden: int = 64, out: int = 32, seed: int = 0) -> None:
+        super().__init__()
+        self.norm = RMSNorm(hidden)
+        self.proj = torch.nn.Linear(hidden, out, bias=False)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.rand(hidden, generator=gen) + 0.5)
+            self.proj.weight.copy_(torch.randn(out, hidden, generator=gen) / 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x))
+
+
+def _norm_projection(dtype: torch.dtype, rows: int = 2) -> tuple[NormProjection, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return NormProjection().to(dtype), torch.randn(rows, 64, generator=gen).to(dtype)
+
+
+NORM_PROJECTION_OPS = ["cast", "square", "mean", "add_scalar", "rsqrt", "mul", "cast", "mul",
+                       "matmul"]
+HALF = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_hf_rms_norm_and_its_projection_trace_to_one_graph_and_one_piece(
+        dtype: torch.dtype) -> None:
+    m, x = _norm_projection(dtype)
+    g = em.from_torch(m, x)
+    assert [t.op for t in g.operators] == NORM_PROJECTION_OPS
+    graph_dtype = em.DType(str(dtype).removeprefix("torch."))
+    assert [t.dtype for t in g.inputs] == [graph_dtype] * 3  # x, the weight, the projection
+    assert g.operators[0].dtype is em.float32 and g.outputs[0].dtype is graph_dtype
+    parts = partition(m, (x,))
+    assert len(parts.pieces) == 1 and not parts.left_out, parts.left_out
+    assert parts.pieces[0].matmuls == 1 and parts.pieces[0].reductions == 1
+
+
+def _cast_free(x: torch.Tensor, w: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
+    """The same norm and projection in the storage dtype, no cast."""
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (w * h) @ proj.t()
+
+
+def test_the_search_absorbs_the_casts() -> None:
+    """The program with casts finds the μGraph that the program without finds (one kernel, its
+    inputs and output in fp16, no cast in it): the casts are the identity to the oracle, and a
+    kernel computes in fp32 whatever the storage dtype."""
+    m, x = _norm_projection(torch.float16)
+    with_casts = em.from_torch(m, x)
+    without = em.from_torch(_cast_free, x, m.norm.weight.detach(), m.proj.weight.detach())
+    assert "cast" not in [t.op for t in without.operators]
+    found = [em.superoptimize(g, em.SearchConfig(max_results=1), max_tasks=TASKS, workers=1,
+                              progress=False) for g in (with_casts, without)]
+    assert all(found), [r.stats.no_result_reasons for r in found]
+    best = found[0].best
+    assert dumps(best.graph) == dumps(found[1].best.graph) and best.num_kernels == 1
+    assert found[0].best.found_at_task == found[1].best.found_at_task
+    kernel_ops = [t.op for t in best.graph.operators]
+    block_ops = [b.op for t in best.graph.operators if t.op == "customized"
+                 for b in t.params["kernel"].tb.tensors]
+    assert "cast" not in kernel_ops + block_ops
+    assert [t.dtype for t in best.graph.inputs] == [em.float16] * 3
+    assert best.graph.outputs[0].dtype is em.float16
+
+
+def test_a_found_output_keeps_the_program_s_dtype() -> None:
+    """A program of fp16 inputs whose result is fp32 (``exp((x @ w).float())``): the kernel
+    writes fp16, as its inputs, and the μGraph casts its output to fp32 (``plan.build``)."""
+    g = em.new_kernel_graph()
+    x, w = g.new_input((4, 64), em.float16), g.new_input((64, 32), em.float16)
+    g.mark_output(g.exp(g.cast(g.matmul(x, w), em.float32)))
+    found = em.superoptimize(g, em.SearchConfig(max_results=1), max_tasks=60, workers=1,
+                             progress=False)
+    assert found, found.stats.no_result_reasons
+    best = found.best.graph
+    assert best.outputs[0].dtype is em.float32 and best.outputs[0].op == "cast"
+    gen = torch.Generator().manual_seed(4)
+    xs = [torch.randn(4, 64, generator=gen).half(), (torch.randn(64, 32, generator=gen) / 8).half()]
+    got = em.compile(best)(*xs)[0]
+    assert got.dtype == torch.float32
+    assert relative_error(got, torch.exp(xs[0].float() @ xs[1].float())) < TOLERANCE[em.float32]
+
+
+def test_a_program_of_inputs_of_two_dtypes_is_refused_by_the_search() -> None:
+    """A kernel reads one storage dtype and the search proposes no cast: the search says so
+    before any work (the backend keeps such a piece, with this reason)."""
+    g = em.new_kernel_graph()
+    x, w = g.new_input((4, 64), em.float32), g.new_input((64, 32), em.float16)
+    g.mark_output(g.matmul(g.cast(x, em.float16), w))
+    with pytest.raises(em.SearchError, match="inputs have dtypes float16, float32"):
+        em.superoptimize(g, max_tasks=1, workers=1, progress=False)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_torch_compile_replaces_the_norm_and_projection(dtype: torch.dtype,
+                                                        tmp_path: Path) -> None:
+    """One piece, replaced by one kernel, matching eager within the output dtype's tolerance
+    (``TOLERANCE``: 5e-3 for fp16, 4e-2 for bf16)."""
+    torch._dynamo.reset()
+    m, x = _norm_projection(dtype)
+    fast = torch.compile(m, backend="egraph_mirage", dynamic=False,
+                         options={"max_tasks": TASKS, "workers": 1, "rest": "eager",
+                                  "config": em.SearchConfig(max_results=1),
+                                  "cache_dir": str(tmp_path)})
+    with torch.no_grad():
+        got, want = fast(x), m(x)
+    (report,) = reports_of(fast)
+    assert not report.left_out, report.left_out
+    (piece,) = report.pieces
+    assert piece.operators == tuple(NORM_PROJECTION_OPS), em.torch_report(fast)
+    assert piece.status == REPLACED and piece.num_kernels == 1, em.torch_report(fast)
+    graph_dtype = em.DType(str(dtype).removeprefix("torch."))
+    assert got.dtype == dtype
+    assert relative_error(got, want) < TOLERANCE[graph_dtype]
+    torch._dynamo.reset()
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Eager attention as ``transformers`` writes it: the softmax in float32, cast back."""
+    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return probs @ v
+
+
+def _softmax_float(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``torch.softmax(x.float(), -1).to(x.dtype)`` before a matmul."""
+    return torch.softmax(x.float(), -1).to(x.dtype) @ w
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_softmax_in_float32_traces(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(2)
+    x, w = (torch.randn(4, 16, generator=gen).to(dtype), torch.randn(16, 8, generator=gen)
+            .to(dtype))
+    g = em.from_torch(_softmax_float, x, w)
+    assert [t.op for t in g.operators] == ["cast", "amax", "sub", "exp", "reduction", "div",
+                                           "cast", "matmul"]
+    q, k, v = (torch.randn(1, 2, 4, 16, generator=gen).to(dtype) for _ in range(3))
+    g = em.from_torch(_attention, q, k, v)
+    ops = [t.op for t in g.operators]
+    assert ops.count("cast") == 2 and ops.count("matmul") == 2
+    traced = trace(_attention, q, k, v)
+    got = traced.reference(q, k, v)[0]
+    assert relative_error(got, _attention(q, k, v)) < TOLERANCE[em.DType(str(dtype)[6:])]
+    parts = partition(_attention, (q, k, v))
+    assert len(parts.pieces) == 1 and not parts.left_out, parts.left_out
+
+
+def test_torch_s_type_promotion_is_a_cast() -> None:
+    """A float16 tensor times a float32 one is float32 in torch: the float16 operand is cast."""
+    gen = torch.Generator().manual_seed(3)
+    x, s = torch.randn(4, 16, generator=gen).half(), torch.rand(16, generator=gen)
+    g = em.from_torch(lambda a, b: (a * b).exp(), x, s)
+    assert [t.op for t in g.operators] == ["cast", "mul", "exp"]
+    assert g.outputs[0].dtype is em.float32

@@ -124,12 +124,15 @@ def test_from_torch_returns_the_kernel_graph_with_the_inputs_dtypes() -> None:
     assert g.inputs[0].dtype is em.bfloat16
 
 
-def test_casts_between_float_types_are_dropped_and_outputs_keep_torch_s_dtype() -> None:
+def test_casts_between_float_types_are_the_cast_operator_and_outputs_keep_torch_s_dtype() -> None:
     def f(x: Any) -> Any:
         return torch.softmax(x.float(), -1).to(x.dtype) * 2
 
     traced = trace(f, X.half())
-    assert [t.dtype for t in traced.graph.tensors] == [em.float16] * len(traced.graph.tensors)
+    ops = [t.op for t in traced.graph.operators]
+    assert ops == ["cast", "amax", "sub", "exp", "reduction", "div", "cast", "mul_scalar"]
+    assert [t.dtype for t in traced.graph.tensors] == [em.float16, *[em.float32] * 6,
+                                                      em.float16, em.float16]
     assert traced.outputs[0].dtype == "float16"
     torch.testing.assert_close(traced.reference(X.half()), (f(X.half()),), rtol=2e-3, atol=2e-3)
 

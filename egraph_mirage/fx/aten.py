@@ -3,10 +3,11 @@
 A rule says which op-table entries it needs (``requires``: a name, or ``name.param`` where it
 also needs a parameter of that entry), how it builds them (``emit(tracer, *args, **kwargs)``,
 through the tracer's primitives in ``trace.py``), what kind of node it is (``COMPUTE``; a
-``RELABEL``ling view, which costs nothing on any value; an ``INPUT_VIEW``, which only folds into
-a graph input), and what it counts against the partitioner's caps. ``choose(*args, **kwargs)``
-looks at the node's fx arguments (tensors are fx nodes, scalars are numbers): it returns the
-further entries they need, or a string saying why they are refused.
+``RELABEL``ling view, which costs nothing on any value, or a cast, which folds into the graph
+input it converts and is one element-wise operator on a computed value; an ``INPUT_VIEW``, which
+only folds into a graph input), and what it counts against the partitioner's caps.
+``choose(*args, **kwargs)`` looks at the node's fx arguments (tensors are fx nodes, scalars are
+numbers): it returns the further entries they need, or a string saying why they are refused.
 
 Entries are looked up in ``egraph_mirage.ops.OPS`` when a node is traced: a rule whose entries
 are not (yet) in the table is unsupported, and ``from_torch`` lets torch decompose its operator.
@@ -22,6 +23,9 @@ from typing import Any
 from ..ops import OPS
 
 COMPUTE, RELABEL, INPUT_VIEW = "compute", "relabel", "input_view"
+#: operators that only assert what fx's meta records of a value (export puts one before each
+#: ``.to``): the partitioner erases them, else the value they check would leave its piece
+ASSERTIONS = frozenset({"aten._assert_tensor_metadata.default"})
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,8 @@ class Rule:
     choose: Callable[..., tuple[str, ...] | str] | None = None
     #: for an ``INPUT_VIEW``: whether an op-table operator does it on an intermediate (fx node)
     on_intermediate: Callable[[Any], bool] | None = None
-    #: a copy in torch (clone, cast): on a value from outside a piece it runs as is, and the
-    #: piece takes its result (on an intermediate the tracer drops it)
+    #: a copy in torch (clone): on a value from outside a piece it runs as is, and the piece
+    #: takes its result (on an intermediate the tracer drops it)
     copies: bool = False
 
 
@@ -200,10 +204,14 @@ def _cast(t: Any, x: Any, *_: Any, **__: Any) -> Any:
 
 
 def _cast_choose(x: Any, *args: Any, dtype: Any = None, **_: Any) -> tuple[str, ...] | str:
+    """A conversion between float types needs op-table operator ``cast``; one to the value's
+    own dtype (or a copy without a dtype) needs nothing."""
     dtype = args[0] if args and dtype is None else dtype
     name = str(dtype).removeprefix("torch.")
-    return () if dtype is None or name in ("float16", "bfloat16", "float32") else \
-        f"a cast to {name} (the graph computes in float types only)"
+    if dtype is not None and name not in ("float16", "bfloat16", "float32"):
+        return f"a cast to {name} (the graph computes in float types only)"
+    value = getattr(x, "meta", {}).get("val")
+    return () if dtype is None or getattr(value, "dtype", None) == dtype else ("cast",)
 
 
 def _permute(t: Any, x: Any, dims: Any) -> Any:
@@ -309,7 +317,10 @@ RULES: dict[str, Rule] = {
     "aten.alias.default": Rule(_same, **_RELABEL),
     "aten.detach.default": Rule(_same, **_RELABEL),
     "aten.lift_fresh_copy.default": Rule(_same, copies=True, **_RELABEL),
-    # casts between float types are dropped: the graph keeps its dtype, outputs record torch's
-    "aten._to_copy.default": Rule(_cast, choose=_cast_choose, copies=True, **_RELABEL),
-    "aten.to.dtype": Rule(_cast, choose=_cast_choose, copies=True, **_RELABEL),
+    # casts between float types: op-table operator ``cast`` on a computed value; a cast of a
+    # view of an input folds into the piece's input (the input is read, then cast), so it is
+    # partitioned as a relabelling, with the piece of its users
+    "aten._to_copy.default": Rule(_cast, choose=_cast_choose, **_RELABEL),
+    "aten.to.dtype": Rule(_cast, choose=_cast_choose, **_RELABEL),
+    "prims.convert_element_type.default": Rule(_cast, choose=_cast_choose, **_RELABEL),
 }

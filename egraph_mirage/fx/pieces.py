@@ -3,7 +3,8 @@
 ``partition(gm, example_inputs, *, max_matmuls=2, max_reductions=4, levels=False) -> Partitioned``:
 
 1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already
-   (a module or a function is exported).
+   (a module or a function is exported); assertions of a value's dtype (``aten.ASSERTIONS``,
+   export's before each ``.to``) are erased.
 2. **capability**: a node is supported when the mapping table (``aten.RULES``) has a rule whose
    op-table entries are in ``OPS`` now and which takes the node's arguments, and its tensors are
    float16, bfloat16 or float32. A view that only folds into a graph input (permute, expand, a
@@ -96,6 +97,10 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
     else:
         work = export_aten(gm, example_inputs)
     ensure_meta(work, example_inputs)
+    for node in list(work.graph.nodes):
+        if node.op == "call_function" and aten_name(node.target) in aten.ASSERTIONS \
+                and not node.users:
+            work.graph.erase_node(node)
     order = {n: i for i, n in enumerate(work.graph.nodes)}
     refused: dict[Any, str] = {}
     for _ in range(len(order) + 1):

@@ -125,8 +125,8 @@ def decompositions() -> Any:
     table = torch.export.default_decompositions()
     for name, rule in aten.RULES.items():
         if all(aten.available(e) for e in rule.requires):
-            _, op, overload = name.split(".")
-            table.pop(getattr(getattr(torch.ops.aten, op), overload), None)
+            namespace, op, overload = name.split(".")  # aten, or prims
+            table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
     return table
 
 

@@ -127,7 +127,8 @@ class Tracer:
         return self._checked(rule.emit(self, *args, **kwargs))
 
     def _checked(self, value: Any) -> Any:
-        """``value`` with the torch shape and dtype of the current node (fx's record)."""
+        """``value`` with the torch shape and dtype of the current node (fx's record); a graph
+        tensor of another float type is cast to it."""
         meta = meta_of(self.node)
         if meta is None or not hasattr(meta, "shape"):
             return value
@@ -136,7 +137,9 @@ class Tracer:
             if math.prod(value.tensor.dims) != math.prod(shape):
                 raise UnsupportedOpError(f"the graph holds it as dims {value.tensor.dims}, "
                                          f"not {shape}")
-            return Computed(value.tensor, shape, meta.dtype)
+            float_type = str(meta.dtype).removeprefix("torch.") in DTYPES
+            tensor = self._converted(value.tensor, meta.dtype) if float_type else value.tensor
+            return Computed(tensor, shape, meta.dtype)
         if isinstance(value, PendingView) and value.shape != shape:
             raise UnsupportedOpError(f"its view has shape {value.shape}, not {shape}")
         return value
@@ -185,18 +188,27 @@ class Tracer:
         return self.g.apply(op, operands, **{p: known[p] for p in (*spec.params, *optional)})
 
     def _input(self, view: PendingView, steps: tuple[Step, ...], dims: Shape) -> Tensor:
-        """The graph input for ``view`` made by ``steps`` (one per distinct view)."""
+        """The graph input for ``view`` made by ``steps`` (one per distinct view), cast to the
+        view's dtype where the program cast the input (one cast per input and dtype)."""
         src = view.source
         key = (src.kind, src.name, steps, dims)
         if key not in self.memo:
-            name = str(src.dtype).removeprefix("torch.")
-            if name not in DTYPES:
-                raise UnsupportedDTypeError(f"input {src.name!r} has dtype {name}; kernel graphs "
-                                            "take float16, bfloat16 or float32")
-            self.memo[key] = self.g.new_input(dims, DTYPES[name])
-            self.inputs.append(InputView(src.name, src.kind, src.position, steps, dims,
-                                         DTYPES[name]))
-        return self.memo[key]
+            dtype = _graph_dtype(src.dtype, f"input {src.name!r}")
+            self.memo[key] = self.g.new_input(dims, dtype)
+            self.inputs.append(InputView(src.name, src.kind, src.position, steps, dims, dtype))
+        return self._converted(self.memo[key], view.dtype, key)
+
+    def _converted(self, t: Tensor, dtype: Any, key: tuple[Any, ...] | None = None) -> Tensor:
+        """Graph tensor ``t`` as torch dtype ``dtype``: op-table operator ``cast`` where the
+        dtypes differ (memoised by ``key``)."""
+        want = _graph_dtype(dtype, "a cast")
+        if t.dtype is want:
+            return t
+        if key is None:
+            return self.apply("cast", [t], dtype=want.value)
+        if (*key, want) not in self.memo:
+            self.memo[(*key, want)] = self.apply("cast", [t], dtype=want.value)
+        return self.memo[(*key, want)]
 
     def computed(self, value: Any, what: str) -> Computed:
         """``value`` as a graph tensor; a view of an input becomes a graph input of its shape,
@@ -266,6 +278,7 @@ class Tracer:
         import torch
 
         R = tuple(torch.broadcast_shapes(a.shape, b.shape))
+        a, b = self.as_result(a), self.as_result(b)  # torch's type promotion
         L, tensors = self._operands(R, [a, b], 0, op)
         out = self.apply(op, tensors)
         if out.dims != L:
@@ -315,7 +328,7 @@ class Tracer:
         return e
 
     def reduce(self, op: str, x: Any, dims: Any, keepdim: bool) -> Computed:
-        c = self.computed(x, op)
+        c = self.computed(self.as_result(x), op)
         rank = len(c.shape)
         if rank == 0:  # a reduction of a single number is that number
             return c
@@ -356,7 +369,7 @@ class Tracer:
 
     def softmax(self, x: Any, dim: int) -> Computed:
         """The stable decomposition: exp(x - amax(x)) / sum(exp(x - amax(x)))."""
-        c = self.computed(x, "softmax")
+        c = self.computed(self.as_result(x), "softmax")
         e = self._dim(c, dim % len(c.shape), "softmax")
         t = c.tensor
         num = self.apply("exp", [self.apply("sub", [t, self.apply("amax", [t], dim=e)])])
@@ -431,7 +444,29 @@ class Tracer:
         return self.reshape(y, (*S[:d], S[d] * repeats, *S[d + 1:]))
 
     def cast(self, x: Any, dtype: Any) -> Any:
-        return replace(x, dtype=dtype)
+        """``x`` converted to torch dtype ``dtype``: on a view of an input, a cast done where
+        the input is read (``_input``); on a computed value, op-table operator ``cast``."""
+        if isinstance(x, PendingView):
+            return replace(x, dtype=dtype)
+        c = self.computed(x, "cast")
+        return Computed(self._converted(c.tensor, dtype), c.shape, dtype)
+
+    def as_result(self, x: Any) -> Any:
+        """``x`` cast to the current node's dtype where torch computes the node in it (the
+        ``dtype`` argument of a reduction, softmax's ``half_to_float``, type promotion)."""
+        meta = meta_of(self.node)
+        dtype = getattr(meta, "dtype", None)
+        return x if dtype is None or getattr(x, "dtype", dtype) == dtype else self.cast(x, dtype)
+
+
+def _graph_dtype(dtype: Any, what: str) -> Any:
+    """The graph dtype of torch dtype ``dtype``; an ``UnsupportedDTypeError`` naming ``what``
+    for a type kernel graphs do not take."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise UnsupportedDTypeError(f"{what} has dtype {name}; kernel graphs take float16, "
+                                    "bfloat16 or float32")
+    return DTYPES[name]
 
 
 def _map(x: Any, values: Mapping[Any, Any]) -> Any:

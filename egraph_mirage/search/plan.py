@@ -105,7 +105,9 @@ def uses_whole_shape(step: KernelStep) -> bool:
 
 
 def build(target: KernelGraph, steps: Sequence[Step], outputs: Sequence[int]) -> KernelGraph:
-    """The μGraph of a plan: ``outputs`` are tensor refs (inputs first, then step results)."""
+    """The μGraph of a plan: ``outputs`` are tensor refs (inputs first, then step results).
+    Its inputs and outputs have the target's dtypes: an output of another dtype (a kernel
+    writes its inputs' dtype; a program may cast its result) is cast to the target's."""
     h = new_kernel_graph()
     tensors: list[Tensor] = [h.new_input(t.dims, t.dtype) for t in target.inputs]
     for step in steps:
@@ -113,8 +115,9 @@ def build(target: KernelGraph, steps: Sequence[Step], outputs: Sequence[int]) ->
             tensors.append(h.apply(step.op, [tensors[i] for i in step.args], **dict(step.params)))
             continue
         tensors.extend(_build_kernel(h, tensors, step))
-    for r in outputs:
-        h.mark_output(tensors[r])
+    for r, want in zip(outputs, target.outputs, strict=True):
+        out = tensors[r]
+        h.mark_output(out if out.dtype is want.dtype else h.cast(out, want.dtype))
     return h
 
 

@@ -61,6 +61,11 @@ def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
     if any(t.op == "customized" for t in g.operators):
         raise SearchError("superoptimize: the input program already has graph-defined kernels;"
                           " give it as library operators")
+    dtypes = sorted({t.dtype.value for t in g.inputs})
+    if len(dtypes) > 1:
+        raise SearchError(f"superoptimize: the program's inputs have dtypes {', '.join(dtypes)}; "
+                          "the search takes inputs of one dtype (a kernel reads one storage "
+                          "dtype, and the search proposes no cast)")
     budget = (Budget() if saturation_seconds is None
               else Budget(max_seconds=min(Budget().max_seconds, saturation_seconds)))
     oracle = Oracle(g, rules=rule_paths(rules, "rules"),
