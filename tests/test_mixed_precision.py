@@ -32,6 +32,8 @@ from egraph_mirage.gpu.tune import TOLERANCE
 from egraph_mirage.mugraph.serialize import dumps
 from egraph_mirage.ops import BLOCK, KERNEL, THREAD
 from egraph_mirage.ops.cast import CAST, to_dtype
+from egraph_mirage.search.prepare import prepare
+from egraph_mirage.search.tasks import context
 from egraph_mirage.verify import NumericCheck
 
 TORCH = {em.float16: torch.float16, em.bfloat16: torch.bfloat16, em.float32: torch.float32}
@@ -238,6 +240,13 @@ def test_the_search_absorbs_the_casts() -> None:
     best = found[0].best
     assert dumps(best.graph) == dumps(found[1].best.graph) and best.num_kernels == 1
     assert found[0].best.found_at_task == found[1].best.found_at_task
+    # the same moves: no cast is proposed (no strategy chooses a dtype: blocks._params,
+    # tasks._library_moves), so the walks are the same
+    a, b = (r.stats for r in found)
+    assert (a.states, a.pruned_by_oracle, a.tasks_total) == (b.states, b.pruned_by_oracle,
+                                                            b.tasks_total)
+    moves = context(prepare(with_casts, em.SearchConfig())).library_moves
+    assert "cast" not in [s.op for _, steps in moves for s in steps]
     kernel_ops = [t.op for t in best.graph.operators]
     block_ops = [b.op for t in best.graph.operators if t.op == "customized"
                  for b in t.params["kernel"].tb.tensors]
