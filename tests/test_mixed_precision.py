@@ -27,7 +27,7 @@ import torch
 import egraph_mirage as em
 from egraph_mirage.fx import partition, trace
 from egraph_mirage.fx.report import REPLACED, reports_of
-from egraph_mirage.gpu.torch_eval import evaluate, relative_error
+from egraph_mirage.gpu.torch_eval import evaluate, relative_error, torch_function
 from egraph_mirage.gpu.tune import TOLERANCE
 from egraph_mirage.mugraph.serialize import dumps
 from egraph_mirage.ops import BLOCK, KERNEL, THREAD
@@ -111,6 +111,26 @@ def test_the_search_s_float_check_sees_through_casts() -> None:
     assert np.array_equal(g.evaluate(xs, exact=True)[0], plain.evaluate(xs)[0])
     assert np.max(np.abs(g.evaluate(xs)[0] - plain.evaluate(xs)[0])) > 1e-3
     assert NumericCheck(g).error(plain) < 1e-12
+
+
+def test_the_torch_semantics_in_the_program_s_dtypes_and_held_in_float32() -> None:
+    """``torch_function(g)``: the eager baseline, a cast is torch's (``probs.half() @ v``
+    runs in fp16); ``evaluate(g, xs, float32)``: the reference that tuned kernels are checked
+    against, every value held in fp32 and the casts rounding (their fp16 result would not
+    meet an fp32 operand in a matmul)."""
+    g = em.new_kernel_graph()
+    x, v = g.new_input((4, 16), em.float16), g.new_input((16, 8), em.float16)
+    p = g.cast(g.exp(g.cast(x, em.float32)), em.float16)
+    g.mark_output(g.matmul(p, v))
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(4, 16, generator=gen).half(), torch.randn(16, 8, generator=gen).half()]
+    (eager,) = torch_function(g)(*xs)
+    assert eager.dtype == torch.float16
+    (held,) = evaluate(g, xs, torch.float32)
+    assert held.dtype == torch.float32
+    rounded = xs[0].float().exp().half().float()
+    torch.testing.assert_close(held, rounded @ xs[1].float())
+    assert relative_error(eager, held) < TOLERANCE[em.float16]
 
 
 # --- the lowering --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ entry.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -44,8 +45,10 @@ def rescale(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return accs.rescale_in(accs.torch_ops(), x, m)
 
 
-def _customized(xs: Sequence[torch.Tensor], p: Params) -> torch.Tensor:
-    return p["kernel"].run_vectorised(list(xs), xp=TorchArrays, apply_op=apply_op,
+def _customized(xs: Sequence[torch.Tensor], p: Params, hold: torch.dtype | None = None
+                ) -> torch.Tensor:
+    apply = apply_op if hold is None else functools.partial(apply_op, hold=hold)
+    return p["kernel"].run_vectorised(list(xs), xp=TorchArrays, apply_op=apply,
                                       accumulate=accumulate, running_max=running_max,
                                       rescale=rescale)[p["output"]]
 
@@ -71,23 +74,28 @@ class TorchArrays:
         return x.expand(*shape)
 
 
-def apply_op(op: str, xs: Sequence[torch.Tensor], params: Params) -> torch.Tensor:
+def apply_op(op: str, xs: Sequence[torch.Tensor], params: Params,
+             hold: torch.dtype | None = None) -> torch.Tensor:
     """Operator ``op`` in PyTorch: its op-table entry's ``torch``, or a graph-defined kernel
-    run as a whole."""
+    run as a whole. ``hold``: the result is held in that dtype (a cast rounds to its own dtype,
+    and its value goes on in ``hold``)."""
     spec = lookup(op)
-    return _customized(xs, params) if spec.graph_defined else spec.torch(xs, params)
+    out = _customized(xs, params, hold) if spec.graph_defined else spec.torch(xs, params)
+    return out if hold is None or out.dtype == hold else out.to(hold)
 
 
 def accumulate(acc: str, x: torch.Tensor, iters: int, dimx: int) -> torch.Tensor:
     return accs.lookup_accumulator(acc).torch(x, iters, dimx)
 
 
-def torch_function(g: KernelGraph, targets: Sequence[Tensor] | None = None
-                   ) -> Callable[..., list[torch.Tensor]]:
-    """``fn(*inputs) -> [outputs]`` computing ``g`` with PyTorch operators, in the inputs' dtype.
+def torch_function(g: KernelGraph, targets: Sequence[Tensor] | None = None,
+                   hold: torch.dtype | None = None) -> Callable[..., list[torch.Tensor]]:
+    """``fn(*inputs) -> [outputs]`` computing ``g`` with PyTorch operators, in the inputs' dtype
+    (and the dtypes the program casts to).
 
     ``targets`` (default: the graph's outputs) are the tensors returned; only the operators they
-    depend on run.
+    depend on run. ``hold``: every value is held in that dtype (``apply_op``): the program
+    evaluated in float32 or float64 whatever its dtypes, its casts rounding.
     """
     outputs = [t.index for t in (g.outputs if targets is None else targets)]
     needed = set(outputs)
@@ -103,7 +111,7 @@ def torch_function(g: KernelGraph, targets: Sequence[Tensor] | None = None
             raise GraphError(f"program takes {len(inputs)} inputs, got {len(xs)}")
         vals: dict[int, torch.Tensor] = dict(zip(inputs, xs))
         for op, out, args, params in steps:
-            vals[out] = apply_op(op, [vals[a] for a in args], params)
+            vals[out] = apply_op(op, [vals[a] for a in args], params, hold)
         return [vals[i] for i in outputs]
 
     return fn
@@ -111,10 +119,11 @@ def torch_function(g: KernelGraph, targets: Sequence[Tensor] | None = None
 
 def evaluate(g: KernelGraph, inputs: Sequence[torch.Tensor],
              dtype: torch.dtype | None = torch.float32) -> list[torch.Tensor]:
-    """Run ``g`` on ``inputs`` (cast to ``dtype`` first unless it is None)."""
+    """Run ``g`` on ``inputs`` cast to ``dtype``, every value held in ``dtype`` (a cast of the
+    program rounds); with None, in the inputs' dtypes and those the program casts to."""
     xs = [x if dtype is None else x.to(dtype) for x in inputs]
     with torch.no_grad():
-        return torch_function(g)(*xs)
+        return torch_function(g, hold=dtype)(*xs)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
