@@ -9,8 +9,10 @@ caller applies is recorded in ``TracedProgram.inputs``, and how graph outputs be
 program's outputs in ``TracedProgram.outputs`` (``program.py``). Anything else raises an
 ``UnsupportedOpError`` naming the aten operator and the user's source line.
 
-Casts between float types are dropped (a graph tensor keeps the dtype it is computed in; the
-lowering computes in fp32 inside kernels); ``OutputView.dtype`` records torch's dtype.
+Casts between float types are op-table operator ``cast`` (a cast of a program input is done
+where the input is read), and every graph tensor has torch's dtype: type promotion, a
+reduction's ``dtype=`` and softmax's ``half_to_float`` cast the operands first
+(``Tracer.as_result``); ``OutputView.dtype`` records torch's dtype.
 """
 
 from __future__ import annotations

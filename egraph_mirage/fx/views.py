@@ -193,7 +193,7 @@ class PendingView:
     steps: tuple[Step, ...]
     dims: tuple[Factor, ...]  # factors, in torch-dim order
     groups: tuple[int, ...]  # how many factors make each torch dim
-    dtype: Any  # torch dtype of the value (casts between float types are dropped)
+    dtype: Any  # torch dtype of the value: a cast of the source is done where it is read
 
     @staticmethod
     def of(source: Source) -> PendingView:
