@@ -135,6 +135,20 @@ def test_the_torch_semantics_in_the_program_s_dtypes_and_held_in_float32() -> No
     assert relative_error(eager, held) < TOLERANCE[em.float16]
 
 
+def test_the_float_check_s_tolerance_per_dtype() -> None:
+    """Against eager (the torch backend) and on a GPU (the tuner): the relative error of an
+    output within its dtype's tolerance, a program's being its loosest output's."""
+    from egraph_mirage.gpu.tune import tolerance
+
+    assert TOLERANCE == {em.float16: 5e-3, em.float32: 5e-3, em.bfloat16: 4e-2}
+    g = em.new_kernel_graph()
+    x = g.new_input((4, 8), em.float32)
+    g.mark_output(g.exp(x))
+    assert tolerance(g) == 5e-3
+    g.mark_output(g.cast(x, em.bfloat16))
+    assert tolerance(g) == 4e-2
+
+
 # --- the lowering --------------------------------------------------------------------------------
 
 def _cast_matmul(dtype: em.DType, to: em.DType) -> em.KernelGraph:
