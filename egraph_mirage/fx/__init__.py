@@ -1,4 +1,4 @@
-"""From PyTorch to kernel graphs: tracing (``trace.py``) and partitioning (``partition.py``).
+"""From PyTorch to kernel graphs: tracing (``trace.py``) and partitioning (``pieces.py``).
 
     import egraph_mirage.fx as emfx
     g = emfx.from_torch(fn, x, w)                 # a KernelGraph at these shapes

@@ -6,7 +6,7 @@ operators) and hands the FX graph to ``trace_fx``, which builds the ``KernelGrap
 node through the table (``tracer.py``). Parameters and buffers become graph inputs
 (``get_attr`` sources). Views on program inputs fold into graph inputs (``views.py``); what the
 caller applies is recorded in ``TracedProgram.inputs``, and how graph outputs become the
-program's outputs in ``TracedProgram.outputs`` (``program.py``). Anything else raises an
+program's outputs in ``TracedProgram.outputs`` (``traced.py``). Anything else raises an
 ``UnsupportedOpError`` naming the aten operator and the user's source line.
 
 Casts between float types are op-table operator ``cast`` (a cast of a program input is done
