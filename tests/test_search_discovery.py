@@ -70,8 +70,9 @@ def _lowers_and_matches(h: em.KernelGraph, g: em.KernelGraph) -> None:
 
 
 #: programs whose first results come within a few dozen tasks, searched for their first
-#: ``SEVERAL`` results: every one of them must lower and match, not only the best
-QUICK = ("rmsnorm_linear", "lora", "gated_mlp", "ntrans", "mqa")
+#: ``SEVERAL`` results: every one of them must lower and match, not only the best (gated_mlp's
+#: six take 40 s in the interpreter on a 2-core machine: its discovered form is checked above)
+QUICK = ("rmsnorm_linear", "lora", "ntrans", "mqa")
 SEVERAL = 6
 
 
