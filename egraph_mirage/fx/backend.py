@@ -334,10 +334,6 @@ class Backend:
         o = self.options
         g = traced.graph
         decision = PieceDecision()
-        if len(g.outputs) != 1:
-            decision.reason = (f"{len(g.outputs)} outputs (the search takes programs of one "
-                               "output)")
-            return decision, None, False
         workers = None if self._budget.spent() else self._search_workers(g)
         share = self._budget.share()  # after the pool's start, which is not the search's time
         if share is not None and share <= 0:

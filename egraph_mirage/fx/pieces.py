@@ -13,18 +13,23 @@
    view.
 3. **partition**: torch's ``CapabilityBasedPartitioner`` groups supported nodes into partitions
    without cycles.
-4. **one output each**: the search takes programs of one output, so each partition is split
-   into cones, one per value that leaves it: the node and its ancestors in the partition. A
-   node several cones need is computed again in each (an RMSNorm before the query, key and
-   value projections), unless it is a matmul or computed from one: that becomes the output of a
-   cone of its own, which the others take as an input (``_cones``).
-5. **caps**: each cone is cut, in topological order, into pieces of at most ``max_matmuls``
+4. **cones**: each partition is split into cones, one per value that leaves it: the node and
+   its ancestors in the partition. A matmul (or a node computed from one) that several cones
+   need becomes the output of a cone of its own, which the others take as an input
+   (``_cones``).
+5. **caps**: each cone is cut, in topological order, into runs of at most ``max_matmuls``
    matmuls and ``max_reductions`` reductions (counted by the rules: softmax is two, rms_norm
    one); a node over the caps on its own runs as is; each run is split into cones again. Cutting
    a convex set of nodes in topological order leaves every piece convex. A view of an input
    joins the piece of its users; one that several pieces (or nodes outside) use runs as is.
-   The default of two matmuls keeps a gated MLP's two projections together and its down
-   projection apart; a program of three matmuls searched whole (LoRA) needs ``max_matmuls=3``.
+   The caps bound each output's cone, which is what one search takes (the pipeline searches a
+   program of several outputs one output at a time, ``pipeline.outputs``). The default of two
+   matmuls keeps a gated MLP's two projections together and its down projection apart; a
+   program of three matmuls searched whole (LoRA) needs ``max_matmuls=3``.
+   Then **several outputs**: cones that share a node are joined into one piece of several
+   outputs where the union is convex (``_joined``), so that the shared node is computed once:
+   an RMSNorm before the query, key and value projections is one piece with three outputs. A
+   node shared by cones that cannot be joined is computed again in each.
    With ``levels``, each cone is first cut at its matmuls' inputs: a node's level is the most
    matmuls on a path from the cone's inputs to it (itself counted), and each level is a run
    (levels never decrease along an edge, so ordering by level keeps a topological order and
@@ -113,6 +118,7 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
                 for chunk in _cut(cone, supported, max_matmuls, max_reductions, left, levels):
                     cones += _cones(sorted(chunk, key=order.__getitem__), cone)
         cones = list({c[-1]: c for c in reversed(cones)}.values())[::-1]  # one per output
+        cones = _joined(cones, order, max_matmuls, max_reductions)
         pieces = [c for c in cones if _worth(c)]
         for c in cones:
             if not _worth(c):
@@ -281,6 +287,77 @@ def _cones(chunk: Sequence[Any], cone: Sequence[Any] | None = None) -> list[list
         if not again:
             return [[n for n in chunk if n in c] for c in cones]  # each ends with its root
         roots.append(again[-1])
+
+
+def _joined(cones: list[list[Any]], order: Mapping[Any, int], max_matmuls: int,
+            max_reductions: int) -> list[list[Any]]:
+    """``cones`` with those that share a node joined into one piece of several outputs, where
+    the union is convex (no path between two of its nodes runs outside it) and each of its
+    outputs' cones within it keeps the caps: the shared nodes are then computed once (step 5).
+    Cones are joined one at a time, the earliest first; a join that would not be allowed is not
+    made (the node is computed again in each, ``_recompute_shared``)."""
+    def joinable(a: set[Any], b: set[Any]) -> bool:
+        union = a | b
+        return bool(a & b) and _convex(union) and _within_caps(union, order, max_matmuls,
+                                                                max_reductions)
+
+    groups: list[list[Any]] = []
+    for c in cones:
+        members = set(c)
+        for g in groups:
+            union = members | set(g)
+            if joinable(members, set(g)):
+                g[:] = sorted(union, key=order.__getitem__)
+                break
+        else:
+            groups.append(list(c))
+    changed = True
+    while changed:  # a join may make two groups overlap
+        changed = False
+        for i, a in enumerate(groups):
+            for b in groups[i + 1:]:
+                union = set(a) | set(b)
+                if joinable(set(a), set(b)):
+                    a[:] = sorted(union, key=order.__getitem__)
+                    groups.remove(b)
+                    changed = True
+                    break
+            if changed:
+                break
+    return groups
+
+
+def _within_caps(nodes: set[Any], order: Mapping[Any, int], max_matmuls: int,
+                 max_reductions: int) -> bool:
+    """Whether the cone of each node of ``nodes`` within them (it and its ancestors there)
+    holds at most ``max_matmuls`` matmuls and ``max_reductions`` reductions; ``order``: the
+    nodes' places in the graph (a topological order)."""
+    above: dict[Any, set[Any]] = {}
+    for n in sorted(nodes, key=order.__getitem__):
+        above[n] = {n}.union(*(above[a] for a in n.all_input_nodes if a in nodes))
+        mm, rd = _counts(list(above[n]))
+        if mm > max_matmuls or rd > max_reductions:
+            return False
+    return True
+
+
+def _convex(nodes: set[Any]) -> bool:
+    """Whether no node outside ``nodes`` lies on a path between two of them."""
+    below: set[Any] = set()
+    todo = [u for n in nodes for u in n.users if u not in nodes]
+    while todo:
+        n = todo.pop()
+        if n not in below:
+            below.add(n)
+            todo.extend(n.users)
+    above: set[Any] = set()
+    todo = [a for n in nodes for a in n.all_input_nodes if a not in nodes]
+    while todo:
+        n = todo.pop()
+        if n not in above:
+            above.add(n)
+            todo.extend(n.all_input_nodes)
+    return not (below & above)
 
 
 def _recompute_shared(work: Any, pieces: list[list[Any]], cones: list[list[Any]],

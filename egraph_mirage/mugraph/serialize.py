@@ -90,6 +90,13 @@ def _dump_kernel(tb: ThreadBlockGraph) -> dict[str, Any]:
             "outputs": [{"tensor": t.index, "output_map": list(omap)} for t, omap in tb.outputs]}
 
 
+def kernel_text(kernel: Any) -> str:
+    """A graph-defined kernel's block graph as JSON text: two kernels with one text compute
+    alike."""
+    return json.dumps(_dump_kernel(kernel.tb), sort_keys=True, allow_nan=False,
+                      default=_unencodable)
+
+
 def save(graph: KernelGraph, path: str | os.PathLike[str]) -> None:
     """Write ``graph`` to ``path`` atomically (a temporary file in the same folder, then rename)."""
     write_atomic(path, dumps(graph) + "\n")

@@ -16,6 +16,9 @@
     write    — only with an output folder: every result, the best one and the statistics
                (``pipeline.results_folder``)
 
+A program of several outputs is searched one output at a time and the winners joined
+(``pipeline.outputs``).
+
 ``em.superoptimize`` (the library), ``egraph-mirage optimize`` (``pipeline.command``), the
 ``bench`` commands and the torch backend all come here with a ``Request`` (``pipeline.request``):
 the stages below this layer import nothing of it, and nothing of each other's orchestration.
@@ -39,6 +42,7 @@ from ..search.prepare import RulePaths, prepare_with_rules
 from ..search.progress import LOG_INTERVAL_S
 from ..search.run import search_tasks
 from ..search.tasks import Context, Payload, Task, list_tasks
+from .outputs import run_outputs
 from .request import Request, RequestError
 from .results_folder import write_results
 
@@ -152,6 +156,14 @@ def run(g: KernelGraph, request: Request,
     ``write`` stage writes (with ``program_info``, e.g. the benchmark's name and batch)."""
     if not isinstance(request, Request):
         raise RequestError("request", f"must be a Request, got {type(request).__name__}")
+    if isinstance(g, KernelGraph) and len(g.outputs) > 1:
+        # one search per output, the winners joined (``pipeline.outputs``)
+        results, _ = run_outputs(g, request, run, on_result=on_result, on_stage=on_stage,
+                                 program_info=program_info)
+        if out is not None:
+            with sigint_deferred():
+                write_results(out, results, dict(program_info or {}))
+        return results
     end = time.time() + request.time_budget if request.limited() else None
     deadline = end
     timed = request.profile and (request.profiler is not None or cuda_available()[0])

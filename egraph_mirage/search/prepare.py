@@ -55,9 +55,11 @@ def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
     """``prepare``, and the rule files the oracle loaded (in order)."""
     if not isinstance(g, KernelGraph):
         raise SearchError(f"superoptimize: expected a KernelGraph, got {type(g).__name__}")
-    if len(g.outputs) != 1:
-        raise SearchError(f"superoptimize: the program must have exactly one output, it has "
-                          f"{len(g.outputs)}")
+    if len(g.outputs) != 1:  # the pipeline searches a program of several one output at a time
+        raise SearchError(f"superoptimize: the program must have an output (call "
+                          f"mark_output), it has {len(g.outputs)}" if not g.outputs else
+                          f"prepare: a program of one output, not {len(g.outputs)} (the "
+                          "pipeline searches several one at a time: pipeline.outputs)")
     if any(t.op == "customized" for t in g.operators):
         raise SearchError("superoptimize: the input program already has graph-defined kernels;"
                           " give it as library operators")

@@ -1,0 +1,125 @@
+"""Programs of several outputs (``pipeline.outputs``): each output is searched as a program of
+its own over the inputs it reads, and the winners are joined over the program's inputs, an
+operator two parts compute alike computed once.
+
+- ``cone`` gives each output's program; ``join`` of the cones is the program again, with the
+  shared RMSNorm once;
+- ``em.superoptimize`` of an RMSNorm feeding two projections returns joined μGraphs that the
+  verifier finds equal to the program and that lower and match it;
+- an output the search finds nothing for leaves no joined result, and the reasons name it;
+- the torch backend replaces a piece of three outputs (one norm, three projections) with the
+  joined winners, matching eager.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import egraph_mirage as em
+from egraph_mirage.fx.report import REPLACED, reports_of
+from egraph_mirage.pipeline.outputs import combinations, cone, join
+from egraph_mirage.verify import verify
+
+#: tasks that find the fused norm + projection of each output (under 60 each at the time of
+#: writing)
+TASKS = 120
+
+
+def _norm_two_projections() -> em.KernelGraph:
+    g = em.new_kernel_graph()
+    x, w = g.new_input((2, 64), em.float16), g.new_input((1, 64), em.float16)
+    wq, wk = g.new_input((64, 32), em.float16), g.new_input((64, 16), em.float16)
+    n = g.rms_norm(x, (64,), w, eps=1e-5)
+    g.mark_output(g.matmul(n, wq))
+    g.mark_output(g.exp(g.matmul(n, wk)))
+    return g
+
+
+def test_each_output_s_cone_and_their_join() -> None:
+    g = _norm_two_projections()
+    (q, qpos), (k, kpos) = cone(g, 0), cone(g, 1)
+    assert qpos == [0, 1, 2] and kpos == [0, 1, 3]
+    assert [t.op for t in q.operators] == ["rms_norm", "matmul"]
+    assert [t.op for t in k.operators] == ["rms_norm", "matmul", "exp"]
+    joined = join(g, [(q, qpos), (k, kpos)])
+    assert [t.op for t in joined.operators] == ["rms_norm", "matmul", "matmul", "exp"]
+    assert verify(joined, g)
+    xs = [np.random.default_rng(0).standard_normal(t.dims) for t in g.inputs]
+    for a, b in zip(joined.evaluate(xs), g.evaluate(xs)):
+        np.testing.assert_allclose(a, b)
+
+
+def test_the_search_joins_a_winner_per_output() -> None:
+    g = _norm_two_projections()
+    results = em.superoptimize(g, max_tasks=TASKS, workers=1, progress=False,
+                               config=em.SearchConfig(max_results=2))
+    assert results, results.stats.no_result_reasons
+    assert len(results) <= 2 and results.stats.tasks_done <= 2 * TASKS  # max_results stops each
+    best = results[0]
+    assert len(best.graph.outputs) == 2 and len(best.graph.inputs) == 4
+    assert verify(best.graph, g)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # else Triton's interpreter
+    rng = np.random.default_rng(1)
+    ts = [torch.tensor(0.5 * rng.standard_normal(t.dims), dtype=torch.float16, device=device)
+          for t in g.inputs]
+    got = em.compile(best.graph)(*ts)
+    want = g.evaluate([t.double().cpu().numpy() for t in ts])
+    for a, b in zip(got, want, strict=True):
+        assert np.linalg.norm(a.double().cpu().numpy() - b) <= 1e-2 * np.linalg.norm(b)
+
+
+def test_an_output_with_nothing_found_leaves_no_joined_result() -> None:
+    g = _norm_two_projections()
+    results = em.superoptimize(g, max_tasks=1, workers=1, progress=False)
+    assert not results
+    assert any(r.startswith("output ") for r in results.stats.no_result_reasons)
+    assert "output 0: task budget" in results.stats.stopped_by
+
+
+def test_combinations_take_the_best_then_one_other_result_at_a_time() -> None:
+    class R:
+        def __init__(self, s: float) -> None:
+            self.estimated_seconds = s
+
+    per = [[R(1.0), R(1.5)], [R(2.0), R(2.1), R(4.0)]]
+    assert combinations(per, None) == [[0, 0], [0, 1], [1, 0], [0, 2]]
+    assert combinations(per, 2) == [[0, 0], [0, 1]]
+
+
+class _NormQKV(torch.nn.Module):
+    def __init__(self, hidden: int = 64, kv: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.rand(hidden) + 0.5)
+        self.q = torch.nn.Linear(hidden, hidden, bias=False)
+        self.k = torch.nn.Linear(hidden, kv, bias=False)
+        self.v = torch.nn.Linear(hidden, kv, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+        h = self.w * h.to(x.dtype)
+        return self.q(h), self.k(h), self.v(h)
+
+
+def test_torch_compile_replaces_a_norm_and_three_projections_as_one_piece(
+        tmp_path: Path) -> None:
+    torch._dynamo.reset()
+    m = _NormQKV().to(torch.float16).eval()
+    x = torch.randn(2, 64, dtype=torch.float16)
+    fast = torch.compile(m, backend="egraph_mirage", dynamic=False,
+                         options={"max_tasks": TASKS, "workers": 1, "rest": "eager",
+                                  "config": em.SearchConfig(max_results=1),
+                                  "cache_dir": str(tmp_path)})
+    with torch.no_grad():
+        got, want = fast(x), m(x)
+    (report,) = reports_of(fast)
+    (piece,) = report.pieces
+    assert piece.status == REPLACED, em.torch_report(fast)
+    assert piece.operators.count("matmul") == 3 and piece.operators.count("rsqrt") == 1
+    for a, b in zip(got, want):
+        assert (a.float() - b.float()).norm() <= 5e-3 * b.float().norm()
+    torch._dynamo.reset()
