@@ -21,10 +21,17 @@ dim 128, MLP 14336, RoPE theta 500000, RMSNorm eps 1e-5) with a 4,096-token cach
 ``llama3_8b(tp=4)`` is its tensor-parallel shard on one of 4 GPUs (8 heads, 2 KV heads, MLP
 3584; the all-reduce after each projection is left out).
 
-``hf_decoder_layer(sizes)`` builds ``transformers``' ``LlamaDecoderLayer`` with the same sizes
-from a ``LlamaConfig`` (random init, no download) where ``transformers`` is installed;
-``HFDecodeStep(sizes)`` wraps it in the same decode step (``decode_step(x, k_cache, v_cache)``,
-same inputs and outputs, its own random weights) for ``egraph-mirage bench torch``.
+``hf_decoder_layer(sizes, family=...)`` builds a ``transformers`` decoder layer with the same
+sizes from its config (random init, no download) where ``transformers`` is installed: family
+``llama``, ``LlamaDecoderLayer``, or ``qwen3``, ``Qwen3DecoderLayer`` (Llama's layer with a
+per-head RMSNorm, ``q_norm``/``k_norm`` over the head dim, on the queries and keys before RoPE;
+``HF_FAMILIES``). ``HFDecodeStep(sizes, family=..., cache=...)`` wraps it in the same decode
+step (``decode_step(x, k_cache, v_cache)``, same outputs, its own random weights) for
+``egraph-mirage bench torch``, with one of two caches: ``"concat"`` (the cache passed in, the
+new token's keys and values appended by ``torch.cat``) or ``"static"`` (as ``transformers``'
+``StaticCache`` does it: the caches passed in have room for the new token, ``kv_len + 1``
+positions, and it is written in place with ``index_copy_`` at ``cache_position``, ``kv_len``;
+``decode_inputs(..., room=1)`` makes them).
 
 Run: ``python examples/llama_layer.py`` compiles the small layer (fp16) with the egraph-mirage
 backend (a few search tasks per piece) and compares it with eager; ``--preset llama3_8b`` (on a
@@ -144,32 +151,51 @@ class LlamaLayer(nn.Module):
 
 
 def decode_inputs(sizes: LlamaSizes, batch: int = 1, seed: int = 1, device: Any = None,
-                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+                  dtype: torch.dtype = torch.float32, room: int = 0) -> tuple[torch.Tensor, ...]:
     """Random ``(x, k_cache, v_cache)`` of a decode step at ``sizes``: shapes (b, hidden) and
-    twice (b, kv_heads, kv_len, head_dim)."""
+    twice (b, kv_heads, kv_len + room, head_dim) (``room=1``: a static cache's place for the new
+    token, ``HFDecodeStep(cache="static")``)."""
     s = sizes
     gen = torch.Generator().manual_seed(seed)
-    shapes = [(batch, s.hidden), (batch, s.kv_heads, s.kv_len, s.head_dim),
-              (batch, s.kv_heads, s.kv_len, s.head_dim)]
+    shapes = [(batch, s.hidden), (batch, s.kv_heads, s.kv_len + room, s.head_dim),
+              (batch, s.kv_heads, s.kv_len + room, s.head_dim)]
     return tuple(torch.randn(shape, generator=gen).to(device, dtype) for shape in shapes)
 
 
-def hf_decoder_layer(sizes: LlamaSizes | None = None, dtype: torch.dtype = torch.float32) -> Any:
-    """``transformers.LlamaDecoderLayer`` with ``sizes`` (``LlamaConfig``, random init, no
-    download). Raises ``ImportError`` naming the package where it is not installed."""
+#: ``transformers``' decoder layers by family: (config class, module, layer class)
+HF_FAMILIES = {
+    "llama": ("LlamaConfig", "transformers.models.llama.modeling_llama", "LlamaDecoderLayer"),
+    "qwen3": ("Qwen3Config", "transformers.models.qwen3.modeling_qwen3", "Qwen3DecoderLayer"),
+}
+#: the decode step's caches (``HFDecodeStep``)
+HF_CACHES = ("concat", "static")
+
+
+def hf_decoder_layer(sizes: LlamaSizes | None = None, dtype: torch.dtype = torch.float32,
+                     family: str = "llama") -> Any:
+    """``transformers``' decoder layer of ``family`` (``HF_FAMILIES``) with ``sizes`` (its
+    config, random init, no download). Raises ``ImportError`` naming the package where it is not
+    installed."""
+    import importlib
+
+    if family not in HF_FAMILIES:
+        raise ValueError(f"hf_decoder_layer: unknown family {family!r} "
+                         f"({', '.join(HF_FAMILIES)})")
+    config_name, module_name, layer_name = HF_FAMILIES[family]
     try:
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-    except ImportError as e:
-        raise ImportError("hf_decoder_layer needs the `transformers` package (pip install "
-                          "transformers); LlamaLayer is the same layer in plain torch") from e
+        config_class = getattr(importlib.import_module("transformers"), config_name)
+        layer_class = getattr(importlib.import_module(module_name), layer_name)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"hf_decoder_layer needs the `transformers` package with {layer_name} "
+                          "(pip install transformers); LlamaLayer is Llama's layer in plain "
+                          "torch") from e
     s = sizes or LlamaSizes.small()
-    config = LlamaConfig(hidden_size=s.hidden, num_attention_heads=s.heads,
-                         num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
-                         intermediate_size=s.mlp, rms_norm_eps=s.eps, rope_theta=s.rope_theta,
-                         num_hidden_layers=1, max_position_embeddings=max(2 * s.kv_len, 2048),
-                         attn_implementation="sdpa")
-    return LlamaDecoderLayer(config, layer_idx=0).to(dtype).eval()
+    config = config_class(hidden_size=s.hidden, num_attention_heads=s.heads,
+                          num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
+                          intermediate_size=s.mlp, rms_norm_eps=s.eps, rope_theta=s.rope_theta,
+                          num_hidden_layers=1, max_position_embeddings=max(2 * s.kv_len, 2048),
+                          attn_implementation="sdpa")
+    return layer_class(config, layer_idx=0).to(dtype).eval()
 
 
 class _ConcatCache:
@@ -181,45 +207,81 @@ class _ConcatCache:
         self.k_cache, self.v_cache = k_cache, v_cache
         self.new: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int,
-               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    # transformers 5.17 passes ``cache_kwargs`` by position, 5.24 ``kwargs=`` by name
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         self.new = (k, v)
         return torch.cat((self.k_cache, k), dim=2), torch.cat((self.v_cache, v), dim=2)
 
 
+class _StaticCache(_ConcatCache):
+    """The cache as ``transformers``' ``StaticLayer.update`` writes it: the new token's keys and
+    values copied in place into the caches passed in (``index_copy_`` along the sequence at
+    ``cache_position``), which are returned whole. Writing the same token again gives the same
+    cache, so the step may be called any number of times on the same inputs."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 cache_position: torch.Tensor) -> None:
+        super().__init__(k_cache, v_cache)
+        self.cache_position = cache_position
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new = (k, v)
+        self.k_cache.index_copy_(2, self.cache_position, k)
+        self.v_cache.index_copy_(2, self.cache_position, v)
+        return self.k_cache, self.v_cache
+
+
 class HFDecodeStep(nn.Module):
-    """``transformers``' ``LlamaDecoderLayer`` (``hf_decoder_layer``) as one decode step with
-    ``LlamaLayer.decode_step``'s inputs and outputs: the new token at position ``kv_len`` (its
-    rotary angles as buffers), attending over the cache passed in and itself; no mask (a full
-    cache). Its weights are ``transformers``' random initialisation, not ``LlamaLayer``'s."""
+    """A ``transformers`` decoder layer (``hf_decoder_layer(sizes, dtype, family)``) as one
+    decode step with ``LlamaLayer.decode_step``'s outputs: the new token at position ``kv_len``
+    (its rotary angles as buffers), attending over the cache and itself; no mask (a full cache).
+    ``cache="concat"``: ``LlamaLayer``'s inputs, the new token appended; ``"static"``: caches of
+    ``kv_len + 1`` positions, the new token written in place at ``kv_len`` (``_StaticCache``).
+    Its weights are ``transformers``' random initialisation, not ``LlamaLayer``'s."""
 
     def __init__(self, sizes: LlamaSizes | None = None, dtype: torch.dtype = torch.float32,
-                 device: Any = None) -> None:
+                 device: Any = None, family: str = "llama", cache: str = "concat",
+                 seed: int = 0) -> None:
+        import inspect
+
         super().__init__()
+        if cache not in HF_CACHES:
+            raise ValueError(f"HFDecodeStep: unknown cache {cache!r} ({', '.join(HF_CACHES)})")
         s = self.sizes = sizes or LlamaSizes.small()
-        self.layer = hf_decoder_layer(s, dtype).to(device)
+        self.family, self.cache = family, cache
+        with torch.random.fork_rng(devices=[]):  # seeded weights, the global RNG untouched
+            torch.manual_seed(seed)
+            self.layer = hf_decoder_layer(s, dtype, family).to(device)
+        # the cache's keyword: ``past_key_values`` up to transformers 5.2x, then ``cache``
+        params = inspect.signature(type(self.layer).forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
         inv_freq = s.rope_theta ** (-torch.arange(0, s.head_dim, 2).double() / s.head_dim)
         angles = (torch.cat((inv_freq, inv_freq)) * s.kv_len).view(1, 1, s.head_dim)
         self.register_buffer("cos", angles.cos().to(device=device, dtype=dtype))
         self.register_buffer("sin", angles.sin().to(device=device, dtype=dtype))
+        self.register_buffer("cache_position", torch.tensor([s.kv_len], device=device))
 
     def decode_step(self, x: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b = x.shape[0]
-        cache = _ConcatCache(k_cache, v_cache)
+        cache = (_StaticCache(k_cache, v_cache, self.cache_position) if self.cache == "static"
+                 else _ConcatCache(k_cache, v_cache))
         rotary = (self.cos.expand(b, 1, -1), self.sin.expand(b, 1, -1))
-        out = self.layer(x[:, None, :], attention_mask=None, past_key_values=cache,
-                         position_embeddings=rotary)
+        out = self.layer(x[:, None, :], attention_mask=None, position_embeddings=rotary,
+                         **{self.cache_arg: cache})
         out = out[0] if isinstance(out, tuple) else out
-        assert cache.new is not None, "LlamaDecoderLayer did not update the cache"
+        assert cache.new is not None, f"{type(self.layer).__name__} did not update the cache"
         k, v = cache.new
         return out[:, 0, :], k, v
 
     forward = decode_step
 
     def example_inputs(self, batch: int = 1, seed: int = 1) -> tuple[torch.Tensor, ...]:
-        """Random ``(x, k_cache, v_cache)``, as ``LlamaLayer.example_inputs``."""
-        return decode_inputs(self.sizes, batch, seed, self.cos.device, self.cos.dtype)
+        """Random ``(x, k_cache, v_cache)`` for this step's cache (``decode_inputs``)."""
+        return decode_inputs(self.sizes, batch, seed, self.cos.device, self.cos.dtype,
+                             room=1 if self.cache == "static" else 0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,7 @@
 """``egraph-mirage bench torch`` without a GPU: the refusal, the ``--cpu-smoke`` run of the small
 Llama layer (kernels in Triton's interpreter) with its JSON rows and table, a replaced piece
-through a stand-in search, speedups and the table's format."""
+through a stand-in search, transformers' Llama and Qwen3 layers with a concatenated and a static
+cache in fp16 and bf16, several dtypes in one run, speedups and the table's format."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def test_without_a_gpu_it_refuses_unless_cpu_smoke(capsys: pytest.CaptureFixture
     assert code == 2 and "small preset only" in err
     code, _, err = _run(capsys, "bench", "torch", "--cpu-smoke", "--example", "/no/such.py")
     assert code == 2 and "not found" in err and len(err.strip().splitlines()) == 1
+    code, _, err = _run(capsys, "bench", "torch", "--cpu-smoke", "--dtype", "float16,int8")
+    assert code == 2 and err.startswith("error: bench torch: --dtype int8: one or more of")
 
 
 @CPU_ONLY
@@ -62,16 +65,16 @@ def test_the_cpu_smoke_run_writes_json_rows_and_prints_the_table(
     assert ours["device"] == "cpu" and ours["timing"].startswith("cpu wall clock")
     assert ours["plain_us"] > 0 and ours["graph_us"] is None and ours["compile_s"] > 0
     assert ours["matches_eager"] and ours["error"] is None
-    # the pieces have one output each (RMSNorm computed again before each projection), all
-    # searched; with one task each nothing is found, so the three pieces holding a matmul and
-    # what comes before it are searched again in parts (2 + 3 + 2), two of them programs
-    # searched before (RMSNorm, the value projection's shape): found in the cache
-    assert ours["pieces"] == 9 + 7 and ours["searches"] == 14 and ours["cache_hits"] == 2
+    # every piece searched or found in the cache (how the layer is cut is the partitioner's
+    # business, tests/test_partition.py); with one task each nothing is found and replaced
+    assert ours["pieces"] > 0 and ours["replaced"] == 0
+    assert 0 < ours["searches"] and ours["searches"] + ours["cache_hits"] >= ours["pieces"]
     assert ours["report"].startswith("egraph-mirage: graph")
     assert ours["speedup_vs_best"] == pytest.approx(eager["plain_us"] / ours["plain_us"])
     head, line = out.splitlines()[:2]
-    assert head.split()[:4] == ["model", "b", "eager", "µs"] and "ours vs best" in head
-    assert line.split()[:2] == ["llama", "1"] and line.split()[-2:] == ["0/16", "0.0e+00"]
+    assert head.split()[:5] == ["model", "dtype", "b", "eager", "µs"] and "ours vs best" in head
+    assert line.split()[:3] == ["llama", "fp16", "1"]
+    assert line.split()[-2:] == [f"0/{ours['pieces']}", "0.0e+00"]
     assert "µs: cpu wall clock (Triton interpreter)" in out
     assert f"wrote {rows_file}" in err
 
@@ -93,24 +96,107 @@ def test_a_replaced_piece_is_counted_and_checked_against_eager(tmp_path: Path) -
     rows = tb.bench_torch(cfg, timer=tb.CpuTimer(repeats=1), log=lambda _: None)
     ours = rows[-1]
     assert ours["mode"] == "egraph_mirage" and ours["error"] is None
-    # one output each, so every piece can be replaced (the program itself, lowered as is)
-    assert ours["replaced"] == ours["pieces"] == 9 and ours["matches_eager"]
-    assert ours["report"].count(" | replaced: ") == 9
+    # every piece can be replaced (the program itself, lowered as is)
+    assert ours["replaced"] == ours["pieces"] > 0 and ours["matches_eager"]
+    assert ours["report"].count(" | replaced: ") == ours["pieces"]
 
 
-def test_the_hf_layer_where_transformers_is_installed(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("model", "dtype"), [
+    ("hf", "float16"), ("hf-qwen3", "bfloat16"), ("hf-static", "bfloat16"),
+    ("hf-qwen3-static", "float16")])
+def test_the_hf_layers_where_transformers_is_installed(tmp_path: Path, model: str,
+                                                       dtype: str) -> None:
     pytest.importorskip("transformers")
-    cfg = tb.TorchBenchConfig(models=("hf",), batches=(2,), preset="small",
+    cfg = tb.TorchBenchConfig(models=(model,), dtypes=(dtype,), batches=(2,), preset="small",
                               modes=("eager", "egraph_mirage"), cache_dir=str(tmp_path),
                               max_tasks=1, workers=1, rest="eager", device="cpu")
     rows = tb.bench_torch(cfg, timer=tb.CpuTimer(repeats=1), log=lambda _: None)
-    assert [r["mode"] for r in rows] == ["eager", "egraph_mirage"]
-    assert rows[-1]["matches_eager"] and rows[-1]["pieces"]
+    assert [(r["model"], r["dtype"], r["mode"]) for r in rows] == [
+        (model, dtype, "eager"), (model, dtype, "egraph_mirage")]
+    ours = rows[-1]
+    assert ours["error"] is None and ours["matches_eager"] and ours["pieces"]
+    assert ours["tolerance"] == tb.TOLERANCE[dtype]
+
+
+def test_qwen3_normalises_queries_and_keys_per_head_and_the_static_cache_is_written_in_place(
+        ) -> None:
+    """``hf-qwen3`` is transformers' Qwen3 layer (``q_norm``/``k_norm`` over the head dim);
+    its static cache has room for the new token, written in place at ``kv_len``, and the step
+    gives what the concatenated cache gives for the same weights and cache."""
+    pytest.importorskip("transformers")
+    example = tb.load_example()
+    sizes = example.LlamaSizes.small()
+    concat = example.HFDecodeStep(sizes, torch.bfloat16, family="qwen3")
+    static = example.HFDecodeStep(sizes, torch.bfloat16, family="qwen3", cache="static")
+    attn = static.layer.self_attn
+    assert type(static.layer).__name__ == "Qwen3DecoderLayer"
+    assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (sizes.head_dim,)
+    x, k_cache, v_cache = concat.example_inputs(2)
+    room = static.example_inputs(2)
+    assert room[1].shape == (2, sizes.kv_heads, sizes.kv_len + 1, sizes.head_dim)
+    k_room = torch.cat((k_cache, torch.zeros_like(k_cache[:, :, :1])), dim=2)
+    v_room = torch.cat((v_cache, torch.zeros_like(v_cache[:, :, :1])), dim=2)
+    with torch.no_grad():
+        want = concat(x, k_cache, v_cache)
+        got = static(x, k_room, v_room)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert torch.equal(k_room[:, :, -1:], want[1]) and torch.equal(v_room[:, :, -1:], want[2])
+    assert torch.equal(k_room[:, :, :-1], k_cache)
+
+
+@CPU_ONLY
+def test_the_static_cache_is_written_in_place_through_the_backend_with_pieces_replaced() -> None:
+    """With every piece replaced (a stand-in search), the compiled step still writes the new
+    token into the static cache passed in, and matches eager."""
+    pytest.importorskip("transformers")
+    from egraph_mirage.fx.backend import Backend
+    from egraph_mirage.gpu.torch_eval import relative_error
+
+    example = tb.load_example()
+    step = example.HFDecodeStep(example.LlamaSizes.small(), torch.bfloat16, family="qwen3",
+                                cache="static").requires_grad_(False)
+    x, k_cache, v_cache = step.example_inputs(2)
+    with torch.no_grad():
+        want = step(x, k_cache, v_cache)
+    k_cache[:, :, -1:] = 0
+    v_cache[:, :, -1:] = 0
+    backend = Backend(search=_Same(), cache=False, workers=1, rest="eager")
+    with torch.no_grad():
+        got = torch.compile(step, backend=backend, dynamic=False)(x, k_cache, v_cache)
+    pieces = [p for r in backend.reports for p in r.pieces]
+    assert pieces and all(p.status == "replaced" for p in pieces)
+    assert all(relative_error(g, w) <= tb.TOLERANCE["bfloat16"]
+               for g, w in zip(got, want, strict=True))
+    assert torch.equal(k_cache[:, :, -1:], want[1]) and torch.equal(v_cache[:, :, -1:], want[2])
+
+
+@CPU_ONLY
+def test_several_dtypes_in_one_run_and_the_table_of_rows_files(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    rows_file = tmp_path / "rows.json"
+    code, out, err = _run(capsys, "bench", "torch", "--cpu-smoke", "--models", "hf-qwen3",
+                          "--dtype", "float16,bfloat16", "--batch", "1", "--max-tasks", "1",
+                          "--workers", "1", "--cache-dir", str(tmp_path / "cache"),
+                          "--out", str(rows_file))
+    assert code == 0, err
+    rows = json.loads(rows_file.read_text())
+    assert [(r["dtype"], r["mode"]) for r in rows] == [
+        ("float16", "eager"), ("float16", "egraph_mirage"),
+        ("bfloat16", "eager"), ("bfloat16", "egraph_mirage")]
+    assert all(r["model"] == "hf-qwen3" and r["matches_eager"] for r in rows)
+    lines = out.splitlines()
+    assert [line.split()[:3] for line in lines[1:3]] == [["hf-qwen3", "fp16", "1"],
+                                                          ["hf-qwen3", "bf16", "1"]]
+    code, again, _ = _run(capsys, "bench", "torch", "--table-of", str(rows_file),
+                          str(tmp_path / "missing.json"))
+    assert code == 0 and again == out
 
 
 def _row(mode: str, plain: float | None, graph: float | None, **more: Any) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(tb.KEYS)
-    row.update({"model": "llama", "batch": 8, "mode": mode, "plain_us": plain,
+    row.update({"model": "llama", "dtype": "float16", "batch": 8, "mode": mode, "plain_us": plain,
                 "graph_us": graph, "timing": "cuda", "max_error": 1e-3, "matches_eager": True,
                 "tolerance": 1e-2, **more})
     return row
@@ -133,13 +219,13 @@ def test_speedups_and_the_table() -> None:
         r["model"] = "hf"
     tb._speedups(hf)
     lines = tb.format_table(rows + hf).splitlines()
-    assert lines[0].split() == ["model", "b", "eager", "µs", "compile", "µs", "max-autotune",
-                                "µs", "egraph_mirage", "µs", "ours", "vs", "best", "replaced",
-                                "ours", "error"]
-    assert lines[1].split() == ["llama", "8", "20.0", "/", "10.0", "16.0", "/", "8.0", "15.0",
-                                "/", "9.0", "12.0", "/", "8.0", "1.25×", "/", "1.00×", "2/4",
-                                "2.5e-03"]
-    assert lines[2].split() == ["hf", "8", "30.0", "/", "20.0", "failed", "–", "40.0", "/",
+    assert lines[0].split() == ["model", "dtype", "b", "eager", "µs", "compile", "µs",
+                                "max-autotune", "µs", "egraph_mirage", "µs", "ours", "vs",
+                                "best", "replaced", "ours", "error"]
+    assert lines[1].split() == ["llama", "fp16", "8", "20.0", "/", "10.0", "16.0", "/", "8.0",
+                                "15.0", "/", "9.0", "12.0", "/", "8.0", "1.25×", "/", "1.00×",
+                                "2/4", "2.5e-03"]
+    assert lines[2].split() == ["hf", "fp16", "8", "30.0", "/", "20.0", "failed", "–", "40.0", "/",
                                 "25.0", "(WRONG)", "0.75×", "/", "0.80×", "1/7", "5.0e-01",
                                 "WRONG"]
     assert lines[3] == "µs: plain launches / CUDA-graph replay"

@@ -1,12 +1,17 @@
 """``egraph-mirage bench torch``: a Llama decoder layer's decode step, end to end, on a GPU.
 
-For each model, batch size b and mode, in fp16 (``--dtype``):
+For each dtype (fp16 by default; ``--dtype float16,bfloat16``: rows for each), model, batch
+size b and mode:
 
-* models: ``llama``, ``LlamaLayer`` of ``examples/llama_layer.py`` (plain torch), and ``hf``,
-  ``transformers``' ``LlamaDecoderLayer`` in the same decode step (``HFDecodeStep``; left out,
-  with a note, where ``transformers`` is not installed); sizes from a preset, ``small`` or
-  ``llama3_8b`` (one layer of Llama-3-8B, or its shard on one of ``tp`` GPUs, with a
-  ``kv_len``-token cache);
+* models (``MODELS``): ``llama``, ``LlamaLayer`` of ``examples/llama_layer.py`` (plain torch);
+  ``hf``, ``transformers``' ``LlamaDecoderLayer`` in the same decode step (``HFDecodeStep``),
+  and ``hf-qwen3``, ``Qwen3DecoderLayer`` (Llama's layer with ``q_norm``/``k_norm``, a per-head
+  RMSNorm of the queries and keys before RoPE) in it, both with a concatenated cache;
+  ``hf-static`` and ``hf-qwen3-static``, the same with a static cache written in place as
+  ``transformers``' ``StaticCache`` does (``index_copy_`` at ``cache_position``); the ``hf``
+  models are left out, with a note, where ``transformers`` is not installed; sizes from a
+  preset, ``small`` or ``llama3_8b`` (one layer of Llama-3-8B, or its shard on one of ``tp``
+  GPUs, with a ``kv_len``-token cache; Qwen3's layer at the same sizes);
 * modes (``MODES``): ``eager``; ``compile``, ``torch.compile(dynamic=False)`` (Inductor's default
   mode); ``max-autotune``, ``torch.compile(mode="max-autotune-no-cudagraphs")``; and the
   backend's modes (``BACKEND_MODES``): ``egraph_mirage``, ``torch.compile`` with this package's
@@ -23,9 +28,10 @@ For each model, batch size b and mode, in fp16 (``--dtype``):
   (a decode step's plain launches are bound by the host, whose speed drifts and only ever adds
   time; every round is kept in ``plain_rounds``), ``graph_us`` the median.
 
-Rows (``KEYS``) are one per model, batch and mode; ``speedup_vs_eager`` (and ``_graph``) is the
-eager time over the mode's, and the backend's rows also carry ``speedup_vs_best`` (and
-``_graph``): the fastest mode's time that is not the backend's over theirs, and what it did
+Rows (``KEYS``) are one per dtype, model, batch and mode; ``speedup_vs_eager`` (and
+``_graph``) is the eager time over the mode's, and the backend's rows also carry
+``speedup_vs_best`` (and ``_graph``): the fastest mode's time that is not the backend's over
+theirs, and what it did
 (``pieces``, ``replaced``, ``searches``, ``cache_hits``, ``report``: ``em.torch_report``'s text).
 A mode that fails keeps its row, with ``error`` and no times.
 
@@ -57,7 +63,11 @@ __all__ = ["KEYS", "MODELS", "MODES", "TOLERANCE", "BenchTorchError", "CpuTimer"
            "TorchBenchConfig", "add_arguments", "bench_torch", "format_table", "load_example",
            "run_command"]
 
-MODELS = ("llama", "hf")
+#: model name: (``HFDecodeStep``'s family, its cache), or None for ``LlamaLayer``
+HF_MODELS: dict[str, tuple[str, str] | None] = {
+    "llama": None, "hf": ("llama", "concat"), "hf-qwen3": ("qwen3", "concat"),
+    "hf-static": ("llama", "static"), "hf-qwen3-static": ("qwen3", "static")}
+MODELS = tuple(HF_MODELS)
 MODES = ("eager", "compile", "max-autotune", "egraph_mirage", "egraph_mirage-max-autotune")
 #: the backend's modes: the rest compiled by Inductor in its default mode, or in max-autotune
 BACKEND_MODES = ("egraph_mirage", "egraph_mirage-max-autotune")
@@ -70,6 +80,8 @@ KEYS = ("model", "preset", "sizes", "batch", "dtype", "device", "timing", "backe
 #: the largest relative error against eager a mode may have (a whole layer: looser than one
 #: kernel's ``gpu.tune.TOLERANCE``)
 TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-3}
+#: the table's names of the dtypes
+SHORT_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 #: where the example sits in a checkout of the repository
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama_layer.py"
 DEFAULT_OUT = "egraph-mirage-out/bench_torch.json"
@@ -84,12 +96,13 @@ class TorchBenchConfig:
     """What ``bench_torch`` measures (module docstring)."""
 
     models: Sequence[str] = ("llama", "hf")
+    #: one run of every model, batch and mode per dtype (``TOLERANCE``'s keys)
+    dtypes: Sequence[str] = ("float16",)
     batches: Sequence[int] = (1, 8, 16)
     preset: str = "llama3_8b"
     tp: int = 1
     kv_len: int = 4096
     modes: Sequence[str] = MODES
-    dtype: str = "float16"
     #: the backend's options (``fx.options.BackendOptions``; ``budget``: seconds for each
     #: whole compilation, its pieces sharing them)
     budget: float | None = DEFAULT_BUDGETS["torch backend"]
@@ -160,12 +173,15 @@ def _sizes(example: ModuleType, cfg: TorchBenchConfig) -> Any:
 
 def _module(example: ModuleType, model: str, sizes: Any, dtype: Any, device: str) -> Any:
     """The model's decode step, for inference (no parameter requires gradients)."""
-    if model == "llama":
-        module = example.LlamaLayer(sizes, dtype=dtype, device=device)
-    elif model == "hf":
-        module = example.HFDecodeStep(sizes, dtype=dtype, device=device)
-    else:
+    if model not in HF_MODELS:
         raise BenchTorchError(f"bench torch: unknown model {model!r} ({', '.join(MODELS)})")
+    hf = HF_MODELS[model]
+    if hf is None:
+        module = example.LlamaLayer(sizes, dtype=dtype, device=device)
+    else:
+        family, cache = hf
+        module = example.HFDecodeStep(sizes, dtype=dtype, device=device, family=family,
+                                      cache=cache)
     return module.eval().requires_grad_(False)
 
 
@@ -192,27 +208,26 @@ def _compiled(module: Any, mode: str, cfg: TorchBenchConfig) -> tuple[Any, Any]:
     raise BenchTorchError(f"bench torch: unknown mode {mode!r} ({', '.join(MODES)})")
 
 
-def _input_sets(example: ModuleType, sizes: Any, batch: int, cfg: TorchBenchConfig,
-                dtype: Any) -> list[tuple[Any, ...]]:
-    """Input sets of the decode step: as many as cover a few times the L2 (``gpu.timing``)."""
+def _input_sets(module: Any, batch: int, cfg: TorchBenchConfig) -> list[tuple[Any, ...]]:
+    """Input sets of the decode step (``module.example_inputs``, on its device and dtype): as
+    many as cover a few times the L2 (``gpu.timing``)."""
     from ..gpu.timing import l2_bytes, rotation_count
 
-    first = example.decode_inputs(sizes, batch, cfg.seed, cfg.device, dtype)
+    first = module.example_inputs(batch, cfg.seed)
     count = 1
     if cfg.device == "cuda":
         count = min(64, rotation_count(sum(x.numel() * x.element_size() for x in first),
                                        l2_bytes()))
-    return [first] + [example.decode_inputs(sizes, batch, cfg.seed + i, cfg.device, dtype)
-                      for i in range(1, count)]
+    return [first] + [module.example_inputs(batch, cfg.seed + i) for i in range(1, count)]
 
 
-def _row(model: str, batch: int, mode: str, cfg: TorchBenchConfig, sizes: Any,
+def _row(model: str, dtype: str, batch: int, mode: str, cfg: TorchBenchConfig, sizes: Any,
          device: str) -> dict[str, Any]:
     from ..fx.options import BackendOptions
 
     row: dict[str, Any] = dict.fromkeys(KEYS)
     row.update(model=model, preset=cfg.preset, sizes=asdict(sizes), batch=batch,
-               dtype=cfg.dtype, device=device, mode=mode, tolerance=TOLERANCE[cfg.dtype],
+               dtype=dtype, device=device, mode=mode, tolerance=TOLERANCE[dtype],
                timing="cuda" if cfg.device == "cuda" else "cpu wall clock (Triton interpreter)",
                backend_timing=cfg.backend().get("timing", BackendOptions.timing))
     return row
@@ -270,7 +285,7 @@ def _first(e: BaseException) -> str:
 
 
 def _speedups(rows: list[dict[str, Any]]) -> None:
-    """Speedups within one model and batch: over eager, and the backend's over the best."""
+    """Speedups within one dtype, model and batch: over eager, and the backend's over the best."""
     eager = next((r for r in rows if r["mode"] == "eager"), None)
     for r in rows:
         if eager is not None:
@@ -287,15 +302,19 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
 def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
                 on_row: Callable[[dict[str, Any]], None] | None = None,
                 log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Every row (module docstring), models then batches then modes. ``timer``: default
+    """Every row (module docstring), dtypes, then models, then batches, then modes (a
+    model's module built once per dtype, its inputs once per batch). ``timer``: default
     ``CudaTimer`` on a GPU, ``CpuTimer`` on the CPU; ``on_row`` sees each row when done."""
     import torch
 
     from ..fx.cache import device_name
 
+    for dtype in cfg.dtypes:
+        if dtype not in TOLERANCE:
+            raise BenchTorchError(f"bench torch: unknown dtype {dtype!r} "
+                                  f"({', '.join(TOLERANCE)})")
     example = load_example(cfg.example)
     sizes = _sizes(example, cfg)
-    dtype = getattr(torch, cfg.dtype)
     graphs = cfg.device == "cuda"
     if timer is None:
         if graphs:
@@ -307,41 +326,57 @@ def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = device_name() if graphs else "cpu"
     out: list[dict[str, Any]] = []
-    for model in cfg.models:
-        try:
-            module = _module(example, model, sizes, dtype, cfg.device)
-        except ImportError as e:
-            say(f"note: {model} left out: {e}")
-            continue
-        for batch in cfg.batches:
-            sets = _input_sets(example, sizes, batch, cfg, dtype)
-            with torch.no_grad():
-                want = module(*sets[0])
-            rows, timed = [], []
-            torch._dynamo.reset()
-            for mode in cfg.modes:
-                say(f"{model} b={batch} {mode} ...")
-                row = _row(model, batch, mode, cfg, sizes, device)
-                try:
-                    fn, backend = _compiled(module, mode, cfg)
-                    _prepare(row, fn, backend, sets, want, graphs)
-                    timed.append((row, fn))
-                except Exception as e:  # the row says so; the other modes go on
-                    row["error"] = f"{type(e).__name__}: {_first(e)}"
-                rows.append(row)
-            rounds = cfg.rounds if cfg.rounds is not None else 5 if graphs else 1
-            say(f"{model} b={batch}: timing {len(timed)} modes in {rounds} round(s)")
+    for dtype in cfg.dtypes:
+        for model in cfg.models:
             try:
-                _time(timed, sets, timer, graphs, rounds)
-            except Exception as e:
-                for row, _ in timed:
-                    row["error"] = row["error"] or f"timing: {type(e).__name__}: {_first(e)}"
-            _speedups(rows)
-            for row in rows:
-                if on_row is not None:
-                    on_row(row)
-            out += rows
+                module = _module(example, model, sizes, getattr(torch, dtype), cfg.device)
+            except ImportError as e:
+                say(f"note: {model} left out: {e}")
+                continue
+            for batch in cfg.batches:
+                rows = _measure(module, model, dtype, batch, cfg, sizes, device, timer, say)
+                for row in rows:
+                    if on_row is not None:
+                        on_row(row)
+                out += rows
+            del module
+            if graphs:
+                torch.cuda.empty_cache()  # the next model's weights
     return out
+
+
+def _measure(module: Any, model: str, dtype: str, batch: int, cfg: TorchBenchConfig,
+             sizes: Any, device: str, timer: Any, say: Callable[[str], None]
+             ) -> list[dict[str, Any]]:
+    """The rows of one model, dtype and batch: every mode compiled and checked, then timed in
+    rounds."""
+    import torch
+
+    graphs = cfg.device == "cuda"
+    sets = _input_sets(module, batch, cfg)
+    with torch.no_grad():
+        want = module(*sets[0])
+    rows, timed = [], []
+    torch._dynamo.reset()
+    for mode in cfg.modes:
+        say(f"{model} {dtype} b={batch} {mode} ...")
+        row = _row(model, dtype, batch, mode, cfg, sizes, device)
+        try:
+            fn, backend = _compiled(module, mode, cfg)
+            _prepare(row, fn, backend, sets, want, graphs)
+            timed.append((row, fn))
+        except Exception as e:  # the row says so; the other modes go on
+            row["error"] = f"{type(e).__name__}: {_first(e)}"
+        rows.append(row)
+    rounds = cfg.rounds if cfg.rounds is not None else 5 if graphs else 1
+    say(f"{model} {dtype} b={batch}: timing {len(timed)} modes in {rounds} round(s)")
+    try:
+        _time(timed, sets, timer, graphs, rounds)
+    except Exception as e:
+        for row, _ in timed:
+            row["error"] = row["error"] or f"timing: {type(e).__name__}: {_first(e)}"
+    _speedups(rows)
+    return rows
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -357,20 +392,20 @@ def _cell(r: Mapping[str, Any] | None) -> str:
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line per model and batch: each mode's µs (plain / CUDA graph), each backend mode's
+    """One line per model, dtype and batch: each mode's µs (plain / CUDA graph), each backend mode's
     speedup over the fastest mode that is not the backend's, its pieces replaced and its
     largest error against eager; then a line for each failure."""
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     modes += sorted({r["mode"] for r in rows} - set(modes))
     ours_modes = [m for m in modes if m in BACKEND_MODES]
     short = {m: "ours" + m.removeprefix("egraph_mirage") for m in ours_modes}
-    head = ["model", "b", *[f"{m} µs" for m in modes], *[f"{short[m]} vs best" for m in ours_modes],
-            "replaced", "ours error"]
+    head = ["model", "dtype", "b", *[f"{m} µs" for m in modes],
+            *[f"{short[m]} vs best" for m in ours_modes], "replaced", "ours error"]
     body: list[list[str]] = []
-    groups: dict[tuple[str, int], dict[str, Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, str, int], dict[str, Mapping[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["model"], r["batch"]), {})[r["mode"]] = r
-    for (model, batch), by_mode in groups.items():
+        groups.setdefault((r["model"], r["dtype"], r["batch"]), {})[r["mode"]] = r
+    for (model, dtype, batch), by_mode in groups.items():
         speeds = []
         for m in ours_modes:
             ours = by_mode.get(m)
@@ -386,13 +421,13 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         errors = [r["max_error"] for r in mine if r["max_error"] is not None]
         error = "–" if not errors else f"{max(errors):.1e}" + (
             "" if all(r["matches_eager"] is not False for r in mine) else " WRONG")
-        body.append([model, str(batch), *[_cell(by_mode.get(m)) for m in modes], *speeds,
-                     replaced, error])
+        body.append([model, SHORT_DTYPES.get(dtype, str(dtype)), str(batch),
+                     *[_cell(by_mode.get(m)) for m in modes], *speeds, replaced, error])
     lines = aligned(head, body, left=1)
     timing = {r["timing"] for r in rows}
     lines.append("µs: plain launches / CUDA-graph replay" if timing == {"cuda"} else
                  f"µs: {', '.join(sorted(timing))}")
-    lines += [f"{r['model']} b={r['batch']} {r['mode']}: {r['error']}" for r in rows
+    lines += [f"{r['model']} {r['dtype']} b={r['batch']} {r['mode']}: {r['error']}" for r in rows
               if r.get("error")]
     return "\n".join(lines)
 
@@ -412,12 +447,16 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--tp", type=int, default=1, help="llama3_8b's shard on one of TP GPUs")
     p.add_argument("--kv-len", type=int, default=4096, metavar="N",
                    help="tokens in the KV cache with llama3_8b (default 4096)")
-    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
-                   help="llama: examples/llama_layer.py's layer; hf: transformers' "
-                   "LlamaDecoderLayer (where installed); default both")
+    p.add_argument("--models", nargs="+", choices=MODELS, default=["llama", "hf"],
+                   help="llama: examples/llama_layer.py's layer; hf, hf-qwen3: transformers' "
+                   "LlamaDecoderLayer, Qwen3DecoderLayer (where installed), the new token "
+                   "appended to the cache; hf-static, hf-qwen3-static: the same, the cache "
+                   "written in place as StaticCache does; default llama hf")
     p.add_argument("--modes", nargs="+", choices=MODES, default=None,
                    help="default: all four (--cpu-smoke: eager and egraph_mirage)")
-    p.add_argument("--dtype", choices=tuple(TOLERANCE), default="float16")
+    p.add_argument("--dtype", nargs="+", default=["float16"], metavar="DTYPE",
+                   help=f"one or more of {', '.join(TOLERANCE)}, by spaces or commas: rows for "
+                   "each (default float16)")
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGETS["torch backend"], metavar="S",
                    help="search seconds for each compilation, its pieces sharing them "
                    f"(default {DEFAULT_BUDGETS['torch backend']:g})")
@@ -439,6 +478,9 @@ def add_arguments(p: Any) -> None:
                    "fastest round, graph figures medians (default 5 on a GPU, 1 with --cpu-smoke)")
     p.add_argument("--example", metavar="PATH",
                    help="examples/llama_layer.py (default: the checkout's)")
+    p.add_argument("--table-of", nargs="+", metavar="PATH",
+                   help="print the table of rows files written by --out (of this or an "
+                   "unfinished run) and measure nothing")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="without a GPU: the small layer on the CPU, kernels in Triton's "
                    "interpreter, wall-clock times (a test of the command, not a benchmark)")
@@ -447,6 +489,11 @@ def add_arguments(p: Any) -> None:
 def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
     """The configuration of the command line ``args``; ``BenchTorchError`` for what cannot
     run."""
+    dtypes = [d for item in args.dtype for d in item.split(",") if d]
+    unknown = [d for d in dtypes if d not in TOLERANCE]
+    if unknown or not dtypes:
+        raise BenchTorchError(f"bench torch: --dtype {' '.join(unknown) or '(none)'}: one or "
+                              f"more of {', '.join(TOLERANCE)}")
     if not cuda and not args.cpu_smoke:
         raise BenchTorchError("bench torch needs a CUDA GPU, and torch sees none (--cpu-smoke "
                               "runs the small layer on the CPU, as a test of the command)")
@@ -468,15 +515,20 @@ def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
         models=args.models, batches=args.batch, preset=preset,
         tp=args.tp, kv_len=args.kv_len,
         modes=args.modes or (("eager", "egraph_mirage") if smoke else MODES),
-        dtype=args.dtype, budget=args.budget, max_tasks=args.max_tasks, workers=args.workers,
+        dtypes=tuple(dict.fromkeys(dtypes)), budget=args.budget, max_tasks=args.max_tasks,
+        workers=args.workers,
         cache_dir=args.cache_dir, cache=not args.no_cache, rest="eager" if smoke else "inductor",
         device="cpu" if smoke else "cuda", example=args.example,
         backend_options={"timing": args.timing}, rounds=args.rounds)
 
 
 def run_command(args: Any) -> int:
-    """``egraph-mirage bench torch``: measure, write the JSON rows, print the table (or JSON).
-    Exits 1 when the backend's output differs from eager beyond the tolerance."""
+    """``egraph-mirage bench torch``: measure, write the JSON rows (after each model, dtype and
+    batch, so that a run cut short keeps what it measured), print the table (or JSON). Exits 1
+    when the backend's output differs from eager beyond the tolerance. ``--table-of``: print the
+    table of rows files, measure nothing."""
+    if args.table_of:
+        return _print_table_of(args.table_of, args.json)
     import torch
 
     from ..files import write_atomic
@@ -484,12 +536,42 @@ def run_command(args: Any) -> int:
 
     cfg = config_from(args, bool(torch.cuda.is_available()))
     keep_jax_off_the_gpu()  # before the backend's search imports JAX
-    rows = bench_torch(cfg, on_row=lambda r: print(json.dumps(
-        {k: r[k] for k in KEYS if k not in ("report", "sizes")}), file=sys.stderr, flush=True))
+    done: list[dict[str, Any]] = []
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+
+    def on_row(row: dict[str, Any]) -> None:
+        print(json.dumps({k: row[k] for k in KEYS if k not in ("report", "sizes")}),
+              file=sys.stderr, flush=True)
+        done.append(row)
+        if args.out:
+            write_atomic(args.out, json.dumps(done, indent=1) + "\n")
+
+    rows = bench_torch(cfg, on_row=on_row)
+    if args.out:
         write_atomic(args.out, json.dumps(rows, indent=1) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     wrong = [r for r in rows if r["mode"] in BACKEND_MODES and r["matches_eager"] is False]
     return 1 if wrong else 0
+
+
+def _print_table_of(paths: Sequence[str], as_json: bool) -> int:
+    """``--table-of``: the rows of every file that exists, as one table; 1 where none has
+    rows."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        file = Path(path)
+        if not file.is_file():
+            print(f"note: {path}: no such file", file=sys.stderr)
+            continue
+        try:
+            rows += json.loads(file.read_text())
+        except json.JSONDecodeError as e:
+            raise BenchTorchError(f"bench torch --table-of: {path} is not JSON rows ({e})"
+                                  ) from None
+    if not rows:
+        print("bench torch --table-of: no rows", file=sys.stderr)
+        return 1
+    print(json.dumps(rows, indent=1) if as_json else format_table(rows))
+    return 0
