@@ -238,6 +238,48 @@ def _select(t: Any, x: Any, dim: int, index: int) -> Any:
     return t.select(x, dim, index)
 
 
+def _in_shape(node: Any) -> tuple[int, ...]:
+    """The torch shape of fx node ``node``'s first argument (from fx's meta)."""
+    value = node.args[0].meta.get("val", node.args[0].meta.get("example_value"))
+    return tuple(value.shape)
+
+
+def relabels(shape: tuple[int, ...], perm: Any) -> bool:
+    """Whether permuting a value of torch shape ``shape`` by ``perm`` only moves size-1 dims
+    (the dims of other sizes keep their order): then it is a relabelling of a row-major value,
+    not a transpose."""
+    rank = max(1, len(shape))
+    moved = [p % rank for p in perm if shape[p % rank] != 1]
+    return moved == sorted(moved)
+
+
+def _permute_relabels(node: Any) -> bool:
+    return relabels(_in_shape(node), node.args[1])
+
+
+def _transpose_relabels(node: Any) -> bool:
+    shape = _in_shape(node)
+    perm = list(range(len(shape)))
+    if perm:
+        d0, d1 = (int(d) % len(perm) for d in node.args[1:3])
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return relabels(shape, perm)
+
+
+def _t_relabels(node: Any) -> bool:
+    return relabels(_in_shape(node), tuple(reversed(range(len(_in_shape(node))))))
+
+
+def _broadcasts(node: Any) -> bool:
+    """Whether an expand only broadcasts size-1 dims of its input (new leading dims count as
+    size 1): then the tracer keeps the size-1 dim of the graph tensor, which broadcasts where
+    the value is used (grouped-query attention's shared K/V heads), never a copy."""
+    shape, sizes = _in_shape(node), tuple(node.args[1])
+    pad = len(sizes) - len(shape)
+    return pad >= 0 and all(s in (-1, shape[i - pad]) or shape[i - pad] == 1
+                            for i, s in enumerate(sizes) if i >= pad)
+
+
 def _repeat_interleave(t: Any, x: Any, repeats: int, dim: int | None = None,
                        output_size: int | None = None) -> Any:
     return t.repeat_interleave(x, repeats, dim)
@@ -297,12 +339,15 @@ RULES: dict[str, Rule] = {
                               **_VIEW),
     "aten.narrow.default": Rule(_narrow, **_VIEW),
     "aten.select.int": Rule(_select, **_VIEW),
-    # views that fold into a graph input (on an intermediate they would be copies)
-    "aten.permute.default": Rule(_permute, **_VIEW),
-    "aten.transpose.int": Rule(_transpose, **_VIEW),
-    "aten.t.default": Rule(_t, **_VIEW),
-    "aten.expand.default": Rule(_expand, **_VIEW),
-    "aten.repeat_interleave.self_int": Rule(_repeat_interleave, choose=_repeat_choose, **_VIEW),
+    # views that fold into a graph input; on an intermediate, a permute that only moves size-1
+    # dims is a relabelling, and an expand (a repeat of K/V heads) keeps its size-1 graph dim,
+    # which broadcasts where the value is used; other views of intermediates would be copies
+    "aten.permute.default": Rule(_permute, on_intermediate=_permute_relabels, **_VIEW),
+    "aten.transpose.int": Rule(_transpose, on_intermediate=_transpose_relabels, **_VIEW),
+    "aten.t.default": Rule(_t, on_intermediate=_t_relabels, **_VIEW),
+    "aten.expand.default": Rule(_expand, on_intermediate=_broadcasts, **_VIEW),
+    "aten.repeat_interleave.self_int": Rule(_repeat_interleave, choose=_repeat_choose,
+                                            on_intermediate=lambda node: True, **_VIEW),
     # relabellings: free on any value (a graph tensor is row-major)
     "aten.view.default": Rule(_reshape, **_RELABEL),
     "aten.reshape.default": Rule(_reshape, **_RELABEL),

@@ -31,7 +31,21 @@ from .traced import (
     meta_of,
     user_line,
 )
-from .views import PendingView, Shape, Source, Step, blocks, fit, graph_dim, layout
+from .views import (
+    Expanded,
+    PendingView,
+    Relayout,
+    Shape,
+    Source,
+    Step,
+    blocks,
+    fit,
+    graph_dim,
+    layout,
+)
+
+#: how many times a trace starts again to lay a node out as a later operator wants it
+MAX_RELAYOUTS = 64
 
 
 def _live(graph: Any) -> set[Any]:
@@ -64,12 +78,34 @@ class Tracer:
         self.values: dict[Any, Any] = {}
         self.node: Any = None
         self.rank = 1
+        #: fx node name -> graph dims its graph tensor is laid out in (``Relayout``)
+        self.hints: dict[str, Shape] = {}
+        #: graph tensor index -> the fx node whose rule made it
+        self.producer: dict[int, str] = {}
 
     # --- the walk --------------------------------------------------------------------------
     def run(self) -> TracedProgram:
+        """The traced program; where a later operator wants an earlier value laid out in other
+        graph dims (a split of heads, a size-1 dim where an expand broadcasts), the trace starts
+        again with that node laid out so (``hints``)."""
+        for _ in range(MAX_RELAYOUTS):
+            try:
+                return self._build()
+            except Relayout as r:
+                if self.hints.get(r.node) == r.dims:
+                    raise self._located(UnsupportedOpError, f"{r.node} laid out as graph dims "
+                                        f"{r.dims} still does not fit") from None
+                self.hints[r.node] = r.dims
+        raise self._located(UnsupportedOpError, f"no layout fits after {MAX_RELAYOUTS} tries")
+
+    def _build(self) -> TracedProgram:
+        self.g = KernelGraph()
+        self.inputs, self.attributes, self.memo, self.values = [], {}, {}, {}
+        self.producer = {}
         live = _live(self.gm.graph)
         self.rank = max([1, *(len(meta_of(m).shape) for n in live if self._computes(n)
-                              for m in (n, *n.all_input_nodes) if hasattr(meta_of(m), "shape"))])
+                              for m in (n, *n.all_input_nodes) if hasattr(meta_of(m), "shape")),
+                         *(len(meta_of(n).shape) for n in live if _broadcasts(n))])
         out_node = None
         for position, node in enumerate(n for n in self.gm.graph.nodes if n.op == "placeholder"):
             self.values[node] = self._source(node, "placeholder", position)
@@ -81,7 +117,9 @@ class Tracer:
                 out_node = node
                 continue
             try:
-                self.values[node] = self._visit(node)
+                self.values[node] = value = self._visit(node)
+                if isinstance(value, (Computed, Expanded)):
+                    self.producer.setdefault(value.tensor.index, node.name)
             except UnsupportedOpError as exc:
                 raise exc if exc.node is not None else self._located(type(exc), str(exc))
             except EMError as exc:
@@ -142,18 +180,25 @@ class Tracer:
             return Computed(tensor, shape, meta.dtype)
         if isinstance(value, PendingView) and value.shape != shape:
             raise UnsupportedOpError(f"its view has shape {value.shape}, not {shape}")
+        if isinstance(value, Expanded):
+            if math.prod(value.full) != math.prod(shape):
+                raise UnsupportedOpError(f"the graph holds it as dims {value.full}, not {shape}")
+            return replace(value, shape=shape)
         return value
 
     def _outputs(self, out_node: Any) -> tuple[OutputView, ...]:
         outs = []
         for i, node in enumerate(_leaves(out_node.args[0] if out_node is not None else ())):
             value = self.values.get(node) if hasattr(node, "op") else node
+            if isinstance(value, Expanded):
+                value = self._materialised(value)
             if not hasattr(node, "op"):
                 raise UnsupportedOpError(f"trace_fx: output {i} is {node!r}, not a tensor")
             if not isinstance(value, Computed):
                 self.node = node
                 what = f"a view of input {value.source.name!r}" if isinstance(
-                    value, PendingView) else type(value).__name__
+                    value, PendingView) else "a broadcast of a computed value (a copy)" if \
+                    isinstance(value, Expanded) else type(value).__name__
                 raise self._located(UnsupportedOpError, f"output {i} is {what}: nothing for a "
                                     "kernel graph to compute")
             if value.tensor not in self.g.outputs:
@@ -210,20 +255,45 @@ class Tracer:
             self.memo[(*key, want)] = self.apply("cast", [t], dtype=want.value)
         return self.memo[(*key, want)]
 
-    def computed(self, value: Any, what: str) -> Computed:
+    def hint(self) -> Shape | None:
+        """The graph dims the current node's tensor is to be laid out in, if a later operator
+        asked (``Relayout``)."""
+        return self.hints.get(self.node.name) if self.node is not None else None
+
+    def _relayout(self, value: Computed, dims: Shape, why: str) -> Relayout:
+        """A ``Relayout`` of the node that made ``value``'s graph tensor into ``dims``; an
+        ``UnsupportedOpError`` saying ``why`` where none can be asked for."""
+        node = self.producer.get(value.tensor.index)
+        if node is None or math.prod(dims) != math.prod(value.tensor.dims) or \
+                self.hints.get(node) == dims:
+            raise UnsupportedOpError(why)
+        return Relayout(node, dims)
+
+    def computed(self, value: Any, what: str, dims: Shape | None = None) -> Computed:
         """``value`` as a graph tensor; a view of an input becomes a graph input of its shape,
-        left-padded with size-1 dims to the graph's rank."""
+        left-padded with size-1 dims to the graph's rank (or laid out as ``dims``, default: the
+        current node's ``hint``; ``()``: no layout asked)."""
+        dims = self.hint() if dims is None else (dims or None)
+        if isinstance(value, Expanded):
+            raise UnsupportedOpError(f"{what} of a broadcast (expanded) computed value would "
+                                     "materialise it (a copy)")
         if isinstance(value, Computed):
+            if dims is not None and value.tensor.dims != dims and \
+                    math.prod(dims) == math.prod(value.tensor.dims):
+                raise self._relayout(value, dims, f"{what}: held as graph dims "
+                                     f"{value.tensor.dims}, wanted as {dims}")
             return value
         if not isinstance(value, PendingView):
             raise UnsupportedOpError(f"{what}: expected a tensor, got {value!r}")
         S = value.shape
         L = (1,) * (self.rank - len(S)) + S
-        steps, dims = value.materialise(S, L, what)
-        if dims != L:
+        if dims is not None and math.prod(dims) == math.prod(S):
+            L = dims
+        steps, got = value.materialise(S, L, what)
+        if got != L:
             raise UnsupportedOpError(f"{what}: the expanded view of input {value.source.name!r} "
                                      "would have to be materialised (a copy)")
-        return Computed(self._input(value, steps, dims), S, value.dtype)
+        return Computed(self._input(value, steps, got), S, value.dtype)
 
     def _fit(self, value: Any, R: Shape, L: Shape, tail: Shape, what: str) -> Tensor:
         """``value`` as an operand of a result of torch shape ``R`` (+ its own matrix dims
@@ -234,52 +304,80 @@ class Tracer:
                 raise UnsupportedOpError(f"{what}: a matrix dim of input "
                                          f"{value.source.name!r} is an expanded view (a copy)")
             return self._input(value, steps, dims)
-        S, G = value.shape[:len(value.shape) - len(tail)], value.tensor.dims
+        S = value.shape[:len(value.shape) - len(tail)]
+        G = value.full if isinstance(value, Expanded) else value.tensor.dims
         want = fit((1,) * (len(R) - len(S)) + S, R, L)
-        if want is None or want + tail != G:
-            raise UnsupportedOpError(f"{what}: an operand of torch shape {value.shape} is held "
-                                     f"as graph dims {G}, which an earlier reshape laid out "
-                                     f"unlike the other operand ({R} as {L})")
-        return value.tensor
+        if want is not None and want + tail == G:
+            return value.tensor
+        why = (f"{what}: an operand of torch shape {value.shape} is held as graph dims {G}, "
+               f"which an earlier reshape laid out unlike the other operand ({R} as {L})")
+        if want is None or isinstance(value, Expanded):
+            raise UnsupportedOpError(why)
+        raise self._relayout(value, want + tail, why)
 
-    def _operands(self, R: Shape, values: Sequence[Any], tail: int, what: str
-                  ) -> tuple[Shape, list[Tensor]]:
+    def _operands(self, R: Shape, values: Sequence[Any], tail: int, what: str,
+                  hint: Shape | None = None) -> tuple[Shape, list[Tensor]]:
         """A layout (graph dims) for a result of torch shape ``R`` (the batch dims of a matmul,
-        whose operands keep their last ``tail`` dims), and each operand in it."""
-        full = None
+        whose operands keep their last ``tail`` dims), and each operand in it: the layout
+        ``hint``, else a broadcast operand's, else a computed operand's, else one split where
+        the views of inputs split their dims; the first that every view of an input takes (a
+        computed operand laid out otherwise is laid out again: ``Relayout``)."""
+        candidates: list[Shape] = [] if hint is None else [hint]
         splits: list[list[Shape]] = [[] for _ in R]
-        for v in values:
-            if not isinstance(v, (Computed, PendingView)):
+        for v in sorted(values, key=lambda v: not isinstance(v, Expanded)):
+            if not isinstance(v, (Computed, PendingView, Expanded)):
                 raise UnsupportedOpError(f"{what}: expected a tensor, got {v!r}")
             S = v.shape[:len(v.shape) - tail]
             aligned = (1,) * (len(R) - len(S)) + S
-            if isinstance(v, Computed):
-                G = v.tensor.dims
+            if isinstance(v, (Computed, Expanded)):
+                G = v.full if isinstance(v, Expanded) else v.tensor.dims
                 if tail and (G[-tail:] != v.shape[-tail:] or math.prod(G) != math.prod(v.shape)):
                     raise UnsupportedOpError(f"{what}: an earlier reshape merged a matrix dim "
                                              f"(torch shape {v.shape}, graph dims {G})")
-                if aligned == R and full is None:
-                    full = G[:len(G) - tail]
+                if aligned == R:
+                    candidates.append(G[:len(G) - tail])
                 continue
             for i in range(len(R) - len(S), len(R)):
                 run = [s for s, _ in v.group(i - (len(R) - len(S))) if s != 1]
                 if aligned[i] == R[i] and len(run) > 1:
                     splits[i].append(tuple(run))
-        L = full if full is not None else layout(R, splits, self.rank - tail)
-        return L, [self._fit(v, R, L, tuple(v.shape[len(v.shape) - tail:]), what)
-                   for v in values]
+        candidates.append(layout(R, splits, self.rank - tail))
+        error: UnsupportedOpError | None = None
+        for L in dict.fromkeys(candidates):
+            try:
+                for v in values:
+                    if isinstance(v, PendingView):
+                        v.materialise(R + tuple(v.shape[len(v.shape) - tail:]),
+                                      L + tuple(v.shape[len(v.shape) - tail:]), what)
+                    elif isinstance(v, Expanded):
+                        S = v.shape[:len(v.shape) - tail]
+                        if fit((1,) * (len(R) - len(S)) + S, R, L) != v.full[:len(v.full) - tail]:
+                            raise UnsupportedOpError(f"{what}: a broadcast computed value held "
+                                                     f"as graph dims {v.full} does not fit "
+                                                     f"{R} as graph dims {L}")
+            except UnsupportedOpError as exc:
+                error = error or exc
+                continue
+            return L, [self._fit(v, R, L, tuple(v.shape[len(v.shape) - tail:]), what)
+                       for v in values]
+        assert error is not None
+        raise error
 
     # --- primitives the rules call ---------------------------------------------------------
     def unary(self, op: str, x: Any, **params: Any) -> Computed:
         c = self.computed(x, op)
         return Computed(self.apply(op, [c.tensor], **params), c.shape, c.dtype)
 
-    def binary(self, op: str, a: Any, b: Any) -> Computed:
+    def binary(self, op: str, a: Any, b: Any, hint: Shape | bool | None = True) -> Computed:
+        """Element-wise ``op``; the result laid out as ``hint`` (default: the node's)."""
         import torch
 
         R = tuple(torch.broadcast_shapes(a.shape, b.shape))
         a, b = self.as_result(a), self.as_result(b)  # torch's type promotion
-        L, tensors = self._operands(R, [a, b], 0, op)
+        wanted = self.hint() if hint is True else hint
+        if wanted is not None and math.prod(wanted) != math.prod(R):
+            wanted = None
+        L, tensors = self._operands(R, [a, b], 0, op, wanted or None)
         out = self.apply(op, tensors)
         if out.dims != L:
             raise UnsupportedOpError(f"{op}: both operands broadcast a dim of the result "
@@ -292,7 +390,33 @@ class Tracer:
         if len(a.shape) < 2 or len(b.shape) < 2:
             raise UnsupportedOpError("a matrix-vector product (an operand of rank 1)")
         R = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-        m, n = a.shape[-2], b.shape[-1]
+        m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
+        hint = self.hint()
+        if hint is not None and (len(hint) < 2 or hint[-2:] != (m, n)):
+            split = self._split_columns(a, b, hint, R)
+            if split is not None:
+                return split
+            hint = None
+        if k == 1 and (_held_otherwise(a) or _held_otherwise(b)):
+            # an outer product (a decode step's attention over one key): a * b, broadcast
+            return self.binary("mul", a, b, hint)
+        if n == 1 and _held_otherwise(b):
+            # one column held as a row (q @ k^T over one key): the sum over k of a * b^T
+            bt = self.reshape(b, (*b.shape[:-2], 1, k))
+            prod = self.binary("mul", a, bt, None if hint is None else (*hint[:-1], k))
+            return self.reduce("reduction", prod, [-1], True)
+        if isinstance(a, Computed) and len(b.shape) == 2 and math.prod(R) == 1 and \
+                isinstance(b, PendingView) and _heads_in_batch(a.tensor.dims, m, k):
+            # a's features held as (heads, 1, head_dim) (an attention's output at decode, into
+            # its output projection): one product per head, summed over the heads
+            G = a.tensor.dims
+            d = G[-1]
+            heads = self.reshape(b, (*G[:-2], d, n))
+            out = self.apply("matmul", [a.tensor, self._fit(heads, (), (), heads.shape,
+                                                            "matmul")])
+            for e in (e for e, size in enumerate(G[:-2]) if size != 1):
+                out = self.apply("reduction", [out], dim=e)
+            return Computed(out, (*R, m, n), a.dtype)
         if isinstance(a, Computed) and a.tensor.dims[-2:] != a.shape[-2:] and \
                 a.tensor.dims[-1] == a.shape[-1] and len(b.shape) == 2:
             # A's rows spread over graph dims (a reshape merged leading dims into them, as
@@ -302,7 +426,7 @@ class Tracer:
             out = self.apply("matmul", [a.tensor, rhs])
             return Computed(out, (*R, m, n), a.dtype)
         if isinstance(a, PendingView) and len(b.shape) == 2 and len(a.shape) > 2 and \
-                math.prod(a.shape[:-2]) > 1 and len(a.shape) <= self.rank:
+                math.prod(a.shape[:-2]) > 1 and len(a.shape) <= self.rank and hint is None:
             # an input's leading dims times a weight (a Linear on (batch, tokens, features)):
             # the leading dims and the rows merge into the rows of one matrix product, so
             # the weight is read once and the search sees (rows, k) @ (k, n)
@@ -313,22 +437,61 @@ class Tracer:
             lhs = self._input(a, steps, dims)
             rhs = self._fit(b, (), lead, tuple(b.shape), "matmul")
             return Computed(self.apply("matmul", [lhs, rhs]), (*R, m, n), a.dtype)
-        L, tensors = self._operands(R, [a, b], 2, "matmul")
+        L, tensors = self._operands(R, [a, b], 2, "matmul", None if hint is None else hint[:-2])
         out = self.apply("matmul", tensors)
         if out.dims != (*L, m, n):
             raise UnsupportedOpError(f"matmul: both operands broadcast a batch dim "
                                      f"(graph dims {out.dims}, torch shape {(*R, m, n)})")
         return Computed(out, (*R, m, n), a.dtype)
 
+    def _split_columns(self, a: Any, b: Any, hint: Shape, R: Shape) -> Computed | None:
+        """``a @ b`` for a weight ``b`` whose columns a later view splits into heads, laid out
+        as ``hint`` = (1, ..., heads, 1, head_dim) (a projection at decode: one row): ``b``
+        viewed as (heads, k, head_dim), ``a`` broadcast over the heads. None where it does not
+        apply."""
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        if not (m == 1 and math.prod(R) == 1 and len(b.shape) == 2 and len(hint) >= 3
+                and isinstance(b, PendingView) and hint[-2] == 1 and n % hint[-1] == 0
+                and math.prod(hint[:-2]) == n // hint[-1]):
+            return None
+        d = hint[-1]
+        h = n // d
+        lhs = self._fit(self.reshape(a, (m, k)), (), (1,) * (len(hint) - 2), (m, k), "matmul")
+        heads = self.reshape(self.permute(self.reshape(b, (k, h, d)), (1, 0, 2)),
+                             (*hint[:-2], k, d))
+        rhs = self._fit(heads, (), (), heads.shape, "matmul")
+        return Computed(self.apply("matmul", [lhs, rhs]), (*R, m, n), a.dtype)
+
+    def _materialised(self, x: Expanded) -> Computed:
+        """A broadcast value that leaves the graph (an output) as a graph tensor of its full
+        dims: the copy torch makes (``clone`` of the expand), by concatenating the tensor with
+        itself along each broadcast dim."""
+        t = x.tensor
+        for e, size in enumerate(x.full):
+            whole = t
+            while whole.dims[e] * 2 <= size:
+                whole = self.apply("concat", [whole, whole], dim=e)
+            while whole.dims[e] < size:
+                whole = self.apply("concat", [whole, t], dim=e)
+            t = whole
+        return Computed(t, x.shape, x.dtype)
+
     def _dim(self, c: Computed, d: int, what: str) -> int:
         e = graph_dim(c.shape, c.tensor.dims, d)
+        big = tuple(s for s in c.shape if s != 1)
+        if e is None and big and self.rank > len(big):  # each dim a graph dim of its own
+            own = (1,) * (self.rank - len(big) - 1) + big[:-1] + (1,) + big[-1:]
+            if graph_dim(c.shape, own, d) is not None:
+                raise self._relayout(c, own, f"{what} along dim {d}, which an earlier reshape "
+                                     f"merged (torch shape {c.shape}, graph dims "
+                                     f"{c.tensor.dims})")
         if e is None:
             raise UnsupportedOpError(f"{what} along dim {d}, which an earlier reshape merged or "
                                      f"split (torch shape {c.shape}, graph dims {c.tensor.dims})")
         return e
 
     def reduce(self, op: str, x: Any, dims: Any, keepdim: bool) -> Computed:
-        c = self.computed(self.as_result(x), op)
+        c = self.computed(self.as_result(x), op, dims=())
         rank = len(c.shape)
         if rank == 0:  # a reduction of a single number is that number
             return c
@@ -368,17 +531,27 @@ class Tracer:
         return Computed(out, S, c.dtype)
 
     def softmax(self, x: Any, dim: int) -> Computed:
-        """The stable decomposition: exp(x - amax(x)) / sum(exp(x - amax(x)))."""
+        """The stable decomposition: exp(x - amax(x)) / sum(exp(x - amax(x))); along a dim of
+        size 1 (attention over one key), exp(x - x) / exp(x - x)."""
         c = self.computed(self.as_result(x), "softmax")
-        e = self._dim(c, dim % len(c.shape), "softmax")
         t = c.tensor
+        if c.shape[dim % len(c.shape)] == 1:
+            num = self.apply("exp", [self.apply("sub", [t, t])])
+            return Computed(self.apply("div", [num, num]), c.shape, c.dtype)
+        e = self._dim(c, dim % len(c.shape), "softmax")
         num = self.apply("exp", [self.apply("sub", [t, self.apply("amax", [t], dim=e)])])
         return Computed(self.apply("div", [num, self.apply("reduction", [num], dim=e)]),
                         c.shape, c.dtype)
 
     def concat(self, values: Sequence[Any], dim: int) -> Computed:
-        cs = [self.computed(v, "cat") for v in values]
-        d = dim % len(cs[0].shape)
+        d = dim % len(values[0].shape)
+        hint = self.hint()
+        e = None if hint is None else graph_dim(self.out_shape, hint, d)
+        if e is None:
+            cs = [self.computed(v, "cat", dims=()) for v in values]
+        else:  # each operand laid out as the result, less the joined dim's size
+            cs = [self.computed(v, "cat", dims=(*hint[:e], v.shape[d], *hint[e + 1:]))
+                  for v in values]
         out, e = cs[0].tensor, self._dim(cs[0], d, "cat")
         for c in cs[1:]:
             if self._dim(c, d, "cat") != e:
@@ -389,16 +562,19 @@ class Tracer:
     def reshape(self, x: Any, shape: Shape) -> Any:
         if isinstance(x, PendingView):
             return x.reshape(tuple(shape))
+        if isinstance(x, Expanded):
+            return replace(x, shape=tuple(shape))
         return Computed(x.tensor, tuple(shape), x.dtype)
 
     def permute(self, x: Any, perm: Sequence[int]) -> Any:
         perm = tuple(p % len(x.shape) for p in perm)
         if isinstance(x, PendingView):
             return x.permute(perm)
-        moved = [p for p in perm if x.shape[p] != 1]
-        if moved != sorted(moved):
-            raise UnsupportedOpError("a permute of an intermediate is a copy (the kernel graph "
-                                     "has no transpose); only views of inputs fold")
+        if not aten.relabels(x.shape, perm):
+            raise UnsupportedOpError(f"a permute of an intermediate is a copy here: {perm} on "
+                                     f"shape {x.shape} moves dims of size > 1 (a transpose; "
+                                     "the kernel graph has none); only permutes of views of "
+                                     "inputs, or of size-1 dims, fold")
         return self.reshape(x, tuple(x.shape[p] for p in perm))
 
     def transpose(self, x: Any, d0: int, d1: int) -> Any:
@@ -410,12 +586,28 @@ class Tracer:
     def expand(self, x: Any, sizes: Shape) -> Any:
         if isinstance(x, PendingView):
             return x.expand(sizes)
-        shape = tuple(s if s != -1 else x.shape[i - (len(sizes) - len(x.shape))]
-                      for i, s in enumerate(sizes))
-        if math.prod(shape) != math.prod(x.shape):
-            raise UnsupportedOpError("an expand of an intermediate is a copy; only views of "
-                                     "inputs fold (their expanded dims broadcast in the graph)")
-        return self.reshape(x, shape)
+        pad = len(sizes) - len(x.shape)
+        S = (1,) * pad + tuple(x.shape)
+        shape = tuple(s if s != -1 else S[i] for i, s in enumerate(sizes))
+        T = x.tensor
+        full = list(x.full if isinstance(x, Expanded) else T.dims)
+        for i, (old, new) in enumerate(zip(S, shape)):
+            if old == new:
+                continue
+            e = graph_dim(S, tuple(full), i) if old == 1 else None
+            if e is None or full[e] != 1 or T.dims[e] != 1:
+                if isinstance(x, Computed) and len(S) <= self.rank:
+                    # lay the value out with a size-1 graph dim of its own for this dim
+                    raise self._relayout(x, (1,) * (self.rank - len(S)) + S,
+                                         f"an expand of an intermediate along dim {i}, which "
+                                         f"the graph holds merged (graph dims {tuple(full)})")
+                raise UnsupportedOpError(f"an expand of an intermediate along dim {i}, which "
+                                         f"has no size-1 graph dim of its own (torch shape {S}, "
+                                         f"graph dims {tuple(full)}): it would be a copy")
+            full[e] = new
+        if tuple(full) == T.dims:
+            return Computed(T, shape, x.dtype)
+        return Expanded(T, tuple(full), shape, x.dtype)
 
     def slice(self, x: Any, dim: int, start: int | None, end: int | None) -> Any:
         size = x.shape[dim % len(x.shape)]
@@ -425,6 +617,7 @@ class Tracer:
             return x.narrow(d, lo, length)
         if length == size:
             return x
+        x = self.computed(x, "slice", dims=())
         if d != len(x.shape) - 1 or self._dim(x, d, "slice") != len(x.tensor.dims) - 1:
             raise UnsupportedOpError("a slice of an intermediate other than along its last dim "
                                      "(only views of inputs fold)")
@@ -457,6 +650,26 @@ class Tracer:
         meta = meta_of(self.node)
         dtype = getattr(meta, "dtype", None)
         return x if dtype is None or getattr(x, "dtype", dtype) == dtype else self.cast(x, dtype)
+
+
+def _broadcasts(node: Any) -> bool:
+    """Whether ``node`` is an expand (its rank is the rank a broadcast value needs)."""
+    return node.op == "call_function" and aten_name(node.target) in (
+        "aten.expand.default", "aten.repeat_interleave.self_int") and meta_of(node) is not None
+
+
+def _held_otherwise(v: Any) -> bool:
+    """Whether computed value ``v``'s graph dims do not end with its torch matrix dims (a
+    relabelling moved a size-1 dim into them), or it is broadcast."""
+    if isinstance(v, Expanded):
+        return v.full[-2:] != v.shape[-2:]
+    return isinstance(v, Computed) and v.tensor.dims[-2:] != v.shape[-2:]
+
+
+def _heads_in_batch(G: Shape, m: int, k: int) -> bool:
+    """Whether graph dims ``G`` hold a row of ``k`` features as (1, ..., heads, 1, head_dim)."""
+    return len(G) >= 3 and m == 1 and G[-2] == 1 and G[-1] != k and \
+        math.prod(G[:-2]) * G[-1] == k
 
 
 def _graph_dtype(dtype: Any, what: str) -> Any:

@@ -314,3 +314,27 @@ def check_views(source: Source, steps: Sequence[Step], what: str) -> None:
 def describe(steps: Sequence[Step]) -> str:
     """``steps`` as torch code: ``.permute((1, 0)).reshape((1, 4, 8))``."""
     return "".join(f".{name}({', '.join(map(repr, args))})" for name, args in steps) or "none"
+
+
+@dataclass(frozen=True)
+class Expanded:
+    """A computed value broadcast without a copy (an expand of an intermediate: grouped-query
+    attention's shared K/V heads): graph tensor ``tensor`` broadcast to graph dims ``full`` (its
+    size-1 dims grown where the expand grew them), relabelled to torch shape ``shape``. The
+    graph keeps the size-1 dims; an operator that takes the value broadcasts over them."""
+
+    tensor: Any  # graph Tensor
+    full: Shape
+    shape: Shape
+    dtype: Any  # torch dtype
+
+
+class Relayout(Exception):
+    """Raised while tracing: graph tensor of fx node ``node`` is wanted in graph dims ``dims``
+    (the same elements in the same row-major order, split or padded otherwise) by a later
+    operator. The tracer traces again, laying that node out so (``Tracer.hints``)."""
+
+    def __init__(self, node: str, dims: Shape) -> None:
+        super().__init__(f"{node} wanted as graph dims {dims}")
+        self.node = node
+        self.dims = dims
