@@ -1,0 +1,136 @@
+"""Grouped-query attention's shared K/V heads on computed values: an index map, never a copy.
+
+At decode (one token), ``proj(x).view(b, 1, h, d).transpose(1, 2)`` only moves a size-1 dim (a
+relabelling), and ``repeat_kv`` / ``repeat_interleave`` of a computed K or V keeps a size-1
+graph dim that broadcasts where the value is used (``views.Expanded``); a true transpose of a
+computed matrix is still refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from egraph_mirage.errors import UnsupportedOpError  # noqa: E402
+from egraph_mirage.fx import aten, partition  # noqa: E402
+from egraph_mirage.fx.trace import trace  # noqa: E402
+
+H, KVH, D, HIDDEN = 4, 2, 16, 64
+
+
+def _rand(*shape: int) -> Any:
+    return torch.randn(*shape, dtype=torch.float32) * 0.5
+
+
+def _rope(x: Any, cos: Any, sin: Any) -> Any:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _repeat_kv(x: Any, n_rep: int) -> Any:  # transformers' repeat_kv
+    b, kvh, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, kvh, n_rep, s, d).reshape(b, kvh * n_rep, s, d)
+
+
+def _attention(share: Any) -> Any:
+    def f(q: Any, k: Any, v: Any, cos: Any, sin: Any) -> Any:  # one token: (1, heads, 1, D)
+        q, k, v = _rope(q, cos, sin), _rope(k, cos, sin), v * 2  # computed q, k, v
+        k, v = share(k), share(v)
+        p = torch.softmax((q @ k.transpose(2, 3)) * D ** -0.5, dim=-1)
+        return (p @ v).transpose(1, 2).reshape(1, 1, H * D)
+    return f
+
+
+SHARES = {"repeat_kv": lambda t: _repeat_kv(t, H // KVH),
+          "repeat_interleave": lambda t: t.repeat_interleave(H // KVH, dim=1)}
+
+
+@pytest.mark.parametrize("name", SHARES)
+def test_gqa_on_computed_kv_traces_to_one_graph_without_repeating_k(name: str) -> None:
+    torch.manual_seed(0)
+    args = (_rand(1, H, 1, D), _rand(1, KVH, 1, D), _rand(1, KVH, 1, D), _rand(1, 1, 1, D),
+            _rand(1, 1, 1, D))
+    f = _attention(SHARES[name])
+    traced = trace(f, *args)
+    g = traced.graph
+    # K and V are read and computed once per KV head, held as (KVH, 1, D): the size-1 dim
+    # broadcasts over the query heads of a group where q @ k^T and p @ v use them (at one key
+    # both are products that broadcast), and nothing concatenates a repeated copy
+    n_rep = H // KVH
+    shared = [t for t in g.operators if t.op == "mul" and t.dims == (KVH, n_rep, D)
+              and any(o.dims == (KVH, 1, D) for o in t.operands)]
+    assert len(shared) == 2, [(t.op, t.dims) for t in g.operators]
+    assert all(t.dims[:2] == (KVH, n_rep) for t in shared)
+    assert not [t for t in g.operators if t.op == "concat" and t.dims[:2] == (KVH, n_rep)
+                and any(o.dims[:2] == (KVH, 1) for o in t.operands)]
+    got = traced.reference(*args)[0]
+    torch.testing.assert_close(got.float(), f(*args), rtol=1e-4, atol=1e-4)
+
+
+def test_a_true_transpose_of_a_computed_matrix_is_refused() -> None:
+    x = _rand(2, 4, 8)
+    with pytest.raises(UnsupportedOpError, match="transpose"):
+        trace(lambda x: x.exp().transpose(1, 2) @ x, x)
+
+
+def test_the_relabel_predicates_say_yes_only_for_size_one_moves() -> None:
+    assert aten.relabels((1, 1, 4, 16), (0, 2, 1, 3))  # (b, 1, h, d) -> (b, h, 1, d)
+    assert not aten.relabels((1, 3, 4, 16), (0, 2, 1, 3))
+    assert aten.relabels((1, 4, 1, 16), (0, 1, 3, 2))  # K^T of one key
+
+
+def _layer(kind: str) -> tuple[Any, tuple[Any, ...]]:
+    transformers = pytest.importorskip("transformers")
+    kw = dict(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=H,
+              num_key_value_heads=KVH, head_dim=D, rms_norm_eps=1e-5, num_hidden_layers=1,
+              vocab_size=128, attn_implementation="eager")
+    if kind == "llama":
+        from transformers.models.llama.modeling_llama import (
+            LlamaDecoderLayer as Layer,
+        )
+        from transformers.models.llama.modeling_llama import (
+            LlamaRotaryEmbedding as Rope,
+        )
+        cfg = transformers.LlamaConfig(**kw)
+    else:
+        from transformers.models.qwen3.modeling_qwen3 import (
+            Qwen3DecoderLayer as Layer,
+        )
+        from transformers.models.qwen3.modeling_qwen3 import (
+            Qwen3RotaryEmbedding as Rope,
+        )
+        cfg = transformers.Qwen3Config(**kw)
+    torch.manual_seed(0)
+    layer = Layer(cfg, 0).to(torch.float16).eval()
+    x = torch.randn(1, 1, HIDDEN, dtype=torch.float16)
+    cos, sin = Rope(cfg)(x, torch.tensor([[3]]))
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x: Any, cos: Any, sin: Any) -> Any:
+            out = self.layer(x, position_embeddings=(cos, sin), attention_mask=None)
+            return out[0] if isinstance(out, tuple) else out
+
+    return Step(), (x, cos, sin)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_a_decoder_layer_at_decode_leaves_no_attention_view_out(kind: str) -> None:
+    module, args = _layer(kind)
+    with torch.no_grad():
+        parts = partition(module, args)
+    assert dict(parts.left_out) == {}
+    names = {n for p in parts.pieces for n in p.nodes}
+    assert {"transpose", "transpose_1", "transpose_2", "expand", "expand_1", "clone",
+            "clone_1", "unsqueeze", "unsqueeze_1"} <= names
+    with torch.no_grad():
+        got = parts.module(*args)
+        got = got[0] if isinstance(got, (tuple, list)) else got
+        want = module(*args)
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
