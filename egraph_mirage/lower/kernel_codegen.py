@@ -25,6 +25,7 @@ from ..ops.spec import TileDims
 from ..ops.table import triton_exp
 from . import padding
 from .accumulate import accumulator_emission, rescaled_dims, running_max_dims
+from .horizontal import flat_pid_lines
 from .tile_context import (
     TL_DTYPE,
     WGMMA_ROWS,
@@ -99,6 +100,9 @@ class KernelRole:
     #: (input position, element strides) of inputs read through a view of their own layout
     #: (``LowerOptions.input_strides``); the others are row-major
     input_strides: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    #: the block body as a function of the flat block index ``hpid`` (its last argument),
+    #: which a kernel running siblings side by side calls (``horizontal``)
+    flat_pid: bool = False
 
 
 class KernelWriter:
@@ -133,9 +137,12 @@ class KernelWriter:
     def source(self) -> str:
         tb = self.tb
         self._check_sizes()
-        for axis, g in enumerate(tb.grid_dim):
-            if g > 1:
-                self.pre.append(f"pid_{AXES[axis]} = tl.program_id({axis})")
+        if self.role.flat_pid:
+            self.pre += flat_pid_lines(tb.grid_dim)
+        else:
+            for axis, g in enumerate(tb.grid_dim):
+                if g > 1:
+                    self.pre.append(f"pid_{AXES[axis]} = tl.program_id({axis})")
         for t in tb.tensors:
             if t.index not in self.live:
                 continue
@@ -158,6 +165,8 @@ class KernelWriter:
         args = [f"in{k}" for k in range(len(tb.inputs))] + [f"out{k}" for k in
                                                               range(len(tb.outputs))]
         args += self.role.extra_args
+        if self.role.flat_pid:
+            args.append("hpid")
         head = ["@triton.jit", f"def {self.name}({', '.join(args)}):"]
         doc = [f"# grid {tb.grid_dim}, forloop_range {tb.forloop_range}; block graph:"]
         doc += [f"#   {line.strip()}" for line in repr(tb).splitlines()[1:]]

@@ -12,6 +12,7 @@ outputs. Launches after the first skip Triton's per-call argument binding (``HEL
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,7 @@ from ..graph import KernelGraph, Tensor
 from ..mugraph.kernel import GraphDefinedKernel
 from ..mugraph.threadblock import ThreadBlockGraph
 from ..ops import lookup
-from . import fuse
+from . import fuse, horizontal
 from .kernel_codegen import DotConfig, KernelRole, kernel_source
 from .tile_context import swappable
 
@@ -49,6 +50,8 @@ def graph_knobs(graph: KernelGraph) -> dict[str, tuple[bool, ...]]:
         knobs["swap_dots"] = (False, True)
     if len(fuse.launches(graph)) > 1:
         knobs["pdl"] = (False, True)
+    if horizontal.groups(graph, {}, {}):
+        knobs["horizontal"] = (False, True)
     return knobs
 
 
@@ -57,9 +60,11 @@ def canonical_knobs(graph: KernelGraph, knobs: Mapping[str, Any]) -> dict[str, A
     kernel (its combines fused). Two settings with the same canonical form generate the same
     program, so a tuner times one of them."""
     out = dict(knobs)
-    if out.get("pdl") and len(_launched(graph, fuse.plan(graph) if out.get(
-            "fuse_combines", LowerOptions.fuse_combines) else {})) < 2:
+    combines = fuse.plan(graph) if out.get("fuse_combines", LowerOptions.fuse_combines) else {}
+    if out.get("pdl") and len(_launched(graph, combines)) < 2:
         out["pdl"] = False
+    if out.get("horizontal") and (out.get("pdl") or not horizontal.groups(graph, combines, {})):
+        out["horizontal"] = False
     return out
 
 
@@ -87,7 +92,9 @@ class LowerOptions:
     interpreter, the program launches as without it): the kernel may start while the one
     before finishes, and waits for it (``gdc_wait``) before its first statement, so the
     launch and the blocks' start overlap the end of the kernel before. The program's first
-    kernel does not wait, so one call never overlaps the call before it.
+    kernel does not wait, so one call never overlaps the call before it. ``horizontal``
+    launches sibling kernels (consecutive, none reading another's outputs) as the blocks of
+    one grid (``horizontal``); it is off where ``pdl`` is on.
     """
 
     num_warps: int = 4
@@ -97,6 +104,9 @@ class LowerOptions:
     fuse_combines: bool = True
     swap_dots: bool = False
     pdl: bool = False
+    #: sibling kernels (none reads another's outputs) launched as one grid (``horizontal``);
+    #: not with ``pdl``
+    horizontal: bool = False
     #: per graph input, the element strides it is read with (a transposed view of a weight,
     #: read in place), or None: row-major; empty: every input row-major
     input_strides: tuple[tuple[int, ...] | None, ...] = ()
@@ -109,7 +119,7 @@ class LowerOptions:
         if self.num_warps & (self.num_warps - 1):
             raise LowerError(f"lowering option num_warps must be a power of two, got "
                              f"{self.num_warps}")
-        for name in ("fp32_dots", "fuse_combines", "swap_dots", "pdl"):
+        for name in ("fp32_dots", "fuse_combines", "swap_dots", "pdl", "horizontal"):
             if not isinstance(getattr(self, name), bool):
                 raise LowerError(f"lowering option {name} must be True or False, got "
                                  f"{getattr(self, name)!r}")
@@ -162,6 +172,8 @@ class LaunchPlan:
     #: the graph-defined kernels launched, in order
     order: list[GraphDefinedKernel]
     pdl: bool
+    #: runs of sibling kernels launched as one grid (``horizontal``), in launch order
+    siblings: list[list[GraphDefinedKernel]] = field(default_factory=list)
 
     def position(self, kernel: GraphDefinedKernel) -> int:
         return next(n for n, k in enumerate(self.order) if k is kernel)
@@ -189,8 +201,11 @@ def plan_launches(graph: KernelGraph, options: LowerOptions) -> LaunchPlan:
         raise GraphError("lowering: the graph has no outputs; call mark_output")
     combines = fuse.plan(graph) if options.fuse_combines else {}
     order = _launched(graph, combines)
+    pdl = options.pdl and len(order) > 1
+    siblings = (horizontal.groups(graph, combines, input_strides(graph, options))
+                if options.horizontal and not pdl else [])
     return LaunchPlan(_names(graph), combines, {id(k): outs for k, outs in fuse.launches(graph)},
-                      order, options.pdl and len(order) > 1)
+                      order, pdl, siblings)
 
 
 def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted:
@@ -243,6 +258,7 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
     launched: set[int] = set()
     body: list[str] = []
     traced: list[str] = []
+    run_of = {id(k): run for run in plan.siblings for k in run}
     for t in graph.operators:
         if not lookup(t.op).graph_defined:  # type: ignore[arg-type]
             body.append(_host_call(t, names))
@@ -252,6 +268,14 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         if id(kernel) in launched:
             continue
         launched.add(id(kernel))
+        if id(kernel) in run_of:  # the run's first kernel: the whole run, one launch
+            run = run_of[id(kernel)]
+            launched.update(id(k) for k in run)
+            wrapper = _launch_siblings(run, operands, outputs, names, kernel_name,
+                                       lambda: f"kernel_{len(kernels)}", body, traced)
+            kernels[id(run[0].tb), f"siblings@{len(kernels)}"] = wrapper[0]
+            kernel_sources.append(wrapper[1])
+            continue
         c = combines.get(id(kernel))
         if c is not None and c.consumer is kernel:
             continue  # runs inside its producer's launch
@@ -286,6 +310,35 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
                       f"{', '.join(args + fresh_counters)}, "
                       "num_warps=num_warps, num_stages=num_stages)")
     return Emitted(kernel_sources, body, traced)
+
+
+def _launch_siblings(run: Sequence[GraphDefinedKernel], operands: Mapping[int, Any],
+                     outputs: Mapping[int, list[Tensor]], names: Mapping[int, str],
+                     kernel_name: Callable[..., str], new_name: Callable[[], str],
+                     body: list[str], traced: list[str]) -> tuple[str, str]:
+    """The host lines of sibling kernels ``run`` launched as one grid (``horizontal``): each
+    kernel's outputs allocated, its block body a function of the flat block index
+    (``kernel_name`` writes it), and the launch of a kernel calling them (named by
+    ``new_name`` once they are); returns that kernel's name and source."""
+    members = []
+    args: list[str] = []
+    for kernel in run:
+        outs = outputs[id(kernel)]
+        device = names[operands[id(kernel)][0].index]
+        for u in outs:
+            body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype={TORCH_DTYPE[u.dtype]}, "
+                        f"device={device}.device)")
+            traced.append(body[-1])
+        fn = kernel_name(kernel.tb, "flat", lambda: KernelRole(flat_pid=True))
+        mine = [names[o.index] for o in operands[id(kernel)]] + [names[u.index] for u in outs]
+        members.append((fn, len(mine), math.prod(kernel.tb.grid_dim)))
+        args += mine
+    name = new_name()
+    grid = (sum(m[2] for m in members), 1, 1)
+    body.append(f"_launch({name}, {grid}, ({', '.join(args)},), num_warps, num_stages)")
+    traced.append(f"_traceable({name})[{grid}]({', '.join(args)}, "
+                  "num_warps=num_warps, num_stages=num_stages)")
+    return name, horizontal.wrapper_source(name, members)
 
 
 def input_strides(graph: KernelGraph, options: LowerOptions) -> dict[int, tuple[int, ...]]:

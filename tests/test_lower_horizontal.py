@@ -1,0 +1,79 @@
+"""Sibling kernels in one launch (``lower.horizontal``, ``LowerOptions.horizontal``): kernels of a
+program of several outputs that read none of each other's outputs run as the blocks of one
+grid, and the program computes what it computed with one launch each."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import egraph_mirage as em
+from egraph_mirage.lower import LowerOptions, canonical_knobs, generate_source, graph_knobs
+from egraph_mirage.lower.horizontal import flat_pid_lines, groups
+from egraph_mirage.mugraph import ThreadBlockGraph
+
+
+def _projection(g: em.KernelGraph, x: em.Tensor, w: em.Tensor, tile: int) -> em.Tensor:
+    """``x @ w`` as a graph-defined kernel of ``w.dims[1] // tile`` blocks, each a column tile."""
+    tb = ThreadBlockGraph(grid_dim=(w.dims[1] // tile, 1, 1), forloop_range=1)
+    a = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=-1)
+    b = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=-1)
+    tb.new_output(tb.forloop_accum(tb.matmul(a, b)), output_map=(1, -1, -1))
+    (out,) = g.customized([x, w], tb)
+    return out
+
+
+def _siblings(chain: bool = False) -> em.KernelGraph:
+    g = em.new_kernel_graph()
+    x = g.new_input((4, 32), em.float16)
+    wq, wk = g.new_input((32, 64), em.float16), g.new_input((32, 32), em.float16)
+    q = _projection(g, x, wq, 16)
+    k = _projection(g, q if chain else x, wk if not chain else g.new_input((64, 32), em.float16),
+                    8)
+    g.mark_output(q)
+    g.mark_output(k)
+    return g
+
+
+def test_siblings_run_as_one_grid_and_match() -> None:
+    g = _siblings()
+    (run,) = groups(g, {}, {})
+    assert len(run) == 2
+    assert graph_knobs(g)["horizontal"] == (False, True)
+    one = generate_source(g, LowerOptions(horizontal=True))
+    assert one.count("_launch(kernel_") == 1 and "(8, 1, 1)" in one  # 4 + 4 blocks
+    assert generate_source(g).count("_launch(kernel_") == 2
+    rng = np.random.default_rng(0)
+    ts = [torch.tensor(0.5 * rng.standard_normal(t.dims), dtype=torch.float16)
+          for t in g.inputs]
+    want = g.evaluate([t.double().numpy() for t in ts])
+    for options in ({}, {"horizontal": True}):
+        got = em.compile(g, **options)(*ts)
+        for a, b in zip(got, want, strict=True):
+            assert np.abs(a.double().numpy() - b).max() <= 1e-2 * np.abs(b).max()
+
+
+def test_a_kernel_reading_its_neighbour_s_output_is_launched_after_it() -> None:
+    g = _siblings(chain=True)
+    assert groups(g, {}, {}) == []
+    assert "horizontal" not in graph_knobs(g)
+    assert canonical_knobs(g, {"horizontal": True}) == {"horizontal": False}
+    assert generate_source(g, LowerOptions(horizontal=True)).count("_launch(kernel_") == 2
+
+
+def test_not_with_programmatic_dependent_launch() -> None:
+    g = _siblings()
+    assert canonical_knobs(g, {"horizontal": True, "pdl": True})["horizontal"] is False
+    assert generate_source(g, LowerOptions(horizontal=True, pdl=True)).count(
+        "_launch(kernel_") == 2
+
+
+@pytest.mark.parametrize("grid, want", [
+    ((8, 1, 1), ["pid_x = hpid"]),
+    ((4, 3, 1), ["pid_x = hpid % 4", "pid_y = (hpid // 4)"]),
+    ((2, 1, 5), ["pid_x = hpid % 2", "pid_z = (hpid // 2)"]),
+    ((2, 3, 5), ["pid_x = hpid % 2", "pid_y = (hpid // 2) % 3", "pid_z = (hpid // 6)"]),
+])
+def test_the_block_index_of_a_flat_grid(grid: tuple[int, int, int], want: list[str]) -> None:
+    assert flat_pid_lines(grid) == want
