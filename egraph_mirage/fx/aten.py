@@ -23,6 +23,8 @@ from typing import Any
 from ..ops import OPS
 
 COMPUTE, RELABEL, INPUT_VIEW = "compute", "relabel", "input_view"
+#: the casts (``RELABEL`` rules that are copies in torch: one per dtype on a computed value)
+CASTS = frozenset({"aten._to_copy.default", "aten.to.dtype", "prims.convert_element_type.default"})
 #: operators that only assert what fx's meta records of a value (export puts one before each
 #: ``.to``): the partitioner erases them, else the value they check would leave its piece
 ASSERTIONS = frozenset({"aten._assert_tensor_metadata.default"})
@@ -253,6 +255,12 @@ def relabels(shape: tuple[int, ...], perm: Any) -> bool:
     return moved == sorted(moved)
 
 
+def _select_relabels(node: Any) -> bool:
+    """Whether a select picks the one element of a size-1 dim (a squeeze: a relabelling)."""
+    shape = _in_shape(node)
+    return bool(shape) and shape[int(node.args[1]) % len(shape)] == 1
+
+
 def _permute_relabels(node: Any) -> bool:
     return relabels(_in_shape(node), node.args[1])
 
@@ -338,7 +346,7 @@ RULES: dict[str, Rule] = {
     "aten.slice.Tensor": Rule(_slice, choose=_slice_choose, on_intermediate=_slices_last_dim,
                               **_VIEW),
     "aten.narrow.default": Rule(_narrow, **_VIEW),
-    "aten.select.int": Rule(_select, **_VIEW),
+    "aten.select.int": Rule(_select, on_intermediate=_select_relabels, **_VIEW),
     # views that fold into a graph input; on an intermediate, a permute that only moves size-1
     # dims is a relabelling, and an expand (a repeat of K/V heads) keeps its size-1 graph dim,
     # which broadcasts where the value is used; other views of intermediates would be copies

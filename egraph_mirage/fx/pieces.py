@@ -17,13 +17,21 @@
    its ancestors in the partition. A matmul (or a node computed from one) that several cones
    need becomes the output of a cone of its own, which the others take as an input
    (``_cones``).
-5. **caps**: each cone is cut, in topological order, into runs of at most ``max_matmuls``
-   matmuls and ``max_reductions`` reductions (counted by the rules: softmax is two, rms_norm
-   one); a node over the caps on its own runs as is; each run is split into cones again. Cutting
-   a convex set of nodes in topological order leaves every piece convex. A view of an input
-   joins the piece of its users; one that several pieces (or nodes outside) use runs as is.
-   The caps bound each output's cone, which is what one search takes (the pipeline searches a
-   program of several outputs one output at a time, ``pipeline.outputs``). The default of two
+5. **caps**: each cone is cut, in topological order, into runs in which no node's cone (it
+   and its ancestors in the run) holds more than ``max_matmuls`` matmuls and
+   ``max_reductions`` reductions (counted by the rules: softmax is two, rms_norm one): the
+   caps bound each output's cone, which is what one search takes (the pipeline searches a
+   program of several outputs one output at a time, ``pipeline.outputs``). A run is cut before
+   the last projection in it that a norm came before, where there is one: the nodes after the
+   run's matmuls before it that it needs, that read no matmul themselves and hold a reduction
+   (``_prologue``: an RMSNorm before a projection, not a softmax before attention's second
+   product, which fuses with the first) start the next run with it, so the norm goes
+   with the projections it feeds and the residual add before it stays with the projection it
+   adds; otherwise the run is cut at the node over the caps (a norm just before it moving
+   along the same way). A node over the caps on its own runs as is; each run is
+   split into cones again. Cutting a convex set of nodes in topological order leaves every
+   piece convex. A view of an input joins the piece of its users; one that several pieces (or
+   nodes outside) use runs as is. The default of two
    matmuls keeps a gated MLP's two projections together and its down projection apart; a
    program of three matmuls searched whole (LoRA) needs ``max_matmuls=3``.
    Then **several outputs**: cones that share a node are joined into one piece of several
@@ -106,6 +114,7 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
         if node.op == "call_function" and aten_name(node.target) in aten.ASSERTIONS \
                 and not node.users:
             work.graph.erase_node(node)
+    _views_per_user(work)
     order = {n: i for i, n in enumerate(work.graph.nodes)}
     refused: dict[Any, str] = {}
     for _ in range(len(order) + 1):
@@ -139,6 +148,31 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
     return Partitioned(work, out, {n.name: why for n, why in left.items()})
 
 
+def _views_per_user(work: Any) -> None:
+    """Each view of a value from outside the computation (a chain of views starting at a
+    graph input or an unsupported node: RoPE's ``cos`` and ``sin`` unsqueezed and expanded)
+    that several nodes use becomes one copy of the view per user: a view costs nothing in
+    torch, and each piece then folds its own into its graph input (step 2) instead of the
+    view running as is between them."""
+    def view(n: Any) -> bool:
+        rule = _rule(n)
+        return rule is not None and rule.kind != aten.COMPUTE and not rule.copies \
+            and n.args and hasattr(n.args[0], "op") and aten_name(n.target) not in aten.CASTS
+
+    def outside(n: Any) -> bool:
+        while view(n):
+            n = n.args[0]
+        return n.op != "call_function" or _rule(n) is None
+
+    for node in reversed(list(work.graph.nodes)):  # users first: a chain is copied whole
+        if not view(node) or len(node.users) < 2 or not outside(node):
+            continue
+        for user in list(node.users)[1:]:
+            with work.graph.inserting_before(user):
+                copy = work.graph.node_copy(node)
+            user.replace_input_with(node, copy)
+
+
 def _rule(node: Any) -> aten.Rule | None:
     return aten.RULES.get(aten_name(node.target)) if node.op == "call_function" else None
 
@@ -168,9 +202,24 @@ def _refusal(node: Any, supported: set[Any]) -> str | None:
     if rule.kind == aten.INPUT_VIEW and intermediate and not (
             rule.on_intermediate is not None and rule.on_intermediate(node)):
         return "a view of a computed value would be a copy (only views of inputs fold)"
-    if rule.copies and not intermediate:
+    if rule.copies and not intermediate and not _broadcast_copy(node):
         return "a copy of a value from outside runs as is (the piece takes the copy)"
     return None
+
+
+def _broadcast_copy(node: Any) -> bool:
+    """Whether copy ``node`` materialises a broadcast of a value from outside that only
+    operators read (the repeat of a cache's K/V heads, expand then clone): the piece folds the
+    broadcast instead, never making the copy. Other copies of values from outside (a transposed
+    view made contiguous, which a reshape after it needs) run as is."""
+    if not all(_rule(u) is not None for u in node.users):  # something writes into the copy
+        return False
+    m = node.args[0] if node.args else None
+    while hasattr(m, "op") and _rule(m) is not None and _rule(m).kind != aten.COMPUTE:  # type: ignore[union-attr]
+        if aten_name(m.target) == "aten.expand.default":
+            return True
+        m = m.args[0]
+    return False
 
 
 def _capability(work: Any, refused: Mapping[Any, str]) -> tuple[set[Any], dict[Any, str]]:
@@ -215,18 +264,40 @@ def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reduct
     viewed = set(views)
     computing = sorted((n for n in nodes if n not in viewed), key=level.__getitem__)
     chunks: list[list[Any]] = [[]]
+    #: in the last run: (position, prologue) of each matmul that a norm came before
+    starts: list[tuple[int, list[Any]]] = []
     for n in computing:  # a stable sort: the same order within a level
         if chunks[-1] and level[chunks[-1][-1]] != level[n]:
             chunks.append([])
+            starts = []
         mm, rd = _counts([n])
         if mm > max_matmuls or rd > max_reductions:
             left[n] = (f"{mm} matmuls and {rd} reductions on its own, over the caps "
                        f"({max_matmuls}, {max_reductions})")
             chunks.append([])
+            starts = []
             continue
-        used = _counts(chunks[-1])
-        if used[0] + mm > max_matmuls or used[1] + rd > max_reductions:
-            chunks.append([])
+        while True:
+            run = chunks[-1]
+            used = _counts(_ancestors(n, set(run)))  # the caps bound each output's cone
+            if used[0] + mm <= max_matmuls and used[1] + rd <= max_reductions:
+                break
+            start = next(((i, moved) for i, moved in reversed(starts)
+                          if len(run[:i]) > len(moved)), None)
+            if start is None:  # no earlier norm to cut before: cut here
+                moved = _prologue(run, n, max_matmuls, max_reductions) if mm else []
+                chunks[-1] = [m for m in run if m not in moved]
+                chunks.append(moved)
+                starts = []
+                break
+            i, moved = start  # cut before the last matmul a norm came before
+            chunks[-1] = [m for m in run[:i] if m not in moved]
+            chunks.append(moved + run[i:])
+            starts = [(j - i + len(moved), later) for j, later in starts if j > i]
+        if mm and chunks[-1]:
+            moved = _prologue(chunks[-1], n, max_matmuls, max_reductions)
+            if moved:
+                starts.append((len(chunks[-1]), moved))
         chunks[-1].append(n)
     chunks = [c for c in chunks if c]
     home = {n: i for i, c in enumerate(chunks) for n in c}
@@ -238,6 +309,49 @@ def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reduct
         else:
             left[v] = "a view of an input that several pieces (or other nodes) use runs as is"
     return chunks
+
+
+def _ancestors(node: Any, within: set[Any]) -> list[Any]:
+    """The ancestors of ``node`` in ``within`` (reached through nodes of ``within``)."""
+    seen: set[Any] = set()
+    todo = [a for a in node.all_input_nodes if a in within]
+    while todo:
+        a = todo.pop()
+        if a not in seen:
+            seen.add(a)
+            todo.extend(b for b in a.all_input_nodes if b in within)
+    return list(seen)
+
+
+def _projection(node: Any) -> bool:
+    """Whether matmul ``node`` multiplies by a matrix (a weight: its last operand has rank 2),
+    not a batch of them (attention's products, whose softmax fuses with them)."""
+    last = node.args[2] if aten_name(node.target) == "aten.addmm.default" else node.args[1]
+    return len(getattr(meta_of(last), "shape", ())) == 2
+
+
+def _prologue(run: list[Any], matmul: Any, max_matmuls: int, max_reductions: int
+              ) -> list[Any]:
+    """The nodes of ``run`` that go with projection ``matmul`` (``_projection``) where it
+    starts the next run: those after the run's last matmul that ``matmul`` depends on, that
+    read no matmul of the run themselves and that hold a reduction (an RMSNorm before the next
+    projection, the paper's fused norm and matmul); none where the run would then depend on
+    them, or the next run would be over the caps. The nodes that read the run's matmuls (a
+    residual add) stay with them."""
+    last = max((i for i, m in enumerate(run) if _rule(m).matmuls), default=None)  # type: ignore[union-attr]
+    if last is None or not _projection(matmul):
+        return []
+    tail = run[last + 1:]
+    matmuls = {m for m in run if _rule(m).matmuls}  # type: ignore[union-attr]
+    needed = set(_ancestors(matmul, set(tail)))
+    moved = [m for m in tail if m in needed and not matmuls & set(m.all_input_nodes)]
+    mm, rd = _counts([*moved, matmul])
+    if not moved or not rd or mm > max_matmuls or rd > max_reductions:
+        return []
+    stay = set(run) - set(moved)
+    if any(u in stay for m in moved for u in m.users):
+        return []
+    return moved
 
 
 def _levels(nodes: Sequence[Any]) -> dict[Any, int]:
