@@ -8,6 +8,7 @@ computed matrix is still refused.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from egraph_mirage.errors import UnsupportedOpError  # noqa: E402
 from egraph_mirage.fx import aten, partition  # noqa: E402
-from egraph_mirage.fx.trace import trace  # noqa: E402
+from egraph_mirage.fx.trace import trace, trace_fx  # noqa: E402
 
 H, KVH, D, HIDDEN = 4, 2, 16, 64
 
@@ -68,6 +69,39 @@ def test_gqa_on_computed_kv_traces_to_one_graph_without_repeating_k(name: str) -
                 and any(o.dims[:2] == (KVH, 1) for o in t.operands)]
     got = traced.reference(*args)[0]
     torch.testing.assert_close(got.float(), f(*args), rtol=1e-4, atol=1e-4)
+
+
+def _sdpa_decode(x: Any, wq: Any, wk: Any, wv: Any, k_cache: Any, v_cache: Any) -> Any:
+    """One token against a cache of 7, ``F.scaled_dot_product_attention(enable_gqa=True)``
+    (transformers' SDPA path when there is no mask)."""
+    q = (x @ wq).view(1, 1, H, D).transpose(1, 2)
+    k = torch.cat([k_cache, (x @ wk).view(1, 1, KVH, D).transpose(1, 2)], 2)
+    v = torch.cat([v_cache, (x @ wv).view(1, 1, KVH, D).transpose(1, 2)], 2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return out.transpose(1, 2).reshape(1, H * D)
+
+
+def test_sdpa_with_shared_kv_heads_is_attention_with_a_broadcast() -> None:
+    """The SDPA node stays whole through export and traces as its definition, two products and
+    a softmax, the KV heads broadcast over their query heads (no repeated copy of the cache)."""
+    torch.manual_seed(0)
+    args = (_rand(1, HIDDEN), _rand(HIDDEN, H * D), _rand(HIDDEN, KVH * D),
+            _rand(HIDDEN, KVH * D), _rand(1, KVH, 7, D), _rand(1, KVH, 7, D))
+    parts = partition(_sdpa_decode, args)
+    assert not parts.left_out, parts.left_out
+    (attention,) = [p for p in parts.pieces if "scaled_dot_product_attention" in p.nodes]
+    traced = trace_fx(attention.module, attention.example_inputs)
+    ops = [t.op for t in traced.graph.operators]
+    assert ops.count("matmul") == 2 and "exp" in ops and "concat" not in ops
+    n_rep = H // KVH
+    keys = [t for t in traced.graph.inputs if t.dims[-1] == 8 or t.dims[-2] == 8]
+    assert keys and all(1 in t.dims[:-2] for t in keys)  # K and V: a size-1 dim broadcasts
+    assert all(math.prod(t.dims) == KVH * 8 * D for t in keys), n_rep
+    want = attention.module(*attention.example_inputs)
+    for w, g in zip(want, traced.reference(*attention.example_inputs)):
+        torch.testing.assert_close(g.float(), w, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(parts.module(*args), _sdpa_decode(*args))
 
 
 def test_a_true_transpose_of_a_computed_matrix_is_refused() -> None:

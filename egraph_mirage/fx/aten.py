@@ -168,6 +168,40 @@ def _softmax(t: Any, x: Any, dim: int, *_: Any, **__: Any) -> Any:
     return t.softmax(x, dim)
 
 
+def _sdpa(t: Any, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+          is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+    """``scaled_dot_product_attention`` as its definition: softmax(q kᵀ · scale + mask) v, the
+    key and value heads shared by groups of query heads (``enable_gqa``) as a broadcast, never
+    a repeated copy."""
+    heads, kv_heads = q.shape[-3] if len(q.shape) > 2 else 1, k.shape[-3] if len(k.shape) > 2 \
+        else 1
+    if heads != kv_heads:
+        k = t.repeat_interleave(k, heads // kv_heads, len(k.shape) - 3)
+        v = t.repeat_interleave(v, heads // kv_heads, len(v.shape) - 3)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = t.unary("mul_scalar", t.matmul(q, t.transpose(k, -2, -1)), scalar=float(scale))
+    if attn_mask is not None:
+        s = t.binary("add", s, attn_mask)
+    return t.matmul(t.softmax(s, -1), v)
+
+
+def _sdpa_choose(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                 is_causal: bool = False, scale: float | None = None,
+                 enable_gqa: bool = False) -> tuple[str, ...] | str:
+    if is_causal:
+        return "is_causal=True (give the mask as attn_mask)"
+    if dropout_p:
+        return f"dropout_p={dropout_p} (inference only)"
+    if attn_mask is not None and "bool" in str(getattr(_meta(attn_mask), "dtype", "")):
+        return "a boolean attn_mask (an additive float mask is mapped)"
+    return ("add",) if attn_mask is not None else ()
+
+
+def _meta(node: Any) -> Any:
+    """The example value fx records for ``node`` (None for a non-node)."""
+    return getattr(node, "meta", {}).get("val")
+
+
 def _cat(t: Any, tensors: list[Any], dim: int = 0) -> Any:
     return t.concat(tensors, dim)
 
@@ -341,6 +375,10 @@ RULES: dict[str, Rule] = {
     "aten.rms_norm.default": Rule(_rms_norm, ("rms_norm.eps",), reductions=1),
     "aten.softmax.int": Rule(_softmax, _SOFTMAX, reductions=2),
     "aten._softmax.default": Rule(_softmax, _SOFTMAX, reductions=2),
+    # attention as its definition (two products and a softmax; shared K/V heads broadcast)
+    "aten.scaled_dot_product_attention.default": Rule(
+        _sdpa, ("matmul", "mul_scalar", *_SOFTMAX), matmuls=2, reductions=2,
+        choose=_sdpa_choose),
     # joining and slicing
     "aten.cat.default": Rule(_cat, ("concat",)),
     "aten.slice.Tensor": Rule(_slice, choose=_slice_choose, on_intermediate=_slices_last_dim,
