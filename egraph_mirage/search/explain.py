@@ -26,6 +26,7 @@ def no_result_reasons(stats: SearchStats, g: KernelGraph, config: SearchConfig,
     completed; ``rule_files``: the rule files it loaded; ``verified_results``: results found
     before any GPU profiling dropped them."""
     out = []
+    late: list[str] = []  # reasons that follow what stopped the search
     at = f"{stats.tasks_done}/{stats.tasks_total} tasks"
     for t in unused_inputs(g):
         out.append(f"input t{t.index} (dims {t.dims}) is not used by the output: the search "
@@ -36,9 +37,15 @@ def no_result_reasons(stats: SearchStats, g: KernelGraph, config: SearchConfig,
                    "failed the numeric check): see the profile messages")
     if stats.candidates_verified and stats.candidates_rejected == stats.candidates_verified:
         files = ", ".join(str(f) for f in rule_files) or "none"
-        out.append(f"the verifier rejected every candidate the e-graph let through "
-                   f"({stats.candidates_verified}): an identity in the rule files in use may be "
-                   f"unsound ({files})")
+        if stats.stopped_by:  # cut short: the abstraction lets some unequal forms through
+            late.append(f"the verifier rejected the {stats.candidates_verified} candidate(s) "
+                       "the e-graph let through before the search stopped (abstract "
+                       "expressions admit some unequal forms; equal ones may come later), or "
+                       f"an identity in the rule files in use is unsound ({files})")
+        else:
+            out.append(f"the verifier rejected every candidate the e-graph let through "
+                       f"({stats.candidates_verified}): an identity in the rule files in use "
+                       f"may be unsound ({files})")
     if not saturated:
         out.append("the oracle's saturation stopped at its budget before completing: "
                    "e-classes it had not derived were pruned, possibly every form of the "
@@ -63,7 +70,7 @@ def no_result_reasons(stats: SearchStats, g: KernelGraph, config: SearchConfig,
     if stats.invalid_candidates:
         out.append(f"{stats.invalid_candidates} complete candidate(s) could not be built as "
                    "μGraphs (a bug in the search)")
-    return out
+    return out + late
 
 
 def lost_names(stats: SearchStats, most: int = 5) -> str:
