@@ -20,7 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UnsupportedOpError
 from ..ops import OPS
+from .traced import Computed
+from .views import graph_dim
 
 COMPUTE, RELABEL, INPUT_VIEW = "compute", "relabel", "input_view"
 #: the casts (``RELABEL`` rules that are copies in torch: one per dtype on a computed value)
@@ -162,6 +165,45 @@ def _mean_all(t: Any, x: Any, **_: Any) -> Any:
 def _rms_norm(t: Any, x: Any, normalized_shape: Any, weight: Any = None,
               eps: float | None = None) -> Any:
     return t.rms_norm(x, tuple(normalized_shape), weight, eps)
+
+
+def _layer_norm(t: Any, x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
+                eps: float = 1e-5, cudnn_enable: bool = True) -> Any:
+    """``layer_norm`` as its definition over the last dim, computed in float32 as torch does
+    for every float type (the input, weight and bias cast up, the result cast back):
+    (x - mean(x)) * rsqrt(mean((x - mean(x))²) + eps) * weight + bias. The graph tensors are
+    built with ``Tracer.apply``: the tracer's ``binary``/``reduce`` would cast float32 operands
+    back to the node's dtype (``Tracer.as_result``)."""
+    import torch
+
+    f32 = torch.float32
+    c = t.computed(t.cast(x, f32), "layer_norm", dims=())
+    e = graph_dim(c.shape, c.tensor.dims, len(c.shape) - 1)
+    if e is None:
+        raise UnsupportedOpError(f"layer_norm over its last dim, which an earlier reshape "
+                                 f"merged or split (torch shape {c.shape}, graph dims "
+                                 f"{c.tensor.dims})")
+    x32 = c.tensor
+    centred = t.apply("sub", [x32, t.apply("mean", [x32], dim=e)])
+    var = t.apply("mean", [t.apply("square", [centred])], dim=e)
+    y = t.apply("mul", [centred, t.apply("rsqrt", [t.apply("add_scalar", [var],
+                                                           scalar=float(eps))])])
+    row = tuple(size if k == e else 1 for k, size in enumerate(x32.dims))  # weight's layout
+    for op, affine in (("mul", weight), ("add", bias)):
+        if affine is not None:
+            y = t.apply(op, [y, t.computed(t.cast(affine, f32), f"layer_norm's {op}",
+                                           dims=row).tensor])
+    return t.cast(Computed(y, c.shape, f32), t.out_dtype)
+
+
+def _layer_norm_choose(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
+                       *_: Any, **__: Any) -> tuple[str, ...] | str:
+    if len(normalized_shape) != 1:
+        return (f"layer_norm over the last {len(normalized_shape)} dims {tuple(normalized_shape)}"
+                " (only the last dim is mapped: a reduction is along one dim)")
+    dtype = getattr(_meta(x), "dtype", None)
+    return (*(("cast",) if dtype is not None and str(dtype) != "torch.float32" else ()),
+            *(("add",) if bias is not None else ()))
 
 
 def _softmax(t: Any, x: Any, dim: int, *_: Any, **__: Any) -> Any:
@@ -335,6 +377,8 @@ def _repeat_choose(x: Any, repeats: Any, dim: Any = None, **_: Any) -> tuple[str
 _VIEW = {"kind": INPUT_VIEW}
 _RELABEL = {"kind": RELABEL}
 _SOFTMAX = ("amax", "sub", "exp", "reduction", "div")
+#: layer_norm's operators (a bias adds ``add``; a float type other than float32, ``cast``)
+_LAYER_NORM = ("mean", "sub", "square", "add_scalar", "rsqrt", "mul")
 
 RULES: dict[str, Rule] = {
     # matrix products, batched over the leading dims
@@ -373,6 +417,8 @@ RULES: dict[str, Rule] = {
     "aten.mean.default": Rule(_mean_all, ("mean",), reductions=1),
     "aten.amax.default": Rule(_reduce("amax"), ("amax",), reductions=1),
     "aten.rms_norm.default": Rule(_rms_norm, ("rms_norm.eps",), reductions=1),
+    "aten.layer_norm.default": Rule(_layer_norm, _LAYER_NORM, reductions=2,
+                                    choose=_layer_norm_choose),
     "aten.softmax.int": Rule(_softmax, _SOFTMAX, reductions=2),
     "aten._softmax.default": Rule(_softmax, _SOFTMAX, reductions=2),
     # attention as its definition (two products and a softmax; shared K/V heads broadcast)
