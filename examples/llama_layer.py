@@ -29,9 +29,9 @@ per-head RMSNorm, ``q_norm``/``k_norm`` over the head dim, on the queries and ke
 step (``decode_step(x, k_cache, v_cache)``, same outputs, its own random weights) for
 ``egraph-mirage bench torch``, with one of two caches: ``"concat"`` (the cache passed in, the
 new token's keys and values appended by ``torch.cat``) or ``"static"`` (as ``transformers``'
-``StaticCache`` does it: the caches passed in have room for the new token, ``kv_len + 1``
-positions, and it is written in place with ``index_copy_`` at ``cache_position``, ``kv_len``;
-``decode_inputs(..., room=1)`` makes them).
+``StaticCache`` does it: the caches passed in are the whole static cache, ``kv_len``
+positions (its ``max_cache_len``), and the new token, the last of them, is written in place
+with ``index_copy_`` at ``cache_position``, ``kv_len - 1``).
 
 Run: ``python examples/llama_layer.py`` compiles the small layer (fp16) with the egraph-mirage
 backend (a few search tasks per piece) and compares it with eager; ``--preset llama3_8b`` (on a
@@ -235,10 +235,12 @@ class _StaticCache(_ConcatCache):
 
 class HFDecodeStep(nn.Module):
     """A ``transformers`` decoder layer (``hf_decoder_layer(sizes, dtype, family)``) as one
-    decode step with ``LlamaLayer.decode_step``'s outputs: the new token at position ``kv_len``
-    (its rotary angles as buffers), attending over the cache and itself; no mask (a full cache).
-    ``cache="concat"``: ``LlamaLayer``'s inputs, the new token appended; ``"static"``: caches of
-    ``kv_len + 1`` positions, the new token written in place at ``kv_len`` (``_StaticCache``).
+    decode step with ``LlamaLayer.decode_step``'s outputs, attending over the cache and the
+    new token; no mask (a full cache). ``cache="concat"``: ``LlamaLayer``'s inputs, the new
+    token at position ``kv_len`` appended (``kv_len + 1`` keys); ``"static"``: a full static
+    cache of ``kv_len`` positions, the new token written in place at the last, ``kv_len - 1``
+    (``_StaticCache``: ``kv_len`` keys, as a ``StaticCache`` of ``max_cache_len = kv_len`` at its
+    last step). The rotary angles of the new token's position are buffers.
     Its weights are ``transformers``' random initialisation, not ``LlamaLayer``'s."""
 
     def __init__(self, sizes: LlamaSizes | None = None, dtype: torch.dtype = torch.float32,
@@ -258,10 +260,11 @@ class HFDecodeStep(nn.Module):
         params = inspect.signature(type(self.layer).forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         inv_freq = s.rope_theta ** (-torch.arange(0, s.head_dim, 2).double() / s.head_dim)
-        angles = (torch.cat((inv_freq, inv_freq)) * s.kv_len).view(1, 1, s.head_dim)
+        position = s.kv_len - 1 if cache == "static" else s.kv_len
+        angles = (torch.cat((inv_freq, inv_freq)) * position).view(1, 1, s.head_dim)
         self.register_buffer("cos", angles.cos().to(device=device, dtype=dtype))
         self.register_buffer("sin", angles.sin().to(device=device, dtype=dtype))
-        self.register_buffer("cache_position", torch.tensor([s.kv_len], device=device))
+        self.register_buffer("cache_position", torch.tensor([position], device=device))
 
     def decode_step(self, x: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -280,8 +283,7 @@ class HFDecodeStep(nn.Module):
 
     def example_inputs(self, batch: int = 1, seed: int = 1) -> tuple[torch.Tensor, ...]:
         """Random ``(x, k_cache, v_cache)`` for this step's cache (``decode_inputs``)."""
-        return decode_inputs(self.sizes, batch, seed, self.cos.device, self.cos.dtype,
-                             room=1 if self.cache == "static" else 0)
+        return decode_inputs(self.sizes, batch, seed, self.cos.device, self.cos.dtype)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -120,28 +120,30 @@ def test_the_hf_layers_where_transformers_is_installed(tmp_path: Path, model: st
 def test_qwen3_normalises_queries_and_keys_per_head_and_the_static_cache_is_written_in_place(
         ) -> None:
     """``hf-qwen3`` is transformers' Qwen3 layer (``q_norm``/``k_norm`` over the head dim);
-    its static cache has room for the new token, written in place at ``kv_len``, and the step
-    gives what the concatenated cache gives for the same weights and cache."""
+    its static cache is the whole ``kv_len`` positions, the new token written in place at the
+    last, and the step gives what the concatenated cache gives over the first ``kv_len - 1``
+    positions for the same weights (the new token at the same position)."""
+    import dataclasses
+
     pytest.importorskip("transformers")
     example = tb.load_example()
     sizes = example.LlamaSizes.small()
-    concat = example.HFDecodeStep(sizes, torch.bfloat16, family="qwen3")
     static = example.HFDecodeStep(sizes, torch.bfloat16, family="qwen3", cache="static")
+    concat = example.HFDecodeStep(dataclasses.replace(sizes, kv_len=sizes.kv_len - 1),
+                                  torch.bfloat16, family="qwen3")
     attn = static.layer.self_attn
     assert type(static.layer).__name__ == "Qwen3DecoderLayer"
     assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (sizes.head_dim,)
-    x, k_cache, v_cache = concat.example_inputs(2)
-    room = static.example_inputs(2)
-    assert room[1].shape == (2, sizes.kv_heads, sizes.kv_len + 1, sizes.head_dim)
-    k_room = torch.cat((k_cache, torch.zeros_like(k_cache[:, :, :1])), dim=2)
-    v_room = torch.cat((v_cache, torch.zeros_like(v_cache[:, :, :1])), dim=2)
+    x, k_full, v_full = static.example_inputs(2)
+    assert k_full.shape == (2, sizes.kv_heads, sizes.kv_len, sizes.head_dim)
+    k_cache, v_cache = k_full[:, :, :-1].clone(), v_full[:, :, :-1].clone()
     with torch.no_grad():
         want = concat(x, k_cache, v_cache)
-        got = static(x, k_room, v_room)
+        got = static(x, k_full, v_full)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
-    assert torch.equal(k_room[:, :, -1:], want[1]) and torch.equal(v_room[:, :, -1:], want[2])
-    assert torch.equal(k_room[:, :, :-1], k_cache)
+    assert torch.equal(k_full[:, :, -1:], want[1]) and torch.equal(v_full[:, :, -1:], want[2])
+    assert torch.equal(k_full[:, :, :-1], k_cache)
 
 
 @CPU_ONLY
