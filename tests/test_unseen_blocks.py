@@ -230,25 +230,25 @@ def test_the_final_norm_and_lm_head_fuse_into_one_kernel(dtype: Any, tmp_path: P
     assert report.pieces[0].num_kernels == 1
 
 
-def test_lora_is_searched_in_parts_each_replaced(tmp_path: Path) -> None:
+@both_dtypes
+def test_lora_is_searched_in_parts_each_replaced(dtype: Any, tmp_path: Path) -> None:
     """PEFT's LoRA projection as one piece (``max_matmuls=3``): not found whole within 40 tasks
     (of 1,671); cut at its matmuls, its parts are replaced: the base projection, ``lora_A``,
     and ``lora_B`` with the scaling and the sum (one kernel each)."""
-    dt = torch.float16
-    model, inputs = BLOCKS["lora-3"][0](dt)
+    model, inputs = BLOCKS["lora-3"][0](dtype)
     want, got, report = _compiled(model, inputs, tmp_path, max_tasks=40, max_matmuls=3)
-    _check(want, got, report, dt, {"egm_0.egm_0", "egm_0.egm_1", "egm_0.egm_2"})
+    _check(want, got, report, dtype, {"egm_0.egm_0", "egm_0.egm_1", "egm_0.egm_2"})
 
 
-def test_gemma_norm_and_gelu_mlp_are_replaced_in_parts(tmp_path: Path) -> None:
+@both_dtypes
+def test_gemma_norm_and_gelu_mlp_are_replaced_in_parts(dtype: Any, tmp_path: Path) -> None:
     """Gemma's ``(1 + w)`` RMSNorm with gate/up and gelu-tanh·up: not found whole within 70
     tasks (of 272; 150 tasks take minutes here, still nothing); cut at the matmuls, the norm
     (one kernel computing ``(1 + w)``) and the gated-GELU pair (one kernel, the paper's gated
     MLP) are replaced, and so is the down projection with the residual (split-K, 2 kernels)."""
-    dt = torch.float16
-    model, inputs = BLOCKS["gemma"][0](dt)
+    model, inputs = BLOCKS["gemma"][0](dtype)
     want, got, report = _compiled(model, inputs, tmp_path, max_tasks=70)
-    _check(want, got, report, dt, {"egm_0.egm_0", "egm_0.egm_1", "egm_1"})
+    _check(want, got, report, dtype, {"egm_0.egm_0", "egm_0.egm_1", "egm_1"})
 
 
 def test_neox_parallel_block_with_layer_norm(tmp_path: Path) -> None:
@@ -265,17 +265,21 @@ def test_neox_parallel_block_with_layer_norm(tmp_path: Path) -> None:
            {"egm_0.egm_1", "egm_1.egm_1", "egm_2", "egm_3.egm_1", "egm_3.egm_2"})
 
 
-def test_llama_decoder_layer_with_static_cache_sdpa(tmp_path: Path) -> None:
-    """``LlamaDecoderLayer`` (sdpa), one decode step with a static cache, fp16, 20 tasks a
-    piece. Replaced: both RMSNorms (float32, eps, weight after the cast) as parts of their
-    pieces, the V projection, the output projection with the residual, the down projection
-    with the residual (split-K). Not yet: an RMSNorm with the projections after it in one
-    kernel, a projection followed by RoPE (the search does not find them within small task
-    budgets; the pieces are searched in parts), attention (20 of 175 tasks), the MLP's gated
+@pytest.mark.parametrize(("family", "dtype"), [("llama", torch.float16),
+                                               ("qwen3", torch.bfloat16)],
+                         ids=["llama-fp16", "qwen3-bf16"])
+def test_a_decoder_layer_with_static_cache_sdpa(family: str, dtype: Any,
+                                                tmp_path: Path) -> None:
+    """``LlamaDecoderLayer`` (fp16) / ``Qwen3DecoderLayer`` (bf16), sdpa, one decode step with
+    a static cache, 20 tasks a piece. Replaced: both RMSNorms (float32, eps, weight after the
+    cast) as parts of their pieces, the V projection, the output projection with the residual,
+    the down projection with the residual (split-K, 2 kernels). Not yet: an RMSNorm with the
+    projections after it in one kernel, a projection followed by RoPE (with Qwen3's per-head
+    norm before it): the search does not find them within small task budgets, and the pieces
+    are searched in parts (RoPE's part is kept); attention (20 of 175 tasks); the MLP's gated
     pair (20 of 137). The static cache's write runs as is."""
-    dt = torch.float16
-    step = ub.hf_step("llama", "sdpa", dt)
+    step = ub.hf_step(family, "sdpa", dtype)
     want, got, report = _compiled(step, step.example_inputs(), tmp_path, max_tasks=20)
-    _check(want, got, report, dt, {"egm_1.egm_0", "egm_1.egm_1", "egm_3", "egm_4.egm_0",
-                                   "egm_5"})
+    _check(want, got, report, dtype, {"egm_1.egm_0", "egm_1.egm_1", "egm_3", "egm_4.egm_0",
+                                      "egm_5"})
     assert report.left_out == CACHE_WRITE
