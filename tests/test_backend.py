@@ -255,6 +255,52 @@ def test_a_piece_with_nothing_found_is_searched_again_in_parts(tmp_path: Path,
     assert [p.cache for p in again.reports[0].pieces] == ["hit"] * 3 and again.searches == 0
 
 
+class NothingForMatmulAndConcat(StandIn):
+    """A stand-in search that finds nothing for a program holding a matmul and a concat (a
+    projection with its RoPE rotation), and the program itself for any other."""
+
+    def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+        ops = {t.op for t in g.operators}
+        if {"concat", "matmul"} <= ops:
+            self.calls += 1
+            return SearchResults([], SearchStats())
+        return super().__call__(g, config, **options)
+
+
+def norm_projection_rope(x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor) -> torch.Tensor:
+    h = torch.nn.functional.rms_norm(x, (x.shape[-1],), g, 1e-5)
+    q = (h @ w).view(1, 1, 4, 16).transpose(1, 2)
+    return q * cos + torch.cat((-q[..., 8:], q[..., :8]), dim=-1) * sin
+
+
+def test_a_part_with_nothing_found_is_cut_again_after_its_matmul(tmp_path: Path) -> None:
+    """An RMSNorm, a projection and its RoPE rotation, for which the search finds nothing
+    whole nor for the projection with its rotation: the piece is cut at the projection's
+    input (the norm, replaced; the projection with the rotation, nothing found), and that part
+    again after its matmul (``levels=EPILOGUES``): the projection and the rotation are
+    replaced apart, and the whole matches eager."""
+    gen = torch.Generator().manual_seed(0)
+    xs = (torch.randn(1, 64, generator=gen).half(), (torch.rand(64, generator=gen) + 0.5).half(),
+          torch.randn(64, 64, generator=gen).half() / 8,
+          torch.randn(1, 1, 1, 16, generator=gen).half(),
+          torch.randn(1, 1, 1, 16, generator=gen).half())
+    search = NothingForMatmulAndConcat()
+    backend = Backend(**options(tmp_path, search=search))
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(norm_projection_rope, backend=backend,
+                                            dynamic=False), *xs)
+    torch.testing.assert_close(got, norm_projection_rope(*xs), rtol=2e-3, atol=2e-3)
+    whole, *parts = backend.reports[0].pieces
+    assert whole.status == KEPT and search.calls == 5  # 2 with nothing found, 3 parts found
+    assert [(p.name, p.status) for p in parts] == [
+        ("egm_0.egm_0", REPLACED), ("egm_0.egm_1", KEPT),
+        ("egm_0.egm_1.egm_0", REPLACED), ("egm_0.egm_1.egm_1", REPLACED)]
+    assert "searched in 2 parts (0.1.0–0.1.1)" in parts[1].reason
+    assert "concat" in parts[3].operators and "matmul" not in parts[3].operators
+    assert len(ops) == 3 and "piece 0.1.1 (egm_0.egm_1.egm_1)" in backend.reports[0].text()
+
+
 @pytest.mark.parametrize("timing, replaced", [("graph", True), ("plain", False),
                                               ("both", False)])
 def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(

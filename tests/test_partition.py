@@ -271,3 +271,25 @@ def test_levels_cut_a_piece_at_its_matmuls_inputs() -> None:
     parts = partition(chain, xs2, levels=True)
     _check(parts, chain, xs2, (2, 4))
     assert [(p.matmuls, p.reductions) for p in parts.pieces] == [(0, 1), (1, 0), (1, 0)]
+
+
+def _projection_rope(x: Any, w: Any, cos: Any, sin: Any) -> Any:
+    q = (x @ w).view(1, 1, 4, 16).transpose(1, 2)
+    rotated = torch.cat((-q[..., 8:], q[..., :8]), dim=-1)
+    return q * cos + rotated * sin
+
+
+def test_epilogue_levels_cut_a_matmul_from_what_follows_it() -> None:
+    """A projection and its RoPE rotation: one piece by default and with ``levels`` (one
+    level of matmuls); with ``levels=EPILOGUES`` (what the backend does when the search finds
+    nothing for that either) the projection and the rotation are parts of their own."""
+    from egraph_mirage.fx.pieces import EPILOGUES
+
+    xs = (torch.randn(1, 64), torch.randn(64, 64), torch.randn(1, 1, 1, 16),
+          torch.randn(1, 1, 1, 16))
+    assert len(partition(_projection_rope, xs).pieces) == 1
+    assert len(partition(_projection_rope, xs, levels=True).pieces) == 1
+    parts = partition(_projection_rope, xs, levels=EPILOGUES)
+    _check(parts, _projection_rope, xs, (2, 4))
+    matmul, rope = parts.pieces
+    assert (matmul.matmuls, rope.matmuls) == (1, 0) and "cat" in rope.nodes

@@ -22,7 +22,9 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    the decision is made from them at each compile;
    **refine**: a piece the search found nothing for is cut at its matmuls' inputs
    (``partition(..., levels=True)``: an RMSNorm before a gated MLP's projections becomes a
-   piece apart from them) and each of its parts goes through step 2 (``refine=False``: not);
+   piece apart from them) and each of its parts goes through step 2; a part with nothing
+   found is cut once more, each matmul apart from what follows it too (``levels=EPILOGUES``:
+   a projection apart from its RoPE rotation) (``refine=False``: neither);
 3. **replace** each chosen piece by a call of a ``torch.library`` custom op that applies the
    ``TracedProgram``'s input views, launches the compiled kernels and reshapes the outputs
    (opaque to Dynamo and Inductor, capturable in a CUDA graph); on a GPU, by default, the
@@ -63,6 +65,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -78,7 +81,7 @@ from .budget import SPENT, CompileBudget
 from .cache import SearchCache, piece_key, whole_key
 from .decision import KEEP, REPLACE, PieceDecision, slower
 from .options import BackendError, BackendOptions, DynamicShapesError
-from .pieces import Piece, partition
+from .pieces import EPILOGUES, Piece, partition
 from .runtime import PieceCall, Runner, define_piece_op, make_inductor_launch, make_runner
 from .trace import TracedProgram, trace_fx
 
@@ -294,28 +297,43 @@ class Backend:
         return out, PieceCall(define_piece_op(runner, traced, piece.name), launch)
 
     def _refine(self, index: int, piece: Piece, piece_report: rep.PieceReport,
-                report: rep.CompileReport, mode: str | None = None) -> Any:
+                report: rep.CompileReport, mode: str | None = None, depth: int = 0,
+                label: str | None = None) -> Any:
         """Piece ``index``, which the search found nothing for, cut at its matmuls' inputs
         (``partition(..., levels=True)``) into parts decided one by one (``_piece``; their
-        reports follow the piece's in ``report``). Returns the piece's module with the chosen
-        parts replaced, or None (fewer than two parts, or none replaced)."""
-        try:
-            parts = partition(piece.module, piece.example_inputs,
-                              max_matmuls=self.options.max_matmuls,
-                              max_reductions=self.options.max_reductions, levels=True)
-        except EMError:
+        reports follow the piece's in ``report``); a part the search finds nothing for either
+        is cut once more, each matmul also from what follows it (``levels=EPILOGUES``: a
+        projection apart from its RoPE rotation), as is a piece of one level of matmuls.
+        Returns the piece's module with the chosen parts replaced, or None (fewer than two
+        parts, or none replaced)."""
+        parts = None
+        for levels in ((True, EPILOGUES) if depth == 0 else (EPILOGUES,)):
+            try:
+                parts = partition(piece.module, piece.example_inputs,
+                                  max_matmuls=self.options.max_matmuls,
+                                  max_reductions=self.options.max_reductions, levels=levels)
+            except EMError:
+                return None
+            if len(parts.pieces) >= 2:
+                break
+            depth = 1  # one level of matmuls: its parts are cut at the epilogues already
+        if parts is None or len(parts.pieces) < 2:
             return None
-        if len(parts.pieces) < 2:
-            return None
-        last = f"{index}.{len(parts.pieces) - 1}"
-        piece_report.reason += f"; searched in {len(parts.pieces)} parts ({index}.0–{last})"
+        label = str(index) if label is None else label
+        last = f"{label}.{len(parts.pieces) - 1}"
+        piece_report.reason += f"; searched in {len(parts.pieces)} parts ({label}.0–{last})"
         replaced = 0
         self._budget.add(len(parts.pieces))  # the parts share what is left with the pieces
         for j, part in enumerate(parts.pieces):
             part_report, replacement = self._piece(index, part, mode)
             self._budget.reached()
-            part_report.name, part_report.part = f"{piece.name}.{part.name}", j
+            part_report.name = f"{piece.name}.{part.name}"
+            part_report.part = f"{label.split('.', 1)[1]}.{j}" if "." in label else j
             report.pieces.append(part_report)
+            if replacement is None and depth == 0 and part_report.nothing_found():
+                part_piece = replace(part, name=part_report.name)
+                replacement = self._refine(index, part_piece, part_report, report, mode, 1,
+                                           f"{label}.{j}")
             if replacement is not None:
                 setattr(parts.module, part.name, replacement)
                 replaced += 1

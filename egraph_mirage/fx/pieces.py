@@ -1,6 +1,7 @@
 """Cutting a whole model's fx graph into pieces the search can take; the rest runs as is.
 
-``partition(gm, example_inputs, *, max_matmuls=2, max_reductions=4, levels=False) -> Partitioned``:
+``partition(gm, example_inputs, *, max_matmuls=2, max_reductions=4, levels=False) -> Partitioned``
+(``levels``: False, True or ``EPILOGUES``):
 
 1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already
    (a module or a function is exported); assertions of a value's dtype (``aten.ASSERTIONS``,
@@ -42,7 +43,10 @@
    matmuls on a path from the cone's inputs to it (itself counted), and each level is a run
    (levels never decrease along an edge, so ordering by level keeps a topological order and
    every run convex). The backend cuts a piece this way when the search finds nothing for it
-   whole: an RMSNorm before a gated MLP's projections becomes a piece apart from them.
+   whole: an RMSNorm before a gated MLP's projections becomes a piece apart from them. With
+   ``levels=EPILOGUES`` a matmul's users are a level further too, so each matmul is also cut
+   from what follows it: the backend cuts a part this way when the search finds nothing for
+   the part either (a projection followed by its RoPE rotation).
 6. **check**: every piece is traced (``trace_fx``); a node that fails to trace runs as is and
    steps 2–5 run again.
 7. **keep**: a piece with no matmul, no reduction and fewer than two computing nodes (a lone
@@ -67,6 +71,8 @@ from .trace import DTYPES, aten_name, ensure_meta, export_aten, is_aten, meta_of
 
 #: the prefix of the pieces' submodule names
 PREFIX = "egm_"
+#: ``partition(levels=EPILOGUES)``: each matmul cut from what comes before and after it
+EPILOGUES = "epilogues"
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ class Partitioned:
 
 
 def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
-              max_reductions: int = 4, levels: bool = False) -> Partitioned:
+              max_reductions: int = 4, levels: bool | str = False) -> Partitioned:
     """``gm`` (called with ``example_inputs``) cut into pieces for the search (module docstring);
     ``gm`` is an fx graph module, or any module or function (exported first), and is not
     changed."""
@@ -253,14 +259,14 @@ def _counts(nodes: Sequence[Any]) -> tuple[int, int]:
 
 
 def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reductions: int,
-         left: dict[Any, str], levels: bool = False) -> list[list[Any]]:
+         left: dict[Any, str], levels: bool | str = False) -> list[list[Any]]:
     """Partition ``nodes`` (topologically ordered) cut into runs within the caps, and with
     ``levels`` at each new level of matmuls (module docstring); the views of inputs join the run
     of their users."""
     inside = set(nodes)
     views = [n for n in nodes
              if _rule(n).kind != aten.COMPUTE and _root(n, inside) not in inside]  # type: ignore[union-attr]
-    level = _levels(nodes) if levels else dict.fromkeys(nodes, 0)
+    level = _levels(nodes, levels == EPILOGUES) if levels else dict.fromkeys(nodes, 0)
     viewed = set(views)
     computing = sorted((n for n in nodes if n not in viewed), key=level.__getitem__)
     chunks: list[list[Any]] = [[]]
@@ -354,13 +360,19 @@ def _prologue(run: list[Any], matmul: Any, max_matmuls: int, max_reductions: int
     return moved
 
 
-def _levels(nodes: Sequence[Any]) -> dict[Any, int]:
+def _levels(nodes: Sequence[Any], epilogues: bool = False) -> dict[Any, int]:
     """Each node of ``nodes`` (topologically ordered): the most matmuls on a path to it from
-    outside ``nodes``, itself counted."""
+    outside ``nodes``, itself counted; with ``epilogues``, twice that less one at a matmul (a
+    matmul's users a level after it)."""
     level: dict[Any, int] = {}
+
+    def matmul(n: Any) -> bool:
+        return _rule(n).matmuls > 0  # type: ignore[union-attr]
+
     for n in nodes:
-        before = [level[a] for a in n.all_input_nodes if a in level]
-        level[n] = max(before, default=0) + (_rule(n).matmuls > 0)  # type: ignore[union-attr]
+        before = [level[a] + (epilogues and matmul(a)) for a in n.all_input_nodes
+                  if a in level]
+        level[n] = max(before, default=0) + matmul(n)
     return level
 
 

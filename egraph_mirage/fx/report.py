@@ -43,7 +43,8 @@ class PieceReport:
     #: part of piece 7)
     name: str = ""
     #: a part of piece ``index`` (which the search found nothing for, cut at its matmuls): which
-    part: int | None = None
+    #: (``"1.0"``: part 0 of its part 1, cut again after its matmuls)
+    part: int | str | None = None
     operators: tuple[str, ...] = ()
     shapes: tuple[tuple[int, ...], ...] = ()
     dtypes: tuple[str, ...] = ()
