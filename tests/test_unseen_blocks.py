@@ -10,8 +10,9 @@ attention product, ``softmax``, ``silu``, ``gelu``, in graph order) and its numb
 and leaves out exactly the operators listed (today: a static cache's in-place write; the gaps
 named in ``GAPS`` are strict xfails). **Backend** (a search per piece, budgeted by tasks, CPU
 and Triton's interpreter): ``torch.compile(..., backend="egraph_mirage")`` matches eager within
-``TOLERANCE`` and replaces exactly the pieces listed (a piece ``egm_1.egm_0`` is part 0 of piece
-1, which the search found nothing for whole within its tasks, cut at its matmuls: ``refine``).
+``TOLERANCE`` and replaces the computations listed, each by a piece of its own (today often a
+part of a piece: one the search found nothing for whole within its tasks is cut at its matmuls
+and its parts searched, ``refine``; a part found whole later still passes).
 """
 
 from __future__ import annotations
@@ -210,13 +211,24 @@ def _compiled(model: Any, inputs: tuple[Any, ...], tmp_path: Path, max_tasks: in
     return want, got, report
 
 
-def _check(want: Any, got: Any, report: Any, dtype: Any, replaced: set[str]) -> None:
-    """Every output within ``TOLERANCE`` of eager; exactly ``replaced`` replaced."""
+def _check(want: Any, got: Any, report: Any, dtype: Any, replaced: list[str]) -> None:
+    """Every output within ``TOLERANCE`` of eager; each computation of ``replaced`` (operators
+    as the report names them) done by a replaced piece of its own, that one or a larger one
+    holding it (a piece found whole where today only its parts are)."""
     wants = want if isinstance(want, tuple) else (want,)
     gots = got if isinstance(got, tuple) else (got,)
     for w, g in zip(wants, gots, strict=True):
         assert relative_error(g, w) < TOLERANCE[DTYPES[dtype]]
-    assert {p.name for p in report.pieces if p.status == REPLACED} == replaced
+    pieces = [f" {' '.join(p.operators)} " for p in report.pieces if p.status == REPLACED]
+    for ops in sorted(replaced, key=len, reverse=True):
+        found = next((p for p in pieces if f" {ops} " in p), None)
+        assert found is not None, f"no replaced piece computes {ops!r}: {report.text()}"
+        pieces.remove(found)
+
+
+#: what the report calls transformers' float32 RMSNorm with eps (Gemma's adds one to the weight)
+RMS_NORM = "cast square mean add_scalar rsqrt mul cast mul"
+GEMMA_NORM = "cast square mean add_scalar rsqrt mul cast add_scalar mul cast"
 
 
 @both_dtypes
@@ -226,8 +238,8 @@ def test_the_final_norm_and_lm_head_fuse_into_one_kernel(dtype: Any, tmp_path: P
     the product by the accumulated RMS."""
     model, inputs = BLOCKS["head"][0](dtype)
     want, got, report = _compiled(model, inputs, tmp_path, max_tasks=40)
-    _check(want, got, report, dtype, {"egm_0"})
-    assert report.pieces[0].num_kernels == 1
+    _check(want, got, report, dtype, [f"{RMS_NORM} matmul"])
+    assert [p.num_kernels for p in report.pieces] == [1]
 
 
 @both_dtypes
@@ -237,7 +249,7 @@ def test_lora_is_searched_in_parts_each_replaced(dtype: Any, tmp_path: Path) -> 
     and ``lora_B`` with the scaling and the sum (one kernel each)."""
     model, inputs = BLOCKS["lora-3"][0](dtype)
     want, got, report = _compiled(model, inputs, tmp_path, max_tasks=40, max_matmuls=3)
-    _check(want, got, report, dtype, {"egm_0.egm_0", "egm_0.egm_1", "egm_0.egm_2"})
+    _check(want, got, report, dtype, ["matmul", "matmul", "matmul mul_scalar add"])
 
 
 @both_dtypes
@@ -248,7 +260,7 @@ def test_gemma_norm_and_gelu_mlp_are_replaced_in_parts(dtype: Any, tmp_path: Pat
     MLP) are replaced, and so is the down projection with the residual (split-K, 2 kernels)."""
     model, inputs = BLOCKS["gemma"][0](dtype)
     want, got, report = _compiled(model, inputs, tmp_path, max_tasks=70)
-    _check(want, got, report, dtype, {"egm_0.egm_0", "egm_0.egm_1", "egm_1"})
+    _check(want, got, report, dtype, [GEMMA_NORM, "matmul gelu_tanh matmul mul", "matmul add"])
 
 
 def test_neox_parallel_block_with_layer_norm(tmp_path: Path) -> None:
@@ -261,8 +273,8 @@ def test_neox_parallel_block_with_layer_norm(tmp_path: Path) -> None:
     dt = torch.float16
     model, inputs = BLOCKS["neox-layer"][0](dt)
     want, got, report = _compiled(model, inputs, tmp_path, max_tasks=40)
-    _check(want, got, report, dt,
-           {"egm_0.egm_1", "egm_1.egm_1", "egm_2", "egm_3.egm_1", "egm_3.egm_2"})
+    _check(want, got, report, dt, ["matmul add", "matmul", "matmul add add",
+                                   "matmul add gelu_erf", "matmul add add"])
 
 
 @pytest.mark.parametrize(("family", "dtype"), [("llama", torch.float16),
@@ -271,15 +283,14 @@ def test_neox_parallel_block_with_layer_norm(tmp_path: Path) -> None:
 def test_a_decoder_layer_with_static_cache_sdpa(family: str, dtype: Any,
                                                 tmp_path: Path) -> None:
     """``LlamaDecoderLayer`` (fp16) / ``Qwen3DecoderLayer`` (bf16), sdpa, one decode step with
-    a static cache, 20 tasks a piece. Replaced: both RMSNorms (float32, eps, weight after the
-    cast) as parts of their pieces, the V projection, the output projection with the residual,
-    the down projection with the residual (split-K, 2 kernels). Not yet: an RMSNorm with the
-    projections after it in one kernel, a projection followed by RoPE (with Qwen3's per-head
-    norm before it): the search does not find them within small task budgets, and the pieces
-    are searched in parts (RoPE's part is kept); attention (20 of 175 tasks); the MLP's gated
-    pair (20 of 137). The static cache's write runs as is."""
+    a static cache, 20 tasks a piece. Replaced (at least): both RMSNorms (float32, eps,
+    weight after the cast) as parts of their pieces, the V projection, the output projection
+    with the residual, the down projection with the residual (split-K, 2 kernels). Not yet:
+    an RMSNorm with the projections after it in one kernel, a projection followed by RoPE
+    (with Qwen3's per-head norm before it): the search does not find them within small task
+    budgets, and the pieces are searched in parts (RoPE's part is kept); attention (20 of
+    345 tasks); the MLP's gated pair (20 of 137). The static cache's write runs as is."""
     step = ub.hf_step(family, "sdpa", dtype)
     want, got, report = _compiled(step, step.example_inputs(), tmp_path, max_tasks=20)
-    _check(want, got, report, dtype, {"egm_1.egm_0", "egm_1.egm_1", "egm_3", "egm_4.egm_0",
-                                      "egm_5"})
+    _check(want, got, report, dtype, [RMS_NORM, RMS_NORM, "matmul", "matmul add", "matmul add"])
     assert report.left_out == CACHE_WRITE
