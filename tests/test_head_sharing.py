@@ -168,3 +168,50 @@ def test_a_decoder_layer_at_decode_leaves_no_attention_view_out(kind: str) -> No
         got = got[0] if isinstance(got, (tuple, list)) else got
         want = module(*args)
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def _normed_q_against_shared_keys(h: Any, wq: Any, g: Any, kc: Any) -> Any:
+    """Qwen3's per-head q_norm (in float32) at decode, against repeat_kv's shared keys."""
+    q = (h @ wq).view(1, 1, H, D)
+    x = q.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    q = (g * x.to(h.dtype)).transpose(1, 2)
+    return q @ _repeat_kv(kc, H // KVH).transpose(2, 3)
+
+
+def test_a_per_head_norm_and_shared_heads_agree_on_one_layout() -> None:
+    """The norm wants the projection's columns split as (heads, head_dim), the shared keys as
+    (kv_heads, n_rep, head_dim): the finer layout serves both (no relayout ping-pong)."""
+    torch.manual_seed(0)
+    args = (torch.randn(1, HIDDEN).half(), (_rand(HIDDEN, H * D) * 0.3).half(),
+            torch.rand(D).half() + 0.5, torch.randn(1, KVH, 33, D).half())
+    parts = partition(_normed_q_against_shared_keys, args)
+    assert dict(parts.left_out) == {} and len(parts.pieces) == 1
+    traced = trace(_normed_q_against_shared_keys, *args)
+    ops = [(t.op, t.dims[-4:]) for t in traced.graph.operators]
+    # the norm's mean over head_dim and the scores in (kv_heads, n_rep): keys read once per
+    # KV head, never repeated
+    assert ("mean", (KVH, H // KVH, 1, 1)) in ops and ("matmul", (KVH, H // KVH, 1, 33)) in ops
+    assert "concat" not in {op for op, _ in ops}
+    want = _normed_q_against_shared_keys(*(a.float() for a in args))
+    torch.testing.assert_close(traced.reference(*args)[0].float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_qwen3_eager_decode_with_a_static_cache_leaves_out_only_the_cache_write() -> None:
+    pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+
+    examples = str(Path(__file__).resolve().parents[1] / "examples")
+    sys.path.insert(0, examples)
+    try:
+        import llama_layer
+    finally:
+        sys.path.remove(examples)
+    step = llama_layer.HFDecodeStep(llama_layer.LlamaSizes.small(), torch.float16,
+                                    family="qwen3", cache="static")
+    step.layer.self_attn.config._attn_implementation = "eager"
+    with torch.no_grad():
+        parts = partition(step, step.example_inputs(1))
+    assert set(dict(parts.left_out)) == {"index_put", "index_put_1", "copy__default",
+                                         "copy__default_1"}

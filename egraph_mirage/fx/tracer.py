@@ -42,6 +42,7 @@ from .views import (
     fit,
     graph_dim,
     layout,
+    refines,
 )
 
 #: how many times a trace starts again to lay a node out as a later operator wants it
@@ -88,6 +89,7 @@ class Tracer:
         """The traced program; where a later operator wants an earlier value laid out in other
         graph dims (a split of heads, a size-1 dim where an expand broadcasts), the trace starts
         again with that node laid out so (``hints``)."""
+        seen: set[tuple[tuple[str, Shape], ...]] = set()
         for _ in range(MAX_RELAYOUTS):
             try:
                 return self._build()
@@ -95,7 +97,14 @@ class Tracer:
                 if self.hints.get(r.node) == r.dims:
                     raise self._located(UnsupportedOpError, f"{r.node} laid out as graph dims "
                                         f"{r.dims} still does not fit") from None
+                before = self.hints.get(r.node)
                 self.hints[r.node] = r.dims
+                state = tuple(sorted(self.hints.items()))
+                if state in seen:  # the same hints again: operators ask in turn for each
+                    raise self._located(UnsupportedOpError, f"{r.node} is wanted as graph dims "
+                                        f"{r.dims} and as {before} by different operators; "
+                                        "no layout found serves both") from None
+                seen.add(state)
         raise self._located(UnsupportedOpError, f"no layout fits after {MAX_RELAYOUTS} tries")
 
     def _build(self) -> TracedProgram:
@@ -272,14 +281,18 @@ class Tracer:
     def computed(self, value: Any, what: str, dims: Shape | None = None) -> Computed:
         """``value`` as a graph tensor; a view of an input becomes a graph input of its shape,
         left-padded with size-1 dims to the graph's rank (or laid out as ``dims``, default: the
-        current node's ``hint``; ``()``: no layout asked)."""
+        current node's ``hint``; ``()``: no layout asked). A computed value laid out finer than
+        ``dims`` (``refines``: a per-head norm's heads split further into grouped-query
+        attention's (kv_heads, n_rep)) serves as is: asking for the coarser layout would undo
+        the split that another consumer asked for."""
         dims = self.hint() if dims is None else (dims or None)
         if isinstance(value, Expanded):
             raise UnsupportedOpError(f"{what} of a broadcast (expanded) computed value would "
                                      "materialise it (a copy)")
         if isinstance(value, Computed):
             if dims is not None and value.tensor.dims != dims and \
-                    math.prod(dims) == math.prod(value.tensor.dims):
+                    math.prod(dims) == math.prod(value.tensor.dims) and \
+                    not refines(value.tensor.dims, dims):
                 raise self._relayout(value, dims, f"{what}: held as graph dims "
                                      f"{value.tensor.dims}, wanted as {dims}")
             return value

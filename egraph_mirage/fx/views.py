@@ -105,6 +105,14 @@ def fit(aligned: Shape, R: Shape, L: Shape) -> Shape | None:
     return tuple(out)
 
 
+def refines(G: Shape, W: Shape) -> bool:
+    """Whether graph dims ``G`` split the same elements at every boundary of graph dims ``W``
+    (and maybe more): each dim of ``W`` is a run of consecutive dims of ``G``, so an operator
+    along a dim that ``W`` holds whole finds it whole in ``G``, or split further."""
+    return math.prod(G) == math.prod(W) and \
+        {math.prod(W[:k]) for k in range(len(W))} <= {math.prod(G[:k]) for k in range(len(G))}
+
+
 def layout(R: Shape, splits: Sequence[Sequence[Shape]], rank: int) -> Shape:
     """Graph dims for an element-wise result of torch shape ``R`` when no operand is a graph
     tensor of that full shape: ``R``, each dim split where the operands' views split it
