@@ -45,19 +45,16 @@ TAGS = {"rsqrt": "norm", "layer_norm": "layernorm", "linear": "proj", "cat": "ro
 #: ``index_put`` and a ``copy_`` back): the only operators a decoder layer leaves out
 CACHE_WRITE = {name: "no op-table operator computes it"
                for name in ("index_put", "index_put_1", "copy__default", "copy__default_1")}
-NOT_KEPT = "a piece of one element-wise operator or of views only is not kept"
 INPUT_COPY = "a copy of a value from outside runs as is (the piece takes the copy)"
 VIEW_COPY = "a view of a computed value would be a copy (only views of inputs fold)"
-SHARED_VIEW = "a view of an input that several pieces (or other nodes) use runs as is"
 NO_OP = "no op-table operator computes it"
 
 #: the pieces of each decoder layer (family, attention): (signature, outputs), in order
 LAYER_PIECES = {
-    # attention in 4 pieces, not 3: the static cache's write sits between the K/V projections
-    # and SDPA, so the partitioner's capability partitions put the query's projection and RoPE
-    # with the attention core's side, apart from the norm (which goes out as an output of the
-    # norm's piece, its third with K and V); MLP in 2
-    ("llama", "sdpa"): [("proj rope", 1), ("norm proj proj rope", 3), ("sdpa", 1), ("proj", 1),
+    # SDPA: attention in 3 pieces (the norm with the q, k and v projections and both RoPEs, of
+    # three outputs: q, and K and V for the cache write; SDPA with its shared K/V heads as a
+    # broadcast; the output projection with the residual add); MLP in 2
+    ("llama", "sdpa"): [("norm proj proj proj rope rope", 3), ("sdpa", 1), ("proj", 1),
                         ("norm proj silu proj", 1), ("proj", 1)],
     # eager: the query's projection and RoPE go with the scores and softmax (which read the
     # written cache, so they cannot join the norm's piece), the second product with the
@@ -65,25 +62,14 @@ LAYER_PIECES = {
     ("llama", "eager"): [("norm proj proj rope", 3), ("proj rope bmm softmax", 1),
                          ("bmm proj", 1), ("norm proj silu proj", 1), ("proj", 1)],
     # Qwen3: the per-head q_norm/k_norm join the projection before them
-    ("qwen3", "sdpa"): [("proj norm rope", 1), ("norm proj norm proj rope", 3), ("sdpa", 1),
+    ("qwen3", "sdpa"): [("norm proj norm proj norm proj rope rope", 3), ("sdpa", 1),
                         ("proj", 1), ("norm proj silu proj", 1), ("proj", 1)],
-    # Qwen3 eager: q_norm's cast to float32 and q K^T do not trace (GAPS), so the query's
-    # projection, its norm and RoPE, and the softmax with its product are pieces apart
-    ("qwen3", "eager"): [("proj", 1), ("norm rope", 1), ("norm proj proj norm rope", 3),
-                         ("softmax bmm proj", 1), ("norm proj silu proj", 1), ("proj", 1)],
+    ("qwen3", "eager"): [("norm proj norm proj rope", 3), ("proj norm rope bmm softmax", 1),
+                         ("bmm proj", 1), ("norm proj silu proj", 1), ("proj", 1)],
 }
-#: what each decoder layer leaves out: the cache write, and (Qwen3 eager) the gaps below
-LAYER_LEFT_OUT = {
-    ("llama", "sdpa"): CACHE_WRITE, ("llama", "eager"): CACHE_WRITE,
-    ("qwen3", "sdpa"): CACHE_WRITE,
-    ("qwen3", "eager"): {**CACHE_WRITE,
-                         "_to_copy_2": "does not trace: no layout fits after 64 tries",
-                         "matmul": "does not trace: matmul: an earlier reshape merged a "
-                                   "matrix dim (torch shape (1, 4, 1, 16), graph dims "
-                                   "(1, 1, 1, 4, 16))",
-                         **dict.fromkeys(("transpose_3", "_unsafe_view", "clone", "expand_3",
-                                          "unsqueeze_5"), SHARED_VIEW)},
-}
+#: what each decoder layer leaves out: the cache write only
+LAYER_LEFT_OUT = {(family, attn): CACHE_WRITE for family in ("llama", "qwen3")
+                  for attn in ("sdpa", "eager")}
 
 
 def _signature(piece: Any) -> tuple[str, int]:
@@ -109,12 +95,11 @@ def test_a_decoder_layer_at_decode_is_cut_at_its_norms_and_its_cache_write(
         family: str, attn: str, dtype: Any) -> None:
     """``LlamaDecoderLayer`` / ``Qwen3DecoderLayer`` (transformers 5.x, random init), one
     decode step with a static cache written in place, attention ``sdpa`` or ``eager``.
-    Fuses (one piece each): transformers' float32 RMSNorm with the K and V projections and
-    K's RoPE (three outputs: K, V and the normed hidden state the query's projection takes);
-    the query's projection with its RoPE (eager: and the scores and softmax); the output
-    projection with the residual add; the MLP's norm with gate/up and silu·mul; the down
-    projection with the residual. Not in any piece: the cache write (``index_put``,
-    ``copy_``); for Qwen3 eager also the query's norm cast and q K^T (``GAPS``)."""
+    Fuses (one piece each): transformers' float32 RMSNorm with the projections and RoPEs it
+    feeds (three outputs; eager: K, V and the normed hidden state the query's projection
+    takes, which goes with the scores and softmax); SDPA; the output projection with the
+    residual add; the MLP's norm with gate/up and silu·mul; the down projection with the
+    residual. Not in any piece: the cache write (``index_put``, ``copy_``)."""
     step = ub.hf_step(family, attn, dtype)
     parts = partition(step, step.example_inputs())
     assert [_signature(p) for p in parts.pieces] == LAYER_PIECES[family, attn]
@@ -139,13 +124,13 @@ BLOCKS: dict[str, tuple[Any, dict[str, int], list[tuple[str, int]], dict[str, st
                          "getitem_1": NO_OP, "getitem_2": NO_OP, "transpose_1": VIEW_COPY,
                          "clone": INPUT_COPY})
        for norm, tag in (("layer", "layernorm"), ("rms", "norm"))},
-    # LoRA under the default caps: the base projection and the adapter's two are pieces apart
-    # and their sum, one add, runs as is; eval-mode dropout exports as a clone of x, left out
+    # LoRA under the default caps: the adapter's two projections, then the base projection
+    # with the sum (eval-mode dropout's clone of x folds: the pieces read x itself)
     "lora": (lambda dt: (ub.LoraLinear(dt), (ub.tokens(dt),)), {},
-             [("proj", 1), ("proj proj", 1)], {"clone": INPUT_COPY, "add": NOT_KEPT}),
-    # LoRA with three matmuls a piece: one piece, which takes x and its clone (two inputs)
+             [("proj proj", 1), ("proj", 1)], {}),
+    # LoRA with three matmuls a piece: one piece
     "lora-3": (lambda dt: (ub.LoraLinear(dt), (ub.tokens(dt),)), {"max_matmuls": 3},
-               [("proj proj proj", 1)], {"clone": INPUT_COPY}),
+               [("proj proj proj", 1)], {}),
     # the final norm (LlamaRMSNorm) with the LM head: one piece, the paper's RMSNorm + Linear
     "head": (lambda dt: (ub.FinalNormHead(dt), (ub.tokens(dt, (1, 1, ub.HIDDEN)),)), {},
              [("norm proj", 1)], {}),
@@ -166,12 +151,8 @@ def test_a_block_is_cut_into_the_pieces_its_code_suggests(block: str, dtype: Any
 
 #: what should fuse and does not yet: (block, what), each a strict xfail
 GAPS = {
-    "qwen3-eager": "q_norm's .to(float32) on the (b, 1, heads, head_dim) view finds no layout, "
-                   "and q K^T against repeat_kv's keys does not trace (a reshape merged a "
-                   "matrix dim)",
     "neox": "the fused query_key_value's split (view, permute, chunk) runs as is: a permute "
             "of a computed value is refused and split_with_sizes has no rule",
-    "lora": "eval-mode dropout's aten.clone of x is left out: the piece takes x twice",
 }
 
 
@@ -181,14 +162,9 @@ GAPS = {
 def test_nothing_but_the_cache_write_is_left_out(gap: str) -> None:
     """What the partitioner should leave out of these blocks: a decoder layer's static cache
     write, nothing else (no dtype, view or head-sharing reasons)."""
-    dt = torch.float16
-    if gap == "qwen3-eager":
-        step = ub.hf_step("qwen3", "eager", dt)
-        assert dict(partition(step, step.example_inputs()).left_out) == CACHE_WRITE
-    else:
-        build, options, _, _ = BLOCKS["neox-layer" if gap == "neox" else "lora-3"]
-        model, inputs = build(dt)
-        assert dict(partition(model, inputs, **options).left_out) == {}
+    build, options, _, _ = BLOCKS["neox-layer"]
+    model, inputs = build(torch.float16)
+    assert dict(partition(model, inputs, **options).left_out) == {}
 
 
 # -- backend level: a search per piece, budgeted by tasks -------------------------------------

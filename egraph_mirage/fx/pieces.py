@@ -133,7 +133,7 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
                 for chunk in _cut(cone, supported, max_matmuls, max_reductions, left, levels):
                     cones += _cones(sorted(chunk, key=order.__getitem__), cone)
         cones = list({c[-1]: c for c in reversed(cones)}.values())[::-1]  # one per output
-        cones = _joined(cones, order, max_matmuls, max_reductions)
+        cones = _joined(cones, order, max_matmuls, max_reductions, adjacent=not levels)
         pieces = [c for c in cones if _worth(c)]
         for c in cones:
             if not _worth(c):
@@ -214,13 +214,16 @@ def _refusal(node: Any, supported: set[Any]) -> str | None:
 
 
 def _broadcast_copy(node: Any) -> bool:
-    """Whether copy ``node`` materialises a broadcast of a value from outside that only
-    operators read (the repeat of a cache's K/V heads, expand then clone): the piece folds the
-    broadcast instead, never making the copy. Other copies of values from outside (a transposed
+    """Whether copy ``node`` of a value from outside that only operators read can fold: a copy
+    of the value itself (eval-mode dropout's clone), or one that materialises a broadcast of it
+    (the repeat of a cache's K/V heads, expand then clone): the piece reads the value (folding
+    the broadcast), never making the copy. Other copies of values from outside (a transposed
     view made contiguous, which a reshape after it needs) run as is."""
     if not all(_rule(u) is not None for u in node.users):  # something writes into the copy
         return False
     m = node.args[0] if node.args else None
+    if not (hasattr(m, "op") and _rule(m) is not None and _rule(m).kind != aten.COMPUTE):  # type: ignore[union-attr]
+        return True  # the value itself, not a view of it
     while hasattr(m, "op") and _rule(m) is not None and _rule(m).kind != aten.COMPUTE:  # type: ignore[union-attr]
         if aten_name(m.target) == "aten.expand.default":
             return True
@@ -416,16 +419,25 @@ def _cones(chunk: Sequence[Any], cone: Sequence[Any] | None = None) -> list[list
 
 
 def _joined(cones: list[list[Any]], order: Mapping[Any, int], max_matmuls: int,
-            max_reductions: int) -> list[list[Any]]:
-    """``cones`` with those that share a node joined into one piece of several outputs, where
-    the union is convex (no path between two of its nodes runs outside it) and each of its
-    outputs' cones within it keeps the caps: the shared nodes are then computed once (step 5).
+            max_reductions: int, adjacent: bool = True) -> list[list[Any]]:
+    """``cones`` with those that share a node, or of which one reads the other's value, joined
+    into one piece of several outputs, where the union is convex (no path between two of its
+    nodes runs outside it) and each of its outputs' cones within it keeps the caps: the shared
+    nodes are then computed once, and a value one reads from the other stays in the kernels
+    (step 5: a query projection and its RoPE rotation join the piece of the norm they read).
     Cones are joined one at a time, the earliest first; a join that would not be allowed is not
-    made (the node is computed again in each, ``_recompute_shared``)."""
+    made (a shared node is computed again in each, ``_recompute_shared``). Without
+    ``adjacent`` (a cut by ``levels``, whose runs are apart on purpose) only cones that share a
+    node are joined."""
+    def touch(a: set[Any], b: set[Any]) -> bool:
+        reads = any(i in a for n in b for i in n.all_input_nodes) or \
+            any(i in b for n in a for i in n.all_input_nodes)
+        return bool(a & b) or (adjacent and reads)
+
     def joinable(a: set[Any], b: set[Any]) -> bool:
         union = a | b
-        return bool(a & b) and _convex(union) and _within_caps(union, order, max_matmuls,
-                                                                max_reductions)
+        return touch(a, b) and _convex(union) and _within_caps(union, order, max_matmuls,
+                                                               max_reductions)
 
     groups: list[list[Any]] = []
     for c in cones:
