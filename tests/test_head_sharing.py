@@ -137,6 +137,11 @@ def _layer(kind: str) -> tuple[Any, tuple[Any, ...]]:
             Qwen3RotaryEmbedding as Rope,
         )
         cfg = transformers.Qwen3Config(**kw)
+    return _decode_step(Layer, Rope, cfg)
+
+
+def _decode_step(Layer: Any, Rope: Any, cfg: Any) -> tuple[Any, tuple[Any, ...]]:
+    """A decoder layer of ``transformers`` (random init, fp16) at decode: one token, no cache."""
     torch.manual_seed(0)
     layer = Layer(cfg, 0).to(torch.float16).eval()
     x = torch.randn(1, 1, HIDDEN, dtype=torch.float16)
@@ -215,3 +220,34 @@ def test_qwen3_eager_decode_with_a_static_cache_leaves_out_only_the_cache_write(
         parts = partition(step, step.example_inputs(1))
     assert set(dict(parts.left_out)) == {"index_put", "index_put_1", "copy__default",
                                          "copy__default_1"}
+
+
+def test_a_fused_qkv_projection_chunked_into_heads_traces_whole() -> None:
+    """GPT-NeoX's ``query_key_value(x).view(b, 1, h, 3 d).transpose(1, 2).chunk(3, -1)``: the
+    split stays whole through export and each part a ``getitem`` takes is a slice of the
+    projection's last dim (``slice_last``), so nothing is left out."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt_neox.modeling_gpt_neox import (
+        GPTNeoXLayer,
+        GPTNeoXRotaryEmbedding,
+    )
+
+    cfg = transformers.GPTNeoXConfig(hidden_size=HIDDEN, num_attention_heads=H,
+                                     intermediate_size=128, num_hidden_layers=1, vocab_size=128,
+                                     use_parallel_residual=True, attn_implementation="eager")
+    module, args = _decode_step(GPTNeoXLayer, GPTNeoXRotaryEmbedding, cfg)
+    with torch.no_grad():
+        parts = partition(module, args)
+    assert dict(parts.left_out) == {}
+    (qkv,) = [p for p in parts.pieces if "getitem_2" in p.nodes]
+    assert {"linear", "transpose", "getitem", "getitem_1", "matmul"} <= set(qkv.nodes)
+    for p in parts.pieces:
+        traced = trace_fx(p.module, p.example_inputs)
+        for want, got in zip(p.module(*p.example_inputs),
+                             traced.reference(*p.example_inputs), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    with torch.no_grad():
+        got, want = parts.module(*args), module(*args)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    want = want[0] if isinstance(want, (tuple, list)) else want
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)

@@ -7,8 +7,8 @@ Two levels. **Partition** (cheap; every block in fp16 and bf16): ``fx.partition`
 block into exactly the pieces listed here, each written as its tags (``_signature``: ``norm``
 an RMSNorm, ``layernorm``, ``proj`` a projection, ``rope`` a rotation, ``sdpa``, ``bmm`` an
 attention product, ``softmax``, ``silu``, ``gelu``, in graph order) and its number of outputs,
-and leaves out exactly the operators listed (today: a static cache's in-place write; the gaps
-named in ``GAPS`` are strict xfails). **Backend** (a search per piece, budgeted by tasks, CPU
+and leaves out exactly the operators listed (a static cache's in-place write; over several
+tokens, true transposes). **Backend** (a search per piece, budgeted by tasks, CPU
 and Triton's interpreter): ``torch.compile(..., backend="egraph_mirage")`` matches eager within
 ``TOLERANCE`` and replaces the computations listed, each by a piece of its own (today often a
 part of a piece: one the search found nothing for whole within its tasks is cut at its matmuls
@@ -47,7 +47,6 @@ CACHE_WRITE = {name: "no op-table operator computes it"
                for name in ("index_put", "index_put_1", "copy__default", "copy__default_1")}
 INPUT_COPY = "a copy of a value from outside runs as is (the piece takes the copy)"
 VIEW_COPY = "a view of a computed value would be a copy (only views of inputs fold)"
-NO_OP = "no op-table operator computes it"
 
 #: the pieces of each decoder layer (family, attention): (signature, outputs), in order
 LAYER_PIECES = {
@@ -114,14 +113,14 @@ BLOCKS: dict[str, tuple[Any, dict[str, int], list[tuple[str, int]], dict[str, st
     # gelu-tanh product; down projection and residual apart (the cap of two matmuls)
     "gemma": (lambda dt: (ub.GemmaNormMLP(dt), (ub.tokens(dt),)), {},
               [("norm proj gelu proj", 1), ("proj", 1)], {}),
-    # GPT-NeoX's parallel residual, each norm with the projection it feeds; the fused
-    # query_key_value's split into q, k, v (permute of a computed value, chunk) runs as is, and
-    # the attention piece takes q, k, v from it (GAPS)
+    # GPT-NeoX's parallel residual over several tokens, each norm with the projection it
+    # feeds; the fused query_key_value's chunk into q, k, v is three slices; the heads'
+    # permute of the projection and the keys' transpose are true transposes over several
+    # tokens (copies: they run as is, and the attention piece takes the contiguous copy)
     **{f"neox-{norm}": (lambda dt, norm=norm: (ub.NeoXParallelBlock(dt, norm), (ub.tokens(dt),)),
                         {}, [(f"{tag} proj", 1), ("bmm softmax bmm", 1), ("proj", 1),
                              (f"{tag} proj gelu proj", 1)],
-                        {"permute": VIEW_COPY, "split_with_sizes": NO_OP, "getitem": NO_OP,
-                         "getitem_1": NO_OP, "getitem_2": NO_OP, "transpose_1": VIEW_COPY,
+                        {"permute": VIEW_COPY, "transpose_1": VIEW_COPY,
                          "clone": INPUT_COPY})
        for norm, tag in (("layer", "layernorm"), ("rms", "norm"))},
     # LoRA under the default caps: the adapter's two projections, then the base projection
@@ -147,24 +146,6 @@ def test_a_block_is_cut_into_the_pieces_its_code_suggests(block: str, dtype: Any
     parts = partition(model, inputs, **options)
     assert [_signature(p) for p in parts.pieces] == pieces
     assert _left_out_matches(dict(parts.left_out), left_out)
-
-
-#: what should fuse and does not yet: (block, what), each a strict xfail
-GAPS = {
-    "neox": "the fused query_key_value's split (view, permute, chunk) runs as is: a permute "
-            "of a computed value is refused and split_with_sizes has no rule",
-}
-
-
-@pytest.mark.parametrize("gap", [pytest.param(g, marks=pytest.mark.xfail(strict=True,
-                                                                          reason=why))
-                                 for g, why in GAPS.items()])
-def test_nothing_but_the_cache_write_is_left_out(gap: str) -> None:
-    """What the partitioner should leave out of these blocks: a decoder layer's static cache
-    write, nothing else (no dtype, view or head-sharing reasons)."""
-    build, options, _, _ = BLOCKS["neox-layer"]
-    model, inputs = build(torch.float16)
-    assert dict(partition(model, inputs, **options).left_out) == {}
 
 
 # -- backend level: a search per piece, budgeted by tasks -------------------------------------
@@ -245,7 +226,7 @@ def test_neox_parallel_block_with_layer_norm(tmp_path: Path) -> None:
     not found within 40 of 67 tasks), attention's second product, ``dense`` with both
     residual adds, the MLP's up projection with bias and GELU, its down projection with
     bias and the sum. Kept: both LayerNorms, the scores with mask and softmax (not found
-    within 40 tasks); the fused QKV's split runs as is (``GAPS``)."""
+    within 40 tasks); the heads' transposes over several tokens run as is."""
     dt = torch.float16
     model, inputs = BLOCKS["neox-layer"][0](dt)
     want, got, report = _compiled(model, inputs, tmp_path, max_tasks=40)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import UnsupportedOpError
 from ..ops import OPS
-from .traced import Computed
+from .traced import Computed, aten_name
 from .views import graph_dim
 
 COMPUTE, RELABEL, INPUT_VIEW = "compute", "relabel", "input_view"
@@ -269,6 +269,45 @@ def _slices_last_dim(node: Any) -> bool:
     return available("slice_last") and step == 1 and dim % rank == rank - 1
 
 
+@dataclass(frozen=True)
+class Split:
+    """The parts of ``split_with_sizes`` (a fused projection's ``chunk``), not yet taken: a
+    ``getitem`` slices its part out (``Tracer.slice``), so a part no one takes costs nothing."""
+
+    value: Any
+    dim: int
+    sizes: tuple[int, ...]
+
+
+def _split_with_sizes(t: Any, x: Any, split_sizes: Any, dim: int = 0) -> Split:
+    return Split(x, dim, tuple(split_sizes))
+
+
+def _split(t: Any, x: Any, split_size: int, dim: int = 0) -> Split:
+    size = x.shape[dim % len(x.shape)]
+    return Split(x, dim, tuple(min(split_size, size - lo) for lo in range(0, size, split_size)))
+
+
+def _getitem(t: Any, parts: Any, index: int) -> Any:
+    if not isinstance(parts, Split):
+        raise UnsupportedOpError(f"getitem of {type(parts).__name__} (only of a split's parts)")
+    lo = sum(parts.sizes[:index % len(parts.sizes)])
+    return t.slice(parts.value, parts.dim, lo, lo + parts.sizes[index])
+
+
+def _splits_last_dim(node: Any) -> bool:
+    """Whether a split node cuts the last dim of its input and ``slice_last`` is in the table
+    (then its parts are slices of an intermediate too)."""
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    rank = len(_in_shape(node))
+    return available("slice_last") and rank > 0 and dim % rank == rank - 1
+
+
+def _getitem_choose(parts: Any, index: Any) -> tuple[str, ...] | str:
+    name = aten_name(parts.target) if hasattr(parts, "target") else type(parts).__name__
+    return () if name in SPLITS else f"getitem of {name} (only of a split's parts)"
+
+
 def _reshape(t: Any, x: Any, *_: Any, **__: Any) -> Any:
     return t.reshape(x, t.out_shape)
 
@@ -374,6 +413,8 @@ def _repeat_choose(x: Any, repeats: Any, dim: Any = None, **_: Any) -> tuple[str
         "repeats must be an int and dim given (repeat of K/V heads along one dim)"
 
 
+#: the splits whose parts ``getitem`` takes
+SPLITS = frozenset({"aten.split_with_sizes.default", "aten.split.Tensor"})
 _VIEW = {"kind": INPUT_VIEW}
 _RELABEL = {"kind": RELABEL}
 _SOFTMAX = ("amax", "sub", "exp", "reduction", "div")
@@ -430,6 +471,11 @@ RULES: dict[str, Rule] = {
     "aten.slice.Tensor": Rule(_slice, choose=_slice_choose, on_intermediate=_slices_last_dim,
                               **_VIEW),
     "aten.narrow.default": Rule(_narrow, **_VIEW),
+    # a split (a fused QKV projection's chunk): each part a slice where a getitem takes it
+    "aten.split_with_sizes.default": Rule(_split_with_sizes, on_intermediate=_splits_last_dim,
+                                          **_VIEW),
+    "aten.split.Tensor": Rule(_split, on_intermediate=_splits_last_dim, **_VIEW),
+    "getitem": Rule(_getitem, choose=_getitem_choose, **_RELABEL),
     "aten.select.int": Rule(_select, on_intermediate=_select_relabels, **_VIEW),
     # views that fold into a graph input; on an intermediate, a permute that only moves size-1
     # dims is a relabelling, and an expand (a repeat of K/V heads) keeps its size-1 graph dim,

@@ -126,7 +126,7 @@ def decompositions() -> Any:
 
     table = torch.export.default_decompositions()
     for name, rule in aten.RULES.items():
-        if all(aten.available(e) for e in rule.requires):
+        if name.count(".") == 2 and all(aten.available(e) for e in rule.requires):
             namespace, op, overload = name.split(".")  # aten, or prims
             table.pop(getattr(getattr(getattr(torch.ops, namespace), op), overload), None)
     return table
