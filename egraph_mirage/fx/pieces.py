@@ -9,9 +9,13 @@
 2. **capability**: a node is supported when the mapping table (``aten.RULES``) has a rule whose
    op-table entries are in ``OPS`` now and which takes the node's arguments, and its tensors are
    float16, bfloat16 or float32. A view that only folds into a graph input (permute, expand, a
-   slice, ...) is supported only where it views a value from outside the computation (its chain
-   of views does not start at a supported computing node), so that it becomes a piece's input
-   view.
+   slice, ...) is supported where it views a value from outside the computation (its chain of
+   views does not start at a supported computing node), so that it becomes a piece's input
+   view, and on a computed value only where it relabels it (``aten.Rule.on_intermediate``: a
+   permute of size-1 dims at decode, an expand of shared K/V heads that broadcasts). Before
+   this, each view of an outside value that several nodes use is copied once per user
+   (``_views_per_user``). A copy (clone) of an outside value is supported where only operators
+   read it and it copies the value itself or a broadcast of it (``_broadcast_copy``).
 3. **partition**: torch's ``CapabilityBasedPartitioner`` groups supported nodes into partitions
    without cycles.
 4. **cones**: each partition is split into cones, one per value that leaves it: the node and
@@ -35,10 +39,12 @@
    nodes outside) use runs as is. The default of two
    matmuls keeps a gated MLP's two projections together and its down projection apart; a
    program of three matmuls searched whole (LoRA) needs ``max_matmuls=3``.
-   Then **several outputs**: cones that share a node are joined into one piece of several
-   outputs where the union is convex (``_joined``), so that the shared node is computed once:
-   an RMSNorm before the query, key and value projections is one piece with three outputs. A
-   node shared by cones that cannot be joined is computed again in each.
+   Then **several outputs**: cones that share a node, or of which one reads the other's value,
+   are joined into one piece of several outputs where the union is convex and each output's
+   cone in it keeps the caps (``_joined``; under ``levels``, only cones that share a node), so
+   that a shared node is computed once and a value read across stays in the kernels: an
+   RMSNorm before the query, key and value projections and their RoPE rotations is one piece
+   with three outputs. A node shared by cones that cannot be joined is computed again in each.
    With ``levels``, each cone is first cut at its matmuls' inputs: a node's level is the most
    matmuls on a path from the cone's inputs to it (itself counted), and each level is a run
    (levels never decrease along an edge, so ordering by level keeps a topological order and
