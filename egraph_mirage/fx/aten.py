@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import UnsupportedOpError
 from ..ops import OPS
-from .traced import Computed, aten_name
+from .traced import Computed, aten_name, meta_of
 from .views import graph_dim
 
 COMPUTE, RELABEL, INPUT_VIEW = "compute", "relabel", "input_view"
@@ -201,7 +201,7 @@ def _layer_norm_choose(x: Any, normalized_shape: Any, weight: Any = None, bias: 
     if len(normalized_shape) != 1:
         return (f"layer_norm over the last {len(normalized_shape)} dims {tuple(normalized_shape)}"
                 " (only the last dim is mapped: a reduction is along one dim)")
-    dtype = getattr(_meta(x), "dtype", None)
+    dtype = getattr(meta_of(x), "dtype", None)
     return (*(("cast",) if dtype is not None and str(dtype) != "torch.float32" else ()),
             *(("add",) if bias is not None else ()))
 
@@ -234,14 +234,9 @@ def _sdpa_choose(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float
         return "is_causal=True (give the mask as attn_mask)"
     if dropout_p:
         return f"dropout_p={dropout_p} (inference only)"
-    if attn_mask is not None and "bool" in str(getattr(_meta(attn_mask), "dtype", "")):
+    if attn_mask is not None and "bool" in str(getattr(meta_of(attn_mask), "dtype", "")):
         return "a boolean attn_mask (an additive float mask is mapped)"
     return ("add",) if attn_mask is not None else ()
-
-
-def _meta(node: Any) -> Any:
-    """The example value fx records for ``node`` (None for a non-node)."""
-    return getattr(node, "meta", {}).get("val")
 
 
 def _cat(t: Any, tensors: list[Any], dim: int = 0) -> Any:
@@ -357,8 +352,7 @@ def _select(t: Any, x: Any, dim: int, index: int) -> Any:
 
 def _in_shape(node: Any) -> tuple[int, ...]:
     """The torch shape of fx node ``node``'s first argument (from fx's meta)."""
-    value = node.args[0].meta.get("val", node.args[0].meta.get("example_value"))
-    return tuple(value.shape)
+    return tuple(meta_of(node.args[0]).shape)
 
 
 def relabels(shape: tuple[int, ...], perm: Any) -> bool:

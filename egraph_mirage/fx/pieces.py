@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -326,16 +326,24 @@ def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reduct
     return chunks
 
 
+def _reached(starts: Iterable[Any], step: Callable[[Any], Iterable[Any]]) -> set[Any]:
+    """Every node reached from ``starts`` (included) by following ``step``."""
+    seen: set[Any] = set()
+    todo = list(starts)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(step(n))
+    return seen
+
+
 def _ancestors(node: Any, within: set[Any]) -> list[Any]:
     """The ancestors of ``node`` in ``within`` (reached through nodes of ``within``)."""
-    seen: set[Any] = set()
-    todo = [a for a in node.all_input_nodes if a in within]
-    while todo:
-        a = todo.pop()
-        if a not in seen:
-            seen.add(a)
-            todo.extend(b for b in a.all_input_nodes if b in within)
-    return list(seen)
+    def inputs(n: Any) -> list[Any]:
+        return [a for a in n.all_input_nodes if a in within]
+
+    return list(_reached(inputs(node), inputs))
 
 
 def _projection(node: Any) -> bool:
@@ -487,20 +495,9 @@ def _within_caps(nodes: set[Any], order: Mapping[Any, int], max_matmuls: int,
 
 def _convex(nodes: set[Any]) -> bool:
     """Whether no node outside ``nodes`` lies on a path between two of them."""
-    below: set[Any] = set()
-    todo = [u for n in nodes for u in n.users if u not in nodes]
-    while todo:
-        n = todo.pop()
-        if n not in below:
-            below.add(n)
-            todo.extend(n.users)
-    above: set[Any] = set()
-    todo = [a for n in nodes for a in n.all_input_nodes if a not in nodes]
-    while todo:
-        n = todo.pop()
-        if n not in above:
-            above.add(n)
-            todo.extend(n.all_input_nodes)
+    below = _reached((u for n in nodes for u in n.users if u not in nodes), lambda n: n.users)
+    above = _reached((a for n in nodes for a in n.all_input_nodes if a not in nodes),
+                     lambda n: n.all_input_nodes)
     return not (below & above)
 
 
