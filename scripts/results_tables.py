@@ -110,7 +110,9 @@ def gpu_speedups(rows: list[Row]) -> str:
 
 
 def torch_table(rows: list[Row]) -> str:
-    """One line per model, batch, dtype and backend timing: each mode's plain / graph µs."""
+    """One line per model, batch, dtype and backend timing: each mode's plain / graph µs, the
+    backend's speedup over the best other mode and its fraction of the copy floor under graph
+    replay (``floor_fraction_graph``; – for rows recorded without a floor: none is inferred)."""
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     runs: dict[tuple[Any, ...], dict[str, Row]] = {}
     for r in rows:
@@ -124,9 +126,10 @@ def torch_table(rows: list[Row]) -> str:
                         if m in by_mode else "–" for m in modes],
                       pair(times(ours.get("speedup_vs_best")),
                            times(ours.get("speedup_vs_best_graph"))),
+                      ratio(ours.get("floor_fraction_graph")),
                       f"{ours['replaced']}/{ours['pieces']}" if ours else "–", commit(some)])
     header = ["model", "b", "dtype", "backend timing", *modes,
-              "ours vs best (plain / graph)", "replaced", "commit"]
+              "ours vs best (plain / graph)", "of floor (graph)", "replaced", "commit"]
     return markdown(header, lines)
 
 

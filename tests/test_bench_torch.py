@@ -1,7 +1,8 @@
 """``egraph-mirage bench torch`` without a GPU: the refusal, the ``--cpu-smoke`` run of the small
 Llama layer (kernels in Triton's interpreter) with its JSON rows and table, a replaced piece
 through a stand-in search, transformers' Llama and Qwen3 layers with a concatenated and a static
-cache in fp16 and bf16, several dtypes in one run, speedups and the table's format."""
+cache in fp16 and bf16, several dtypes in one run, speedups, the copy floor's bytes and
+fractions, and the table's format."""
 
 from __future__ import annotations
 
@@ -32,6 +33,45 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def _llama_floor_bytes(s: Any, batch: int, itemsize: int) -> int:
+    """``LlamaLayer``'s decode step's floor counted by hand from its sizes: the weights (two
+    RMSNorm gains, Wq, Wk, Wv, Wo, the MLP's three), the rotary cos and sin, the KV cache read,
+    the new token in and its output, keys and values out."""
+    weights = (2 * s.hidden + s.hidden * s.heads * s.head_dim
+               + 2 * s.hidden * s.kv_heads * s.head_dim + s.heads * s.head_dim * s.hidden
+               + 3 * s.hidden * s.mlp + 2 * s.head_dim)
+    cache = 2 * batch * s.kv_heads * s.kv_len * s.head_dim
+    io = 2 * batch * s.hidden + 2 * batch * s.kv_heads * s.head_dim
+    return (weights + cache + io) * itemsize
+
+
+def test_the_floor_counts_the_weights_the_cache_and_the_step_in_and_out() -> None:
+    from egraph_mirage.gpu.floor import module_call_bytes
+
+    example = tb.load_example()
+    sizes = example.LlamaSizes.small()
+    layer = example.LlamaLayer(sizes, dtype=torch.float16).requires_grad_(False)
+    inputs = layer.example_inputs(3)
+    assert module_call_bytes(layer, inputs) == _llama_floor_bytes(sizes, 3, 2) == 87_488
+
+
+@pytest.mark.parametrize("cache", ["concat", "static"])
+def test_the_floor_counts_only_the_buffers_the_forward_reads(cache: str) -> None:
+    """``HFDecodeStep`` holds ``cache_position`` (int64) for both caches; only the static
+    cache's ``index_copy_`` reads it."""
+    pytest.importorskip("transformers")
+    from egraph_mirage.gpu.floor import module_call_bytes
+
+    example = tb.load_example()
+    step = example.HFDecodeStep(example.LlamaSizes.small(), torch.float16, family="qwen3",
+                                cache=cache).requires_grad_(False)
+    x, k_cache, v_cache = inputs = step.example_inputs(2)
+    weights = sum(p.numel() * 2 for p in step.parameters()) + 2 * step.cos.numel() * 2
+    io = (x.numel() + k_cache.numel() + v_cache.numel()) * 2 + (x.numel() + 2 * 2 * 2 * 16) * 2
+    position = 8 if cache == "static" else 0
+    assert module_call_bytes(step, inputs) == weights + io + position
 
 
 @CPU_ONLY
@@ -71,11 +111,17 @@ def test_the_cpu_smoke_run_writes_json_rows_and_prints_the_table(
     assert 0 < ours["searches"] and ours["searches"] + ours["cache_hits"] >= ours["pieces"]
     assert ours["report"].startswith("egraph-mirage: graph")
     assert ours["speedup_vs_best"] == pytest.approx(eager["plain_us"] / ours["plain_us"])
+    # the floor's bytes are counted; without a GPU there is no bandwidth, so no floor time
+    sizes = tb.load_example().LlamaSizes(**ours["sizes"])
+    assert all(r["floor_bytes"] == _llama_floor_bytes(sizes, 1, 2) for r in rows)
+    assert all(r[k] is None for r in rows for k in ("copy_bandwidth", "floor_us",
+                                                     "floor_fraction", "floor_fraction_graph"))
     head, line = out.splitlines()[:2]
     assert head.split()[:5] == ["model", "dtype", "b", "eager", "µs"] and "ours vs best" in head
+    assert "ours of floor" in head
     assert line.split()[:3] == ["llama", "fp16", "1"]
-    assert line.split()[-2:] == [f"0/{ours['pieces']}", "0.0e+00"]
-    assert "µs: cpu wall clock (Triton interpreter)" in out
+    assert line.split()[-3:] == ["–", f"0/{ours['pieces']}", "0.0e+00"]
+    assert "µs: cpu wall clock (Triton interpreter)" in out and "of floor:" not in out
     assert f"wrote {rows_file}" in err
 
 
@@ -99,6 +145,18 @@ def test_a_replaced_piece_is_counted_and_checked_against_eager(tmp_path: Path) -
     # every piece can be replaced (the program itself, lowered as is)
     assert ours["replaced"] == ours["pieces"] > 0 and ours["matches_eager"]
     assert ours["report"].count(" | replaced: ") == ours["pieces"]
+
+
+def test_a_measured_bandwidth_gives_every_mode_its_fraction_of_the_floor(tmp_path: Path) -> None:
+    cfg = tb.TorchBenchConfig(models=("llama",), batches=(2,), preset="small", modes=("eager",),
+                              rest="eager", device="cpu", cache_dir=str(tmp_path))
+    (row,) = tb.bench_torch(cfg, timer=tb.CpuTimer(repeats=1), log=lambda _: None,
+                            copy_bandwidth=1e9)
+    nbytes = _llama_floor_bytes(tb.load_example().LlamaSizes.small(), 2, 2)
+    assert row["floor_bytes"] == nbytes and row["copy_bandwidth"] == 1e9
+    assert row["floor_us"] == pytest.approx(nbytes / 1e3)
+    assert row["floor_fraction"] == pytest.approx(row["floor_us"] / row["plain_us"])
+    assert row["floor_fraction_graph"] is None  # no graph replay on the CPU
 
 
 @pytest.mark.parametrize(("model", "dtype"), [
@@ -221,14 +279,30 @@ def test_speedups_and_the_table() -> None:
     lines = tb.format_table(rows + hf).splitlines()
     assert lines[0].split() == ["model", "dtype", "b", "eager", "µs", "compile", "µs",
                                 "max-autotune", "µs", "egraph_mirage", "µs", "ours", "vs",
-                                "best", "replaced", "ours", "error"]
+                                "best", "ours", "of", "floor", "replaced", "ours", "error"]
+    # rows without a floor (as written before it existed): an empty cell, no floor line
     assert lines[1].split() == ["llama", "fp16", "8", "20.0", "/", "10.0", "16.0", "/", "8.0",
                                 "15.0", "/", "9.0", "12.0", "/", "8.0", "1.25×", "/", "1.00×",
-                                "2/4", "2.5e-03"]
+                                "–", "2/4", "2.5e-03"]
     assert lines[2].split() == ["hf", "fp16", "8", "30.0", "/", "20.0", "failed", "–", "40.0", "/",
-                                "25.0", "(WRONG)", "0.75×", "/", "0.80×", "1/7", "5.0e-01",
+                                "25.0", "(WRONG)", "0.75×", "/", "0.80×", "–", "1/7", "5.0e-01",
                                 "WRONG"]
     assert lines[3] == "µs: plain launches / CUDA-graph replay"
+    assert lines[4].startswith("hf float16 b=8 compile: RuntimeError")
+
+
+def test_the_table_shows_the_backends_fraction_of_the_floor_under_graph_replay() -> None:
+    rows = [_row("eager", 20.0, 10.0), _row("egraph_mirage", 12.0, 8.0, pieces=4, replaced=2)]
+    tb._speedups(rows)
+    tb._floor(rows, 12_000_000, 2e12)  # 6 µs at 2 TB/s
+    assert rows[0]["floor_us"] == pytest.approx(6.0)
+    assert rows[0]["floor_fraction_graph"] == pytest.approx(0.6)
+    assert rows[1]["floor_fraction"] == pytest.approx(0.5)
+    assert rows[1]["floor_fraction_graph"] == pytest.approx(0.75)
+    lines = tb.format_table(rows).splitlines()
+    assert lines[1].split()[-6:] == ["1.67×", "/", "1.25×", "0.75", "2/4", "1.0e-03"]
+    assert lines[3] == ("of floor: the copy floor over the CUDA-graph µs (floor: parameters, KV "
+                        "cache and activations moved once at 2.00 TB/s)")
 
 
 def test_the_backend_over_max_autotune_is_compared_with_the_modes_that_are_not_ours() -> None:
@@ -243,10 +317,11 @@ def test_the_backend_over_max_autotune_is_compared_with_the_modes_that_are_not_o
     assert rows[-1]["speedup_vs_best"] == pytest.approx(15 / 14)
     assert rows[-1]["speedup_vs_best_graph"] == pytest.approx(1.0)
     head, line = tb.format_table(rows).splitlines()[:2]
-    assert head.split()[-9:] == ["ours", "vs", "best", "ours-max-autotune", "vs", "best",
-                                 "replaced", "ours", "error"]
-    assert line.split()[-9:] == ["1.50×", "/", "1.25×", "1.07×", "/", "1.00×", "2/4", "0/4",
-                                 "4.0e-03"]
+    assert head.split()[-15:] == ["ours", "vs", "best", "ours-max-autotune", "vs", "best",
+                                  "ours", "of", "floor", "ours-max-autotune", "of", "floor",
+                                  "replaced", "ours", "error"]
+    assert line.split()[-11:] == ["1.50×", "/", "1.25×", "1.07×", "/", "1.00×", "–", "–",
+                                  "2/4", "0/4", "4.0e-03"]
 
 
 def test_modes_are_timed_in_rounds_the_fastest_plain_round_and_the_median_graph_counting() -> None:

@@ -35,6 +35,18 @@ theirs, and what it did
 (``pieces``, ``replaced``, ``searches``, ``cache_hits``, ``report``: ``em.torch_report``'s text).
 A mode that fails keeps its row, with ``error`` and no times.
 
+Every row also holds the step's copy floor: ``floor_bytes``, the bytes that must cross device
+memory at least once (``gpu.floor.module_call_bytes`` of the module on the first input set:
+the parameters and buffers its forward reads, the KV cache read once — a static cache's
+``kv_len`` slots, a concatenated cache's past keys and values —, the new token's activations
+in, its output and new keys and values out), the same for every mode; ``copy_bandwidth``, the
+device's copy bandwidth (bytes read + written per second, ``gpu.floor.measure_copy_bandwidth``,
+measured once per run, as ``bench gpu`` does); ``floor_us``, the bytes at that bandwidth; and
+``floor_fraction`` (and ``_graph``), ``floor_us`` over the mode's ``plain_us`` (``graph_us``):
+1 would be a step at copy speed. With ``--cpu-smoke`` no bandwidth is measured: ``floor_bytes``
+is counted, ``copy_bandwidth``, ``floor_us`` and the fractions are None. Rows written before
+these fields existed render without them; no floor is inferred for them.
+
 Without a CUDA GPU the command refuses, unless ``--cpu-smoke``: the small preset on the CPU,
 kernels in Triton's interpreter, timed by wall clock (no graph replay), the backend's rest run
 eagerly; it tests the command, its figures mean nothing.
@@ -75,7 +87,8 @@ BACKEND_MODES = ("egraph_mirage", "egraph_mirage-max-autotune")
 KEYS = ("model", "preset", "sizes", "batch", "dtype", "device", "timing", "backend_timing",
         "mode", "plain_us",
         "graph_us", "plain_rounds", "speedup_vs_eager", "speedup_vs_eager_graph", "speedup_vs_best",
-        "speedup_vs_best_graph", "compile_s", "max_error", "matches_eager", "tolerance",
+        "speedup_vs_best_graph", "floor_bytes", "copy_bandwidth", "floor_us", "floor_fraction",
+        "floor_fraction_graph", "compile_s", "max_error", "matches_eager", "tolerance",
         "pieces", "replaced", "searches", "cache_hits", "report", "error")
 #: the largest relative error against eager a mode may have (a whole layer: looser than one
 #: kernel's ``gpu.tune.TOLERANCE``)
@@ -299,15 +312,28 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
                                                r["graph_us"])
 
 
+def _floor(rows: list[dict[str, Any]], nbytes: int, bandwidth: float | None) -> None:
+    """Each row's copy floor (module docstring): ``nbytes`` at ``bandwidth`` (bytes/s; None:
+    none measured, no floor time) and its fraction of the mode's times."""
+    floor_us = None if bandwidth is None else nbytes / bandwidth * 1e6
+    for r in rows:
+        r.update(floor_bytes=nbytes, copy_bandwidth=bandwidth, floor_us=floor_us,
+                 floor_fraction=ratio(floor_us, r["plain_us"]),
+                 floor_fraction_graph=ratio(floor_us, r["graph_us"]))
+
+
 def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
                 on_row: Callable[[dict[str, Any]], None] | None = None,
-                log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+                log: Callable[[str], None] | None = None,
+                copy_bandwidth: float | None = None) -> list[dict[str, Any]]:
     """Every row (module docstring), dtypes, then models, then batches, then modes (a
     model's module built once per dtype, its inputs once per batch). ``timer``: default
-    ``CudaTimer`` on a GPU, ``CpuTimer`` on the CPU; ``on_row`` sees each row when done."""
+    ``CudaTimer`` on a GPU, ``CpuTimer`` on the CPU; ``on_row`` sees each row when done;
+    ``copy_bandwidth`` (bytes/s): default measured once here on a GPU, none on the CPU."""
     import torch
 
     from ..fx.cache import device_name
+    from ..gpu.floor import measure_copy_bandwidth
 
     for dtype in cfg.dtypes:
         if dtype not in TOLERANCE:
@@ -325,6 +351,9 @@ def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
             timer = CpuTimer()
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = device_name() if graphs else "cpu"
+    if copy_bandwidth is None and graphs:
+        copy_bandwidth = measure_copy_bandwidth()
+        say(f"copy bandwidth {copy_bandwidth / 1e12:.2f} TB/s (read + write)")
     out: list[dict[str, Any]] = []
     for dtype in cfg.dtypes:
         for model in cfg.models:
@@ -334,7 +363,8 @@ def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
                 say(f"note: {model} left out: {e}")
                 continue
             for batch in cfg.batches:
-                rows = _measure(module, model, dtype, batch, cfg, sizes, device, timer, say)
+                rows = _measure(module, model, dtype, batch, cfg, sizes, device, timer, say,
+                                copy_bandwidth)
                 for row in rows:
                     if on_row is not None:
                         on_row(row)
@@ -346,16 +376,19 @@ def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
 
 
 def _measure(module: Any, model: str, dtype: str, batch: int, cfg: TorchBenchConfig,
-             sizes: Any, device: str, timer: Any, say: Callable[[str], None]
-             ) -> list[dict[str, Any]]:
+             sizes: Any, device: str, timer: Any, say: Callable[[str], None],
+             copy_bandwidth: float | None) -> list[dict[str, Any]]:
     """The rows of one model, dtype and batch: every mode compiled and checked, then timed in
-    rounds."""
+    rounds; their floor at ``copy_bandwidth``."""
     import torch
+
+    from ..gpu.floor import module_call_bytes
 
     graphs = cfg.device == "cuda"
     sets = _input_sets(module, batch, cfg)
     with torch.no_grad():
         want = module(*sets[0])
+    nbytes = module_call_bytes(module, sets[0])
     rows, timed = [], []
     torch._dynamo.reset()
     for mode in cfg.modes:
@@ -376,6 +409,7 @@ def _measure(module: Any, model: str, dtype: str, batch: int, cfg: TorchBenchCon
         for row, _ in timed:
             row["error"] = row["error"] or f"timing: {type(e).__name__}: {_first(e)}"
     _speedups(rows)
+    _floor(rows, nbytes, copy_bandwidth)
     return rows
 
 
@@ -393,14 +427,16 @@ def _cell(r: Mapping[str, Any] | None) -> str:
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """One line per model, dtype and batch: each mode's µs (plain / CUDA graph), each backend mode's
-    speedup over the fastest mode that is not the backend's, its pieces replaced and its
-    largest error against eager; then a line for each failure."""
+    speedup over the fastest mode that is not the backend's and its fraction of the copy floor
+    under graph replay (– for rows without a floor), its pieces replaced and its largest error
+    against eager; then a line on the floor where rows have one and a line for each failure."""
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     modes += sorted({r["mode"] for r in rows} - set(modes))
     ours_modes = [m for m in modes if m in BACKEND_MODES]
     short = {m: "ours" + m.removeprefix("egraph_mirage") for m in ours_modes}
     head = ["model", "dtype", "b", *[f"{m} µs" for m in modes],
-            *[f"{short[m]} vs best" for m in ours_modes], "replaced", "ours error"]
+            *[f"{short[m]} vs best" for m in ours_modes],
+            *[f"{short[m]} of floor" for m in ours_modes], "replaced", "ours error"]
     body: list[list[str]] = []
     groups: dict[tuple[str, str, int], dict[str, Mapping[str, Any]]] = {}
     for r in rows:
@@ -415,6 +451,8 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 if ours["speedup_vs_best_graph"] is not None:
                     speed += f" / {fmt(ours['speedup_vs_best_graph'], 2)}×"
             speeds.append(speed)
+        floors = [fmt(by_mode[m].get("floor_fraction_graph"), 2) if m in by_mode else "–"
+                  for m in ours_modes]
         mine = [by_mode[m] for m in ours_modes if m in by_mode]
         done = [r for r in mine if r["pieces"] is not None]
         replaced = " ".join(f"{r['replaced']}/{r['pieces']}" for r in done) or "–"
@@ -422,11 +460,17 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         error = "–" if not errors else f"{max(errors):.1e}" + (
             "" if all(r["matches_eager"] is not False for r in mine) else " WRONG")
         body.append([model, SHORT_DTYPES.get(dtype, str(dtype)), str(batch),
-                     *[_cell(by_mode.get(m)) for m in modes], *speeds, replaced, error])
+                     *[_cell(by_mode.get(m)) for m in modes], *speeds, *floors, replaced,
+                     error])
     lines = aligned(head, body, left=1)
     timing = {r["timing"] for r in rows}
     lines.append("µs: plain launches / CUDA-graph replay" if timing == {"cuda"} else
                  f"µs: {', '.join(sorted(timing))}")
+    bandwidths = sorted({r["copy_bandwidth"] for r in rows if r.get("copy_bandwidth")})
+    if bandwidths and ours_modes:
+        lines.append("of floor: the copy floor over the CUDA-graph µs (floor: parameters, KV "
+                     "cache and activations moved once at "
+                     f"{', '.join(f'{b / 1e12:.2f}' for b in bandwidths)} TB/s)")
     lines += [f"{r['model']} {r['dtype']} b={r['batch']} {r['mode']}: {r['error']}" for r in rows
               if r.get("error")]
     return "\n".join(lines)
