@@ -36,7 +36,14 @@ from .plan import (
 )
 from .reach import ReachIndex, ref
 from .tile import Tile
-from .tiling import DTensor, KernelShape, can_finish, kernel_shapes, reduced_cuts
+from .tiling import (
+    DTensor,
+    KernelShape,
+    ShapeMemo,
+    can_finish,
+    kernel_shapes,
+    reduced_cuts,
+)
 
 T = TypeVar("T")
 
@@ -156,6 +163,8 @@ class Context:
         self._verifier: Any = None
         self.memo: dict[Any, Any] = {}
         self.probe = LinkProbe()
+        #: the last kernels' shapes per signature of the tensors they read (``ShapeMemo``)
+        self.shapes = ShapeMemo(payload.config)
         self.first_shapes: list[KernelShape] = list(kernel_shapes(payload.inputs,
                                                                   payload.config))
         #: the shapes over the inputs that can write the output in one kernel
@@ -400,7 +409,7 @@ class _Run:
         then only combines them (it keeps ``after``'s grid axes or leaves them, and each of its
         operators uses what ``after`` wrote). ``units``: each shape is a unit of the task."""
         fresh = must_use if after is not None else None
-        shapes = kernel_shapes(tensors, self.config, keep=after)
+        shapes = self.ctx.shapes.shapes(tensors, keep=after)
         for shape in units(shapes) if units is not None else shapes:
             if self.stopped():
                 return

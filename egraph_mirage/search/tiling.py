@@ -102,6 +102,38 @@ def _axis_dim(t: DTensor, cls: Any, count: int) -> int:
     return next((d for d, c in enumerate(t.dcls) if copy_of(c) == (cls, count)), -1)
 
 
+class ShapeMemo:
+    """``kernel_shapes`` remembered per *signature* of its tensors: each tensor's position,
+    dims, dtype and dimension classes (all a shape depends on; not its e-class), and the grid
+    of ``keep``. A two-kernel task asks for the last kernels' shapes over the tensors of every
+    first kernel it makes, and most first kernels write tensors of a signature seen before:
+    the shapes are then rebuilt over the new tensors from the remembered maps, the same shapes
+    in the same order as ``kernel_shapes`` gives. One per process and payload (the search's
+    ``Context``)."""
+
+    def __init__(self, config: SearchConfig) -> None:
+        self.config = config
+        self._known: dict[Any, list[tuple[Any, ...]]] = {}
+
+    def shapes(self, tensors: Sequence[DTensor], keep: KernelShape | None = None
+               ) -> list[KernelShape]:
+        key = (tuple((t.ref, t.dims, t.dtype, t.dcls) for t in tensors),
+               None if keep is None else (keep.grid, keep.axis_classes))
+        known = self._known.get(key)
+        if known is None:
+            position = {id(t): i for i, t in enumerate(tensors)}
+            made = list(kernel_shapes(tensors, self.config, keep))
+            self._known[key] = [
+                (ks.grid, ks.axis_classes, ks.frange, ks.loop_class,
+                 tuple((position[id(ld.tensor)], ld.imap, ld.fdim, ld.tile, ld.tile_classes)
+                       for ld in ks.loaders)) for ks in made]
+            return made
+        return [KernelShape(grid, axes, frange, loop,
+                            tuple(Loader(tensors[i], imap, fdim, tile, classes)
+                                  for i, imap, fdim, tile, classes in loaders))
+                for grid, axes, frange, loop, loaders in known]
+
+
 def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
                   keep: KernelShape | None = None) -> Iterator[KernelShape]:
     """Every kernel shape over ``tensors``, best-first by the ``target_blocks`` heuristic.
