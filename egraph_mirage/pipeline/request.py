@@ -99,6 +99,9 @@ class Request:
     #: progress on stderr (None: on; False: silent), a log line every ``progress_interval`` s
     progress: bool | None = None
     progress_interval: float = LOG_INTERVAL_S
+    #: search a program of a real model's sizes as a scaled copy, its results re-sized and
+    #: verified at the program's own sizes (``pipeline.scaled``); False: at its own sizes
+    scale: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, SearchConfig):
@@ -121,6 +124,8 @@ class Request:
             raise RequestError("seed", f"must be an integer, got {self.seed!r}")
         if self.profiler is not None and not self.profile:
             raise RequestError("profiler", "is used only with profile=True")
+        if not isinstance(self.scale, bool):
+            raise RequestError("scale", f"must be True or False, got {self.scale!r}")
         if not (_is_number(self.progress_interval) and self.progress_interval >= 0):
             raise RequestError("progress_interval", f"must be a number of seconds >= 0, got "
                                f"{self.progress_interval!r}")

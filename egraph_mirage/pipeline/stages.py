@@ -1,11 +1,15 @@
 """The pipeline: one search request run as named stages (``STAGES``), for every entry point.
 
+    scale    — a program too large to check candidates of quickly is searched as a scaled
+               copy: the same operators with its large dimensions divided (``pipeline.scaled``)
     prepare  — the oracle saturates the target's expressions (inside the time budget);
                dimension classes (``search.prepare``)
     tasks    — the task list in search order; a checkpoint's finished tasks (``search.tasks``)
     search   — tasks run in worker processes (or any ``concurrent.futures.Executor``), each
                enumerating kernels under e-graph pruning and verifying what it completes
                (``search.run``)
+    resize   — after a scaled search: each structure found re-sized to the program's own
+               sizes and verified there; the first ``scaled.KEEP`` that pass are the results
     rank     — verified μGraphs sorted by the cost model (estimated time), ties broken by text
                (``rank.by_cost``)
     profile  — only with ``profile=True``: on a CUDA GPU, each result is tuned and timed and the
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..graph import KernelGraph
+from ..mugraph.serialize import dumps
 from ..processes import sigint_deferred
 from ..rank import PROFILE_SIZES, Profiler, by_cost, cuda_available, profile_stage
 from ..search import SearchConfig, SearchResult, SearchResults, SearchStats
@@ -45,6 +50,7 @@ from ..search.tasks import Context, Payload, Task, list_tasks
 from .outputs import run_outputs
 from .request import Request, RequestError
 from .results_folder import write_results
+from .scaled import resize_reserve, resized, scaled_program
 
 
 @dataclass
@@ -65,6 +71,8 @@ class Run:
     #: when the search must stop: ``end``, or, when results will be timed on a GPU, the
     #: request's ``search_share`` of the budget
     deadline: float | None = None
+    #: a scaled search's own stop, before ``deadline`` (the resize stage's time after it)
+    search_deadline: float | None = None
     payload: Payload | None = None
     ctx: Context | None = None
     tasks: list[Task] = field(default_factory=list)
@@ -74,21 +82,40 @@ class Run:
     #: verified results by μGraph text, as found
     results: dict[str, SearchResult] = field(default_factory=dict)
     ranked: list[SearchResult] = field(default_factory=list)
+    #: the program the search stage searches: ``g``, or its scaled copy (``scale`` stage)
+    searched: KernelGraph | None = None
 
     def artefact(self, stage: str) -> Any:
-        """What ``stage`` made: "prepare" the payload (reach index, inputs' classes, the
-        configuration) and "tasks" the task list; "search" the verified results as found;
-        "rank" and "profile" the results best first; "write" the folder (or None)."""
-        return {"prepare": self.payload, "tasks": self.tasks, "search": self.results,
-                "rank": self.ranked, "profile": self.ranked, "write": self.out}[stage]
+        """What ``stage`` made: "scale" the program searched; "prepare" the payload (reach
+        index, inputs' classes, the configuration) and "tasks" the task list; "search" the
+        verified results as found (at the sizes searched); "resize" the results at the
+        program's sizes; "rank" and "profile" the results best first; "write" the folder (or
+        None)."""
+        return {"scale": self.searched, "prepare": self.payload, "tasks": self.tasks,
+                "search": self.results, "resize": self.results, "rank": self.ranked,
+                "profile": self.ranked, "write": self.out}[stage]
+
+
+def _stage_scale(run: Run) -> None:
+    """The program to search: ``g``, or, where the request allows and ``g`` is large, its
+    scaled copy (``pipeline.scaled``); the search then stops early enough to leave the resize
+    stage its time (``scaled.resize_reserve``)."""
+    scaled = scaled_program(run.g) if run.request.scale else None
+    run.searched = run.g if scaled is None else scaled
+    if scaled is not None:
+        run.stats.searched_sizes = [t.dims for t in scaled.inputs]
+        if run.deadline is not None:
+            left = max(0.0, run.deadline - time.time())
+            run.search_deadline = run.deadline - resize_reserve(run.g, left)
 
 
 def _stage_prepare(run: Run) -> None:
     """Saturate the target's e-graph (``search.prepare``, inside the time budget) and build
     this process's context."""
     r = run.request
+    assert run.searched is not None
     left = None if run.end is None else max(0.0, run.end - time.time())
-    run.payload, run.rule_files = prepare_with_rules(run.g, r.config, r.seed, r.rules,
+    run.payload, run.rule_files = prepare_with_rules(run.searched, r.config, r.seed, r.rules,
                                                      r.extra_rules, saturation_seconds=left)
     run.stats.seconds["prepare"] = time.perf_counter() - run.t_start
     run.ctx = Context(run.payload)  # this process's tasks share it; other processes build theirs
@@ -107,10 +134,22 @@ def _stage_search(run: Run) -> None:
     """Run the tasks (``search.run``) until they are done or the search's deadline."""
     r = run.request
     assert run.payload is not None and run.ctx is not None
-    search_tasks(run.g, r.config, run.payload, run.ctx, run.tasks, run.checkpoint, run.stats,
-                 run.results, workers=r.process_count(), max_tasks=r.max_tasks,
-                 deadline=run.deadline, on_result=run.on_result, progress=r.progress,
-                 progress_interval=r.progress_interval, t_start=run.t_start)
+    assert run.searched is not None
+    search_tasks(run.searched, r.config, run.payload, run.ctx, run.tasks, run.checkpoint,
+                 run.stats, run.results, workers=r.process_count(), max_tasks=r.max_tasks,
+                 deadline=run.search_deadline or run.deadline, on_result=run.on_result,
+                 progress=r.progress, progress_interval=r.progress_interval,
+                 t_start=run.t_start)
+
+
+def _stage_resize(run: Run) -> None:
+    """After a scaled search: its results re-sized to the program's own sizes and verified
+    there (``scaled.resized``); otherwise nothing."""
+    if run.searched is run.g:
+        return
+    kept = resized(list(run.results.values()), run.g, run.stats, run.deadline,
+                   run.request.config.numeric_tolerance)
+    run.results = {dumps(r.graph): r for r in kept}
 
 
 def _stage_rank(run: Run) -> None:
@@ -137,9 +176,11 @@ def _stage_write(run: Run) -> None:
 
 #: The pipeline as named stages, in order: each reads and extends the ``Run``.
 STAGES: tuple[tuple[str, Callable[[Run], None]], ...] = (
+    ("scale", _stage_scale),
     ("prepare", _stage_prepare),
     ("tasks", _stage_tasks),
     ("search", _stage_search),
+    ("resize", _stage_resize),
     ("rank", _stage_rank),
     ("profile", _stage_profile),
     ("write", _stage_write),
@@ -186,9 +227,15 @@ def _finish(run: Run) -> None:
         st.seconds_to_best = run.ranked[0].found_after
     else:
         assert run.payload is not None
-        st.no_result_reasons = no_result_reasons(st, run.g, run.request.config,
+        searched = run.searched or run.g
+        st.no_result_reasons = no_result_reasons(st, searched, run.request.config,
                                                  run.payload.reach.complete, run.rule_files,
                                                  run.request.max_tasks, len(run.results))
+        if st.resize_unfit or st.resize_rejected:
+            st.no_result_reasons.insert(0, (
+                f"the search ran at the scaled sizes {st.searched_sizes}: of what it found, "
+                f"{st.resize_unfit} structure(s) do not fit the program's sizes and "
+                f"{st.resize_rejected} failed the checks there"))
 
 
 def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
@@ -199,7 +246,8 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
                   max_tasks: int | None = None, rules: RulePaths | None = None,
                   extra_rules: RulePaths = (),
                   on_stage: Callable[[str, Any], None] | None = None,
-                  progress_interval: float = LOG_INTERVAL_S) -> SearchResults:
+                  progress_interval: float = LOG_INTERVAL_S, scale: bool = True
+                  ) -> SearchResults:
     """Search for μGraphs equal to program ``g``; returns them verified, best first.
 
     ``time_budget`` (seconds, counted from this call; it bounds the profiling too) ends the
@@ -243,11 +291,17 @@ def superoptimize(g: KernelGraph, config: SearchConfig | None = None,
     ``rank.measured.keep_jax_off_the_gpu()`` first (``optimize --profile`` does): the
     verifier's JAX would otherwise take most of the GPU's memory.
 
+    ``scale`` (default on): a program of a real model's sizes is searched as a scaled copy and
+    what it finds is re-sized to the program's sizes and verified there (``pipeline.scaled``;
+    ``stats.searched_sizes`` says at which sizes; ``on_result`` sees the results as found, at
+    those sizes).
+
     The search runs as the named stages of ``STAGES``; ``on_stage(name, artefact)``, when given,
     is called after each with what it made (``Run.artefact``), for inspection or dumping.
     """
     request = Request.of(config=config, time_budget=time_budget, workers=workers,
                          checkpoint=checkpoint, seed=seed, progress=progress, profile=profile,
                          profiler=profiler, max_tasks=max_tasks, rules=rules,
-                         extra_rules=extra_rules, progress_interval=progress_interval)
+                         extra_rules=extra_rules, progress_interval=progress_interval,
+                         scale=scale)
     return run(g, request, on_result=on_result, on_stage=on_stage)

@@ -53,6 +53,13 @@ class SearchStats:
     resumed_partial: int = 0
     #: results of the checkpoint that failed verification again, dropped (their tasks re-run)
     dropped_results: int = 0
+    #: a large program searched at scaled sizes (``pipeline.scaled``): the sizes of the
+    #: inputs searched (None: the program's own); the structures found there that do not fit
+    #: the program's sizes (a tile over shared memory, say), and those that failed the checks
+    #: against the program at its sizes (dropped; a sign of a wrong identity, never expected)
+    searched_sizes: list[tuple[int, ...]] | None = None
+    resize_unfit: int = 0
+    resize_rejected: int = 0
     #: when nothing was found: why, as far as the search can tell (``search.explain``)
     no_result_reasons: list[str] = field(default_factory=list)
     #: what ordered the results: "cost model" (``lower.cost_model``) or "gpu" (measured; where

@@ -1,0 +1,162 @@
+"""A large program searched at smaller sizes: the ``scale`` and ``resize`` stages.
+
+At a real model's sizes (a projection of 4096 x 14336, a cache of 4,096 keys) every candidate's
+finite-field test and float check evaluate the whole program: each worker process spends
+seconds building its test inputs before its first check, and gigabytes holding them, so fewer
+workers fit in memory. The search itself does not need the sizes: what it finds is a
+*structure* (which dimension each grid axis and loop cuts, the block operators; ``mugraph.sizes``),
+and a structure found at one size is re-sized to another by ``mugraph.sizes.retarget``.
+
+So a program with more than ``SCALE_ABOVE`` elements (inputs and operators) is searched as its
+**scaled copy** (``scaled_program``): every dimension of at least ``LARGE`` is divided by
+``FACTOR``, the others kept, and the program's operators replayed on those sizes. The copy is
+used only where it is the same program at other sizes: each operator's result has the scaled
+dims of the original's, and an operator whose parameters hold a size is rewritten to match
+(``rms_norm``'s normalized shape; ``slice_last``'s bounds, when the sliced dimension is scaled
+and the bounds divide); a program with an operator that holds a size the scaling cannot follow
+(``div_count``'s count) is searched at its own sizes.
+
+After the search, **resize** (``resized``): each result is retargeted to the program's own
+sizes, the copies of one structure kept once, ordered by the cost model at those sizes, and the
+first ``KEEP`` of them that pass the finite-field test and the float check against the program
+itself are the search's results. Nothing is returned that was not verified at the program's own
+sizes; a structure that does not fit them is dropped (``SearchStats.resize_unfit``), and one that
+fails the checks there too (``resize_rejected``).
+
+The resize stage's time is reserved out of the search's (``resize_reserve``): building the
+checks' inputs at a real model's sizes takes seconds (about ``CHECK_S_PER_ELEMENT`` a program
+element on one core), each check then a fraction of one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..errors import EMError
+from ..graph import KernelGraph, Tensor
+from ..lower.cost_model import ProgramCost
+from ..mugraph.serialize import dumps
+from ..mugraph.sizes import retarget
+from ..search import SearchResult, SearchStats
+
+#: programs with more elements than this (inputs and operators' results) are searched scaled
+SCALE_ABOVE = 1 << 22
+#: dimensions of at least this size are scaled ...
+LARGE = 1024
+#: ... divided by this (a dimension of 1024 becomes 64: room for a split and a loop)
+FACTOR = 16
+#: verified results at the program's own sizes that the resize stage returns at most
+KEEP = 8
+#: seconds per program element to build the checks at the program's sizes (measured: 0.1 to
+#: 0.2 µs on a 2-core VM for the pieces of an 8B model's layer)
+CHECK_S_PER_ELEMENT = 2e-7
+#: seconds per check after that
+CHECK_S = 0.5
+#: the resize stage takes at most this share of what is left of a search's time
+RESIZE_SHARE = 0.5
+
+
+def resize_reserve(g: KernelGraph, left: float) -> float:
+    """Seconds of ``left`` to keep for re-sizing a scaled search's results to ``g``'s sizes."""
+    return min(RESIZE_SHARE * left, CHECK_S_PER_ELEMENT * elements(g) + KEEP * CHECK_S)
+
+
+def elements(g: KernelGraph) -> int:
+    """Elements of ``g``'s inputs and of its operators' results."""
+    return sum(math.prod(t.dims) for t in [*g.inputs, *g.operators])
+
+
+def _size(n: int) -> int:
+    return n // FACTOR if n >= LARGE and n % FACTOR == 0 else n
+
+
+def scaled_program(g: KernelGraph) -> KernelGraph | None:
+    """``g`` at its scaled sizes (module docstring), or None where it is not large enough, no
+    dimension scales, or the scaling cannot follow one of its operators."""
+    if elements(g) <= SCALE_ABOVE or any(t.op == "customized" for t in g.operators):
+        return None
+    if all(_size(d) == d for t in g.inputs for d in t.dims):
+        return None
+    h = KernelGraph()
+    new: dict[int, Tensor] = {t.index: h.new_input(tuple(map(_size, t.dims)), t.dtype)
+                              for t in g.inputs}
+    try:
+        for t in g.operators:
+            params = _params(t)
+            if params is None:
+                return None
+            out = h.apply(t.op, [new[o.index] for o in t.operands], **params)
+            if out.dims != tuple(map(_size, t.dims)):
+                return None  # a dimension the scaling does not divide alike everywhere
+            new[t.index] = out
+    except EMError:
+        return None
+    for t in g.outputs:
+        h.mark_output(new[t.index])
+    return h
+
+
+def _params(t: Tensor) -> dict[str, Any] | None:
+    """``t``'s operator parameters at the scaled sizes; None where they cannot follow."""
+    p = dict(t.params)
+    if t.op == "div_count":
+        return None  # a count may be any product of dimensions: not followed
+    if t.op == "rms_norm":
+        shape = p["normalized_shape"]
+        p["normalized_shape"] = (_size(shape) if isinstance(shape, int)
+                                 else tuple(map(_size, shape)))
+    if t.op == "slice_last":
+        n = t.operands[0].dims[-1]
+        if _size(n) != n:
+            if p["start"] % FACTOR or p["stop"] % FACTOR:
+                return None
+            p["start"], p["stop"] = p["start"] // FACTOR, p["stop"] // FACTOR
+    return p
+
+
+def resized(results: Sequence[SearchResult], program: KernelGraph, stats: SearchStats,
+            deadline: float | None, tolerance: float, keep: int = KEEP) -> list[SearchResult]:
+    """The results of a search of ``program``'s scaled copy at ``program``'s own sizes, each
+    verified there (module docstring): at most ``keep``, cheapest by the cost model first.
+    ``tolerance``: the float check's (``SearchConfig.numeric_tolerance``). Checks start until
+    ``deadline`` (a ``time.time()``; at least one is always made); ``stats`` counts what was
+    dropped (``resize_unfit``, ``resize_rejected``) and the seconds taken."""
+    from ..verify import NumericCheck, Verifier
+
+    t0 = time.perf_counter()
+    cost = ProgramCost()
+    candidates: dict[str, tuple[float, SearchResult, KernelGraph]] = {}
+    for r in results:
+        try:
+            h = retarget(r.graph, program)
+            estimate = cost.seconds(h)
+        except EMError:
+            stats.resize_unfit += 1
+            continue
+        text = dumps(h)
+        if text not in candidates or r.found_after < candidates[text][1].found_after:
+            candidates[text] = (estimate, r, h)
+    order = sorted(candidates.items(), key=lambda kv: (kv[1][0], kv[1][1].num_kernels, kv[0]))
+    out: list[SearchResult] = []
+    verifier = numerics = None
+    for _, (estimate, r, h) in order:
+        if len(out) >= keep or (out and deadline is not None and time.time() > deadline):
+            break
+        if verifier is None:
+            verifier, numerics = Verifier(program, backend="numpy"), NumericCheck(program)
+        try:
+            verdict = verifier.check(h)
+            error = numerics.error(h) if verdict.equivalent else math.inf
+        except EMError:
+            verdict, error = None, math.inf
+        if verdict is None or not verdict.equivalent or error > tolerance:
+            stats.resize_rejected += 1
+            continue
+        out.append(replace(r, graph=h, estimated_seconds=estimate, verify_bound=verdict.bound,
+                           verify_tests=verdict.tests, numeric_error=error))
+    stats.seconds["resize"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,105 @@
+"""A program of a real model's sizes is searched as a scaled copy, and what the search finds is
+re-sized to the program's own sizes and verified there (``pipeline.scaled``).
+
+The programs here are just above the size at which scaling starts (``scaled.SCALE_ABOVE``), so
+that the checks at their own sizes take a second, not a minute; every search is bounded by
+tasks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import egraph_mirage as em
+from egraph_mirage.graph import KernelGraph
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.pipeline import scaled as sc
+from egraph_mirage.search import SearchResult, SearchStats
+
+HIDDEN, OUT = 2048, 2048  # X (2, 2048) @ W (2048, 2048): 4.2M elements, past SCALE_ABOVE
+
+
+def norm_projection(hidden: int = HIDDEN, out: int = OUT, dtype: em.DType = em.float16
+                    ) -> KernelGraph:
+    """``rms_norm(X) @ W`` with transformers' float32 statistics, as the tracer writes it."""
+    g = em.new_kernel_graph()
+    x = g.new_input((2, hidden), dtype)
+    w = g.new_input((hidden, out), dtype)
+    h = g.cast(x, em.float32)
+    r = g.rsqrt(g.add_scalar(g.mean(g.square(h), -1), 1e-5))
+    g.mark_output(g.matmul(g.cast(g.mul(h, r), dtype), w))
+    return g
+
+
+def test_a_large_program_scales_its_large_dimensions_and_keeps_its_operators() -> None:
+    g = norm_projection()
+    assert sc.elements(g) > sc.SCALE_ABOVE
+    h = sc.scaled_program(g)
+    assert h is not None
+    assert [t.dims for t in h.inputs] == [(2, 128), (128, 128)]
+    assert [t.op for t in h.operators] == [t.op for t in g.operators]
+    assert [t.dims for t in h.outputs] == [(2, 128)]
+
+
+def test_a_small_program_is_searched_at_its_own_sizes() -> None:
+    assert sc.scaled_program(norm_projection(256, 256)) is None
+
+
+def test_a_slice_of_a_scaled_dimension_scales_its_bounds_or_keeps_the_program() -> None:
+    def sliced(start: int, stop: int) -> KernelGraph:
+        g = em.new_kernel_graph()
+        x = g.new_input((2, 4096))
+        w = g.new_input((2048, 2048))
+        g.mark_output(g.matmul(g.apply("slice_last", [x], start=start, stop=stop), w))
+        return g
+
+    h = sc.scaled_program(sliced(2048, 4096))
+    assert h is not None
+    assert h.operators[0].params == {"start": 128, "stop": 256}
+    # bounds that the factor does not divide: the program is searched at its own sizes
+    assert sc.scaled_program(sliced(2040, 4088)) is None
+
+
+def test_the_search_runs_scaled_and_returns_results_verified_at_the_programs_sizes() -> None:
+    g = norm_projection()
+    res = superoptimize(g, max_tasks=100, workers=1, progress=False)  # the first at task 97
+    assert res, res.stats.no_result_reasons
+    assert res.stats.searched_sizes == [(2, 128), (128, 128)]
+    assert 0 < len(res) <= sc.KEEP
+    assert res.stats.resize_rejected == 0
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(t.dims) for t in g.inputs]
+    (want,) = g.evaluate(xs, exact=True)
+    for r in res:
+        assert [t.dims for t in r.graph.inputs] == [t.dims for t in g.inputs]
+        assert r.verify_tests >= 1 and r.numeric_error <= 1e-6
+        (got,) = r.graph.evaluate(xs, exact=True)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+    # scale=False: at the program's own sizes
+    own = superoptimize(g, max_tasks=1, workers=1, progress=False, scale=False)
+    assert own.stats.searched_sizes is None
+
+
+def test_a_result_that_is_wrong_at_the_programs_sizes_is_rejected() -> None:
+    """The resize stage verifies at the program's own sizes: a μGraph of another function (the
+    projection without the norm, verified for nothing) is dropped and counted."""
+    g = norm_projection()
+    wrong = em.new_kernel_graph()
+    x = wrong.new_input((2, HIDDEN))
+    w = wrong.new_input((HIDDEN, OUT))
+    wrong.mark_output(wrong.matmul(x, w))
+    stats = SearchStats()
+    fake = SearchResult(wrong, num_kernels=1, estimated_seconds=1e-6, verify_bound=0.0,
+                        verify_tests=2, numeric_error=0.0, found_after=0.0)
+    assert sc.resized([fake], g, stats, deadline=None, tolerance=1e-6) == []
+    assert stats.resize_rejected == 1
+
+
+@pytest.mark.parametrize("op", ["div_count"])
+def test_an_operator_holding_a_count_keeps_the_program_at_its_sizes(op: str) -> None:
+    g = em.new_kernel_graph()
+    x = g.new_input((2, 4096))
+    w = g.new_input((4096, 2048))
+    s = g.reduction(g.square(x), 1)
+    g.mark_output(g.matmul(g.div(x, g.apply(op, [s], count=4096)), w))
+    assert sc.scaled_program(g) is None
