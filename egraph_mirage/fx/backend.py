@@ -74,6 +74,7 @@ from .. import processes
 from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
+from ..pipeline.scaled import scaled_program
 from ..verify import checks_that_fit
 from . import inductor_timing as timing
 from . import report as rep
@@ -404,14 +405,16 @@ class Backend:
         share is spent starting processes and a compilation whose pieces all hit the cache
         starts none. A piece whose candidates' checks take so much memory that fewer processes
         than the pool's fit side by side (``verify.checks_that_fit``: a program at a real
-        model's sizes) gets that many processes of its own instead, so that no worker is killed
-        for memory. A pool one of whose workers died during a search (that search loses the
-        tasks it had in flight, ``stats.tasks_lost``) is replaced before the next."""
+        model's sizes, where it is not searched as a scaled copy: ``pipeline.scaled``) gets
+        that many processes of its own instead, so that no worker is killed for memory. A pool
+        one of whose workers died during a search (that search loses the tasks it had in
+        flight, ``stats.tasks_lost``) is replaced before the next."""
         w = self.options.workers
         n = (os.cpu_count() or 1) if w is None else w
         if not isinstance(n, int) or n == 1:
             return w
-        fit = checks_that_fit(g)
+        searched = scaled_program(g) if self.options.search is None else None
+        fit = checks_that_fit(g if searched is None else searched)
         if fit is not None and fit < n:  # checks of this piece at its sizes take gigabytes
             return fit  # each: as many processes as fit in memory, in a pool of its own
         if self._pool is not None and processes.broken(self._pool):  # a worker died: anew
