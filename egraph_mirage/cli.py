@@ -6,11 +6,12 @@
     egraph-mirage bench verify [--json] [--small] [--targets NAME ...] [--mutants N] [--seed S]
     egraph-mirage bench search [--json] [--small] [--programs NAME ...] [--budget S] [--no-oracle]
                                [--max-tasks N] [--winners ROWS.json] [--extra-rules PATH ...]
+                               [--dtype float16|bfloat16]
     egraph-mirage optimize NAME|FILE [--batch B] [--small] [--budget S] [--max-tasks N]
                            [--out DIR] [--profile] [--rules PATH] [--extra-rules PATH ...]
     egraph-mirage bench gpu [--json] [--batch B ...] [--programs NAME ...] [--mugraph-dir DIR]
                             [--max-candidates K] [--from-search [--budget S]]
-                            [--size-variants K] [--no-reference]
+                            [--size-variants K] [--no-reference] [--dtype float16|bfloat16]
     egraph-mirage bench torch [--json] [--out PATH] [--batch B ...] [--preset small|llama3_8b]
                               [--models llama hf] [--modes MODE ...] [--budget S]
                               [--max-tasks N] [--workers N] [--cache-dir DIR] [--cpu-smoke]
@@ -29,12 +30,21 @@ import sys
 from collections.abc import Sequence
 
 from . import benchmarks
+from .dtypes import DType
 from .errors import EMError
 from .expr import Term, parse
 from .graph import KernelGraph, abstract_expr
 from .oracle import Oracle
 from .pipeline import DEFAULT_BUDGETS
 from .rank.forms import FORM_SLACK
+
+#: the dtypes ``bench search`` and ``bench gpu`` build the benchmark programs in (``--dtype``)
+BENCH_DTYPES = ("float16", "bfloat16")
+
+
+def _add_dtype(p: argparse.ArgumentParser, folders: str) -> None:
+    p.add_argument("--dtype", choices=BENCH_DTYPES, default="float16",
+                   help="element type the programs are built in (default float16); " + folders)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     bs.add_argument("--progress", action="store_true",
                     help="each search's progress on stderr (a log line every few seconds and "
                     "one per result, when stderr is not a terminal)")
+    _add_dtype(bs, "bfloat16 results go to DIR/<name>_b<batch>_bf16/ with --out")
     bg = bsub.add_parser("gpu", help="the search's best μGraphs against PyTorch baselines and "
                          "the hand-written reference on a CUDA GPU")
     bg.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -158,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="also write each row to PATH as one JSON line as soon as it is measured "
                     "(what a run stopped part-way has done)")
     bg.add_argument("--plot", metavar="PATH", help="also draw a PNG of the results (matplotlib)")
+    _add_dtype(bg, "the search's bfloat16 μGraphs are read from (and --from-search writes) "
+               "DIR/<name>_b<batch>_bf16/, and a μGraph of another dtype is refused")
     from .bench import torch_bench
 
     torch_bench.add_arguments(bsub.add_parser(
@@ -240,12 +253,13 @@ def _bench_search(args: argparse.Namespace) -> int:
     from .bench.search_bench import BENCH_REQUEST, bench_search, format_table, load_winners
     from .pipeline.command import request_from_flags
 
+    dtype = DType[args.dtype]
     try:
         budget = BENCH_REQUEST.time_budget if args.budget is None else args.budget
         request = request_from_flags(time_budget=budget, workers=args.workers,
                                      max_tasks=args.max_tasks, extra_rules=args.extra_rules or (),
                                      progress=args.progress)
-        winners = load_winners(args.winners) if args.winners else None
+        winners = load_winners(args.winners, dtype) if args.winners else None
     except EMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -254,7 +268,7 @@ def _bench_search(args: argparse.Namespace) -> int:
         return 2
     rows = bench_search(args.programs, small=args.small, batch=args.batch, request=request,
                         use_oracle=not args.no_oracle, max_block_ops=args.max_block_ops,
-                        out=args.out, winners=winners,
+                        out=args.out, winners=winners, dtype=dtype,
                         on_row=lambda r: print(json.dumps(r), file=sys.stderr, flush=True))
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0

@@ -11,7 +11,9 @@
 # rules/optional/online_softmax.egg), NO_REFERENCE (set: leave out the hand-written reference),
 # MAX_AUTOTUNE (set: torch.compile in max-autotune mode as a second compiled baseline), GPUS (how
 # many GPUs to use, default every one), FIRST_GPU (the first of them, 0), WORKERS (search
-# processes per program, default the cores shared out).
+# processes per program, default the cores shared out), DTYPE (float16 or bfloat16, default
+# float16: passed as --dtype to both commands; a bfloat16 search is written to
+# OUT/search/<name>_b<B>_bf16/, and the rows record their dtype).
 set -u
 out=$1; budget=$2; shift 2
 . "$(dirname "$0")/gpu_host.sh" "$out"
@@ -25,11 +27,12 @@ one() {  # one program on GPU $2: its search, then its timings
   local p=$1
   timeout $(( budget + 90 )) python3 -m egraph_mirage bench search --programs "$p" \
     --batch "$b" --budget "$budget" --workers "$workers" --out "$out/search" --progress "${extra[@]}" \
+    --dtype "${DTYPE:-float16}" \
     > "$out/search_$p.txt" 2>&1
   tail -1 "$out/search_$p.txt"
   timeout "${GPU_TIMEOUT:-240}" python3 -m egraph_mirage bench gpu --batch ${BATCHES:-1} \
     --programs "$p" --mugraph-dir "$out/search" --max-candidates "${MAX_CANDIDATES:-8}" \
-    --size-variants "${SIZE_VARIANTS:-4}" --tune-top "${TUNE_TOP:-3}" \
+    --size-variants "${SIZE_VARIANTS:-4}" --tune-top "${TUNE_TOP:-3}" --dtype "${DTYPE:-float16}" \
     ${NO_REFERENCE:+--no-reference} ${MAX_AUTOTUNE:+--max-autotune} \
     --cache-dir "$out/tune_cache_$2" --markdown "$out/gpu_$p.md" --rows "$out/rows_$p.jsonl" \
     --json > "$out/gpu_rows_$p.json" 2> "$out/gpu_$p.err" || tail -3 "$out/gpu_$p.err"

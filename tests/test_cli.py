@@ -9,7 +9,7 @@ import pytest
 
 from egraph_mirage import benchmarks
 from egraph_mirage.bench import KEYS
-from egraph_mirage.cli import main
+from egraph_mirage.cli import _parser, main
 
 REQUIRED = {"target", "saturate_s", "enodes", "eclasses", "complete", "op_queries_per_s",
             "term_queries_per_s"}
@@ -221,3 +221,15 @@ def test_a_failing_build_function_is_a_one_line_error(capsys: pytest.CaptureFixt
     code, _, err = _run(capsys, "optimize", str(prog), "--max-tasks", "1", "--out",
                         str(tmp_path / "out"))
     assert code == 2 and err.strip() == f"error: {prog}: build() failed: RuntimeError: boom"
+
+
+@pytest.mark.parametrize("command", [["bench", "search"], ["bench", "gpu"],
+                                     ["bench", "gpu", "--from-search"]])
+def test_bench_dtype_flag(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    """``--dtype`` of ``bench search`` and ``bench gpu``: float16 unless given, bfloat16 on
+    request, nothing else (``tests/test_search_bench.py`` and ``tests/test_gpu_bench.py``
+    follow it to the rows and the folders)."""
+    assert _parser().parse_args(command).dtype == "float16"
+    assert _parser().parse_args([*command, "--dtype", "bfloat16"]).dtype == "bfloat16"
+    code, _, err = _run(capsys, *command, "--dtype", "float32")
+    assert code == 2 and "--dtype: invalid choice: 'float32'" in err

@@ -5,10 +5,12 @@ reports, and imports with egglog and JAX hidden."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import egraph_mirage as em
 from egraph_mirage.bench import gpu_bench as gb
 from egraph_mirage.bench import handwritten_fixtures as fixtures
 from egraph_mirage.cli import _parser, main
-from egraph_mirage.errors import GraphError
+from egraph_mirage.errors import DTypeError, GraphError
 from egraph_mirage.gpu.floor import Floor
 from egraph_mirage.gpu.torch_eval import torch_function
 from egraph_mirage.rank.forms import form_label
@@ -303,6 +305,127 @@ def test_single_mugraph_files(tmp_path: Path, one_size: list[Any]) -> None:
     assert r["mugraph_file"] == str(tmp_path / "lora_b2.json")
 
 
+class DtypeTimer(FakeTimer):
+    """A ``FakeTimer`` that records the dtypes of every input it times."""
+
+    def __init__(self) -> None:
+        self.seen: set[Any] = set()
+
+    def plain(self, fn: Any, sets: Any) -> float:
+        self.seen |= {x.dtype for x in sets[0]}
+        return super().plain(fn, sets)
+
+
+def test_bf16_rows_time_bf16_programs_from_bf16_files(tmp_path: Path,
+                                                      one_size: list[Any]) -> None:
+    """``dtype=bfloat16``: ours comes from the ``_bf16`` files alone (and float16 from the
+    others), ours, the reference and the baselines all run on bf16 inputs, and the row records
+    its dtype; a table of rows of both dtypes gets a dtype column."""
+    import torch
+
+    gbf = em.benchmarks.get("rmsnorm_linear", small=True, dtype=em.bfloat16)
+    bf_file = tmp_path / "rmsnorm_linear_b1_bf16.json"
+    em.save(fixtures.fused("rmsnorm_linear", gbf), bf_file)
+    fp_file = _search_file(tmp_path, "rmsnorm_linear")  # rmsnorm_linear_b1.json: float16's
+    timer = DtypeTimer()
+    cfg = _cfg(programs=["rmsnorm_linear"], batches=[1], mugraph_dir=str(tmp_path))
+    (bf,) = gb.bench_gpu(replace(cfg, dtype=em.bfloat16), timer=timer, floor=Floor(4e12),
+                         compiler=_compiler, device_name="fake", log=lambda m: None)
+    assert bf["dtype"] == "bfloat16" and bf["notes"] == []
+    assert bf["mugraph_file"] == str(bf_file) and bf["search_results"] == 1
+    assert bf["ours_us"] == 20.0 and bf["reference_us"] == 20.0
+    assert bf["baselines_us"] == {"eager": 40.0} and bf["reference_candidates"] > 1
+    assert timer.seen == {torch.bfloat16}
+    assert {t.dtype for t in em.load(bf["mugraph_file"]).inputs} == {em.bfloat16}
+    (fp,) = gb.bench_gpu(cfg, timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
+                         device_name="fake", log=lambda m: None)
+    assert fp["dtype"] == "float16" and fp["mugraph_file"] == str(fp_file)
+    assert fp["search_results"] == 1  # rmsnorm_linear_b1_bf16.json is not one of float16's
+
+    assert "dtype" not in gb.format_table([fp]).split()  # one dtype: the table as it was
+    lines = gb.format_table([fp, bf]).splitlines()
+    assert lines[0].split()[:4] == ["program", "b", "dtype", "floor"]
+    assert lines[1].split()[:3] == ["rmsnorm_linear", "1", "fp16"]
+    assert lines[2].split()[:3] == ["rmsnorm_linear", "1", "bf16"]
+    assert lines[4].split()[:3] == ["program", "b", "dtype"]  # the candidates' table too
+    text = gb.markdown([fp, bf], "2026-11-28", "egraph-mirage bench gpu")
+    assert "bf16 and fp16 (the dtype column), µs" in text
+    assert "| rmsnorm_linear | 1 | bf16 |" in text
+    assert "bf16, µs" in gb.markdown([bf], "2026-11-28", "egraph-mirage bench gpu")
+    old = {k: v for k, v in fp.items() if k != "dtype"}  # a row written before --dtype
+    assert gb.format_table([old, bf]).splitlines()[1].split()[2] == "fp16"
+
+
+def test_a_mugraph_of_the_other_dtype_is_refused(tmp_path: Path) -> None:
+    """A search folder of one dtype is never timed as another's: found where the requested
+    dtype's results are read, it is an error naming the file (never retargeted, never a
+    misfit); where the other dtype's folder alone exists, the row's note says so."""
+    g16 = em.benchmarks.get("rmsnorm_linear", small=True)
+    gbf = em.benchmarks.get("rmsnorm_linear", small=True, dtype=em.bfloat16)
+    folder = tmp_path / "rmsnorm_linear_b1_bf16"
+    folder.mkdir()
+    em.save(fixtures.fused("rmsnorm_linear", g16), folder / "result_0.json")  # float16 inside
+    with pytest.raises(DTypeError, match=re.escape(str(folder / "result_0.json"))
+                       + r": a μGraph in float16, but rmsnorm_linear is timed in bfloat16"):
+        gb.candidates("rmsnorm_linear", 1, gbf, str(tmp_path))
+    folder.rename(tmp_path / "rmsnorm_linear_bf16")  # a search at one batch: would retarget
+    with pytest.raises(DTypeError, match="float16, but rmsnorm_linear is timed in bfloat16"):
+        gb.candidates("rmsnorm_linear", 2, em.benchmarks.get(
+            "rmsnorm_linear", batch=2, small=True, dtype=em.bfloat16), str(tmp_path))
+    (tmp_path / "rmsnorm_linear_bf16").rename(tmp_path / "rmsnorm_linear_b1")  # float16's name
+    assert gb.candidates("rmsnorm_linear", 1, g16, str(tmp_path)).graphs  # right for float16
+    found = gb.candidates("rmsnorm_linear", 1, gbf, str(tmp_path))  # never read for bfloat16
+    assert found.graphs == [] and found.notes == [
+        f"{tmp_path / 'rmsnorm_linear_b1'} holds float16 results, not read for bfloat16 "
+        f"(those are read from {tmp_path / 'rmsnorm_linear_b1_bf16'})"]
+    (tmp_path / "rmsnorm_linear_b1" / "result_0.json").write_text(
+        em.to_json(fixtures.fused("rmsnorm_linear", gbf)))  # bfloat16 under float16's name
+    with pytest.raises(DTypeError, match="bfloat16, but rmsnorm_linear is timed in float16"):
+        gb.candidates("rmsnorm_linear", 1, g16, str(tmp_path))
+
+
+def test_bench_gpu_dtype_reaches_the_bench_and_a_folder_of_the_other_is_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        one_size: list[Any]) -> None:
+    """``bench gpu --dtype bfloat16`` without a GPU: CUDA and the copy bandwidth faked, the
+    configuration the command builds measured on the CPU with the fake timer."""
+    import torch
+
+    import egraph_mirage.gpu.floor as gpu_floor
+
+    seen: list[gb.GpuBenchConfig] = []
+    real = gb.bench_gpu
+
+    def on_cpu(cfg: gb.GpuBenchConfig, **kw: Any) -> list[dict[str, Any]]:
+        seen.append(cfg)
+        return real(replace(cfg, device="cpu", small=True), timer=FakeTimer(),
+                    floor=kw["floor"], compiler=_compiler, device_name="fake",
+                    log=lambda m: None, on_row=kw.get("on_row"))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_floor, "measure_copy_bandwidth", lambda: 4e12)
+    monkeypatch.setattr(gb, "bench_gpu", on_cpu)
+    gbf = em.benchmarks.get("lora", small=True, dtype=em.bfloat16)
+    em.save(fixtures.lora(gbf), tmp_path / "lora_b1_bf16.json")
+    argv = ["bench", "gpu", "--batch", "1", "--programs", "lora", "--mugraph-dir",
+            str(tmp_path), "--no-compile", "--no-tune", "--no-cache", "--json"]
+    assert main([*argv, "--dtype", "bfloat16"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert seen[-1].dtype is em.bfloat16 and row["dtype"] == "bfloat16"
+    assert row["mugraph_file"] == str(tmp_path / "lora_b1_bf16.json")
+    assert main(argv) == 0  # float16: the bf16 file is not float16's
+    (row,) = json.loads(capsys.readouterr().out)
+    assert seen[-1].dtype is em.float16 and row["dtype"] == "float16" and row["ours_us"] is None
+
+    (tmp_path / "lora_b1").mkdir()  # a bfloat16 search under float16's name
+    em.save(fixtures.lora(gbf), tmp_path / "lora_b1" / "best.json")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]  # after the copy bandwidth's line: one error line
+    assert last.startswith(f"error: {tmp_path / 'lora_b1' / 'best.json'}: a μGraph in bfloat16")
+
+
 class TimesByMugraph:
     """A fake timer and compiler: each μGraph (by its JSON) runs in the time given for it."""
 
@@ -497,7 +620,12 @@ def test_a_result_without_size_variants_is_timed_at_its_own(tmp_path: Path,
     assert r["notes"] == [f"ours: no size variants of {path}: no other sizes fit"]
 
 
-def test_from_search_runs_the_search_first(tmp_path: Path, one_size: list[Any]) -> None:
+@pytest.mark.parametrize("dtype, folder_name, label", [
+    (em.float16, "rmsnorm_linear_b1", "rmsnorm_linear b=1"),  # the layout of every earlier run
+    (em.bfloat16, "rmsnorm_linear_b1_bf16", "rmsnorm_linear b=1 bf16"),
+], ids=["float16", "bfloat16"])
+def test_from_search_runs_the_search_first(tmp_path: Path, one_size: list[Any], dtype: em.DType,
+                                           folder_name: str, label: str) -> None:
     from egraph_mirage.pipeline import Request
     from egraph_mirage.search import SearchConfig
 
@@ -505,18 +633,23 @@ def test_from_search_runs_the_search_first(tmp_path: Path, one_size: list[Any]) 
     logs: list[str] = []
     (r,) = gb.bench_gpu(_cfg(programs=["rmsnorm_linear"], batches=[1], mugraph_dir=str(tmp_path),
                              from_search=True,  # tiny: no time limit needed
-                             search=Request(config=tiny, workers=1, progress=False)),
+                             search=Request(config=tiny, workers=1, progress=False),
+                             dtype=dtype),
                         timer=FakeTimer(), floor=Floor(4e12), compiler=_compiler,
                         device_name="fake", log=logs.append)
-    folder = tmp_path / "rmsnorm_linear_b1"
+    assert [p.name for p in tmp_path.iterdir()] == [folder_name]
+    folder = tmp_path / folder_name
     assert sorted(p.name for p in folder.iterdir()) == [
         "best.json", "result_0.json", "result_1.json", "results.json", "search.ckpt"]
     summary = json.loads((folder / "results.json").read_text())
-    assert summary["program"] == {"name": "rmsnorm_linear", "batch": 1, "small": True}
+    assert summary["program"] == {"name": "rmsnorm_linear", "batch": 1, "small": True,
+                                  "dtype": dtype.value}
+    assert {t.dtype for t in em.load(folder / "best.json").inputs} == {dtype}
     assert r["source"] == "search" and r["candidates"] == 2 and r["ours_us"] == 20.0
+    assert r["dtype"] == dtype.value
     assert r["mugraph_file"] in {str(folder / "result_0.json"), str(folder / "result_1.json")}
     assert any("search found 2 μGraph(s)" in m for m in logs)
-    assert any(m.startswith("rmsnorm_linear b=1: ours (search ") for m in logs)
+    assert any(m.startswith(f"{label}: ours (search ") for m in logs)
 
 
 def test_markdown_and_plot(tmp_path: Path, one_size: list[Any]) -> None:

@@ -90,3 +90,45 @@ def test_winners_from_a_file_that_is_not_gpu_rows_are_a_usage_error(
     assert code == 2 and err.startswith("error: --winners") and "Traceback" not in err
     with pytest.raises(ValueError, match=r"missing\.json"):
         load_winners(tmp_path / "missing.json")
+
+
+#: rmsnorm_linear's small search finds its first μGraph at task 25 (in float16 and bfloat16)
+BF16_TASKS = 30
+
+
+def test_bench_search_in_bfloat16_writes_a_bf16_folder(tmp_path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``--dtype bfloat16`` builds the program in bf16 and writes ``<name>_b<batch>_bf16/`` (the
+    float16 layout, ``<name>_b<batch>/``, stays float16's); the row records its dtype."""
+    code = main(["bench", "search", "--small", "--programs", "rmsnorm_linear", "--dtype",
+                 "bfloat16", "--max-tasks", str(BF16_TASKS), "--workers", "1", "--json",
+                 "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["dtype"] == "bfloat16" and row["found"] >= 1
+    assert [p.name for p in tmp_path.iterdir()] == ["rmsnorm_linear_b1_bf16"]
+    folder = tmp_path / "rmsnorm_linear_b1_bf16"
+    files = sorted(folder.glob("result_*.json"))
+    assert files and (folder / "best.json").is_file()
+    for f in [*files, folder / "best.json"]:
+        h = em.load(f)
+        assert {t.dtype for t in (*h.inputs, *h.outputs)} == {em.bfloat16}, f
+    summary = json.loads((folder / "results.json").read_text())
+    assert summary["program"]["dtype"] == "bfloat16"
+
+
+def test_winners_are_read_from_the_rows_of_the_searched_dtype(tmp_path) -> None:
+    """A rows file may hold float16 and bfloat16 rows; a row without ``dtype`` (written before
+    ``--dtype``) is float16's."""
+    from egraph_mirage.bench import handwritten_fixtures as fixtures
+
+    fp16 = fixtures.lora(em.benchmarks.get("lora", small=True))
+    bf16 = fixtures.lora(em.benchmarks.get("lora", small=True, dtype=em.bfloat16))
+    rows = [{"benchmark": "lora", "batch": 1, "dtype": "bfloat16", "winner_mugraph": dumps(bf16)},
+            {"benchmark": "lora", "batch": 1, "winner_mugraph": dumps(fp16)}]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    assert dumps(load_winners(path)["lora"]) == dumps(fp16)
+    assert dumps(load_winners(path, em.bfloat16)["lora"]) == dumps(bf16)
+    assert load_winners(path, em.float32) == {}

@@ -1,11 +1,16 @@
 """``egraph-mirage bench gpu``: the search's best μGraph against what users run today, on a GPU.
 
-For each benchmark program and batch size, in fp16:
+For each benchmark program and batch size, in fp16 (or the dtype of ``--dtype``: every row
+records it in ``dtype``; the program, its inputs, the baselines and the reference are all built in
+it):
 
 * ours: only what the search found. The μGraphs under ``--mugraph-dir DIR`` (``candidates``: an
   ``egraph-mirage optimize --out`` folder ``DIR/<name>_b<batch>/`` or ``DIR/<name>/``, or single
   files ``DIR/<name>_b<batch>[_*].json``); ``--from-search`` first runs the search for each
-  program and batch (``superoptimize`` with ``--budget``) into ``DIR/<name>_b<batch>/``.
+  program and batch (``superoptimize`` with ``--budget``) into ``DIR/<name>_b<batch>/``. For
+  bfloat16 every one of these names ends in ``_bf16`` (``DIR/<name>_b<batch>_bf16/``,
+  ``DIR/<name>_bf16/``, ...: ``search_bench.results_dir_name``); a μGraph of another dtype
+  found there is refused (``DTypeError``, naming the file), never timed.
   Each result is expanded into its size variants (``rank.size_variants.size_variants``: the same
   structure at other grid, loop and split sizes, each verified against the program); every
   candidate is lowered, tuned over the lowering's knobs and numerically checked against PyTorch
@@ -34,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import benchmarks
-from ..errors import EMError, GraphError
+from ..dtypes import DType, float16
+from ..errors import DTypeError, EMError, GraphError
 from ..graph import KernelGraph
 from ..lower.cost_model import ProgramCost
 from ..mugraph.serialize import dumps, load
@@ -43,14 +49,15 @@ from ..pipeline import DEFAULT_BUDGETS, Request
 from ..pipeline.command import request_from_flags
 from ..rank.forms import FORM_SLACK, form_label, rank_correlation, spread, to_tune
 from . import handwritten_fixtures as fixtures
-from .gpu_report import best, fmt, format_table, markdown, plot, ratio, table_cells
+from .gpu_report import best, fmt, format_table, markdown, plot, ratio, short_dtype, table_cells
+from .search_bench import dtype_suffix, results_dir_name
 
 __all__ = ["KEYS", "BenchContext", "Candidates", "GpuBenchConfig", "bench_gpu", "bench_one",
            "candidates", "expand_sizes", "format_table", "markdown", "measure", "plot",
            "run_command", "search_into", "table_cells"]
 
 #: the keys of every row ``bench_gpu`` returns
-KEYS = ("benchmark", "batch", "device", "source", "mugraph_file", "size_variant",
+KEYS = ("benchmark", "batch", "dtype", "device", "source", "mugraph_file", "size_variant",
         "search_results", "candidates", "candidates_us", "ours_us", "ours_graph_us",
         "reference_candidate", "reference_candidates", "reference_candidates_us",
         "reference_us", "reference_graph_us", "baselines_us", "baselines_graph_us",
@@ -68,6 +75,11 @@ Log = Callable[[str], None]
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _label(name: str, batch: int, dtype: DType) -> str:
+    """How the log names a program at a batch: ``gqa b=1``, ``gqa b=1 bf16``."""
+    return f"{name} b={batch}" + ("" if dtype is float16 else f" {short_dtype(dtype.value)}")
 
 
 @dataclass
@@ -104,6 +116,9 @@ class GpuBenchConfig:
     check_workers: int | None = None
     #: also time the hand-written reference μGraphs (``reference_*``; never ours)
     reference: bool = True
+    #: the element type every program is built and timed in (its search folders:
+    #: ``search_bench.results_dir_name``)
+    dtype: DType = float16
 
 
 @dataclass
@@ -120,6 +135,22 @@ def _signature(g: KernelGraph) -> list[tuple[Any, Any]]:
     return [(t.dims, t.dtype) for t in g.inputs]
 
 
+def _dtypes(g: KernelGraph) -> list[str]:
+    """The dtypes of ``g``'s inputs and outputs, sorted (one for every benchmark program)."""
+    return sorted({t.dtype.value for t in (*g.inputs, *g.outputs)})
+
+
+def _same_dtypes(f: Path, h: KernelGraph, name: str, batch: int, g: KernelGraph) -> None:
+    """Refuse μGraph ``h`` (file ``f``) where its dtypes are not program ``g``'s: a search of
+    one dtype is never timed as another's (``DTypeError``, naming the file)."""
+    if _dtypes(h) != _dtypes(g):
+        want = "/".join(_dtypes(g))
+        raise DTypeError(
+            f"{f}: a μGraph in {'/'.join(_dtypes(h))}, but {name} is timed in {want} (--dtype); "
+            f"a search of one dtype is never timed as another's (the {want} search of {name} "
+            f"at batch {batch} is read from {results_dir_name(name, batch, g.inputs[0].dtype)}/)")
+
+
 def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, strict: bool,
               notes: list[str]) -> tuple[list[KernelGraph], list[str]]:
     """The files' μGraphs on ``g``'s inputs. Any other is an error where ``strict`` (the file
@@ -131,6 +162,7 @@ def _load_all(files: Sequence[Path], name: str, batch: int, g: KernelGraph, stri
     misfits = 0
     for f in files:
         h = load(f)
+        _same_dtypes(f, h, name, batch, g)
         if _signature(h) == _signature(g):
             graphs.append(h)
             kept.append(str(f))
@@ -161,7 +193,8 @@ def _by_cost_here(graphs: list[KernelGraph], kept: list[str]
 
 def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
                max_candidates: int | None = None) -> Candidates:
-    """The search's μGraphs for program ``name`` at ``batch`` (``g``), first found of:
+    """The search's μGraphs for program ``name`` at ``batch`` (``g``), first found of (each
+    name with ``_bf16`` appended where ``g`` is bfloat16: ``search_bench.dtype_suffix``):
 
     1. ``DIR/<name>_b<batch>/``: an ``egraph-mirage optimize --out`` folder (``result_<k>.json``
        best first, else ``best.json``; ``pipeline.results_folder``); every μGraph must take ``g``'s
@@ -176,20 +209,25 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
     ours. Retargeted μGraphs are ordered again by the cost model at this batch's shapes
     (``_by_cost_here``); the others keep the search's order. ``max_candidates`` keeps that many
     of a folder: the best (by the cost model) of each form first (``rank.forms.spread``), then
-    the next best. Loads JSON only (no egglog, no JAX)."""
+    the next best. A μGraph of another dtype in any of them is refused (``DTypeError``). Loads
+    JSON only (no egglog, no JAX)."""
     from ..pipeline.results_folder import mugraph_files
 
     notes: list[str] = []
     if mugraph_dir is None:
         return Candidates([], [], notes)
     root = Path(mugraph_dir)
-    flat = (sorted(root.glob(f"{name}_b{batch}.json"))
-            + sorted(root.glob(f"{name}_b{batch}_*.json")))
-    others = sorted((p for p in root.glob(f"{name}_b*") if p.is_dir()
-                     and p.name[len(name) + 2:].isdigit() and p.name != f"{name}_b{batch}"),
-                    key=lambda p: int(p.name[len(name) + 2:]))
-    for files, strict in ((mugraph_files(root / f"{name}_b{batch}"), True),
-                          (mugraph_files(root / name), False), (flat, True),
+    dtype = g.inputs[0].dtype
+    sfx = dtype_suffix(dtype)
+    own = f"{name}_b{batch}{sfx}"
+    flat = sorted(root.glob(f"{own}.json")) + sorted(
+        p for p in root.glob(f"{own}_*.json") if not _other_dtypes_file(p.stem[len(own):]))
+    batches = {p: p.name[len(name) + 2:len(p.name) - len(sfx)]
+               for p in root.glob(f"{name}_b*{sfx}") if p.is_dir() and p.name != own}
+    others = sorted((p for p, k in batches.items() if k.isdigit()),
+                    key=lambda p: int(batches[p]))
+    for files, strict in ((mugraph_files(root / own), True),
+                          (mugraph_files(root / f"{name}{sfx}"), False), (flat, True),
                           *((mugraph_files(p), False) for p in others)):
         graphs, kept = _load_all(files, name, batch, g, strict, notes)
         if graphs and not strict and any(k.endswith(f"@b{batch}") for k in kept):
@@ -206,7 +244,18 @@ def candidates(name: str, batch: int, g: KernelGraph, mugraph_dir: str | None,
             return Candidates(graphs[:n], kept[:n], notes)
         if files:
             notes.append(f"{files[0].parent}: no μGraph for batch {batch} (other shapes)")
+    for other in DType:  # say where a search of another dtype lies unread
+        there = root / results_dir_name(name, batch, other)
+        if other is not dtype and mugraph_files(there):
+            notes.append(f"{there} holds {other.value} results, not read for {dtype.value} "
+                         f"(those are read from {root / own})")
     return Candidates([], [], notes)
+
+
+def _other_dtypes_file(tail: str) -> bool:
+    """Whether ``<name>_b<batch><tail>.json`` belongs to another dtype's results (its tail is
+    ``_bf16`` or starts with ``_bf16_``, and so on), read only for that dtype."""
+    return any(s and (tail == s or tail.startswith(s + "_")) for s in map(dtype_suffix, DType))
 
 
 @dataclass
@@ -261,14 +310,16 @@ def search_into(name: str, batch: int, g: KernelGraph, cfg: GpuBenchConfig,
     from ..rank import keep_jax_off_the_gpu
 
     keep_jax_off_the_gpu()
-    folder = Path(cfg.mugraph_dir or DEFAULT_SEARCH_DIR) / f"{name}_b{batch}"
+    folder = Path(cfg.mugraph_dir or DEFAULT_SEARCH_DIR) / results_dir_name(name, batch,
+                                                                             cfg.dtype)
     folder.mkdir(parents=True, exist_ok=True)
     results = run(g, replace(cfg.search, checkpoint=folder / "search.ckpt"), out=folder,
-                  program_info={"name": name, "batch": batch, "small": cfg.small})
+                  program_info={"name": name, "batch": batch, "small": cfg.small,
+                                "dtype": cfg.dtype.value})
     st = results.stats
-    log(f"{name} b={batch}: search found {len(results)} μGraph(s), {st.tasks_done}/"
-        f"{st.tasks_total} tasks{' (budget reached)' if st.budget_exhausted else ''}, "
-        f"written to {folder}")
+    log(f"{_label(name, batch, cfg.dtype)}: search found {len(results)} μGraph(s), "
+        f"{st.tasks_done}/{st.tasks_total} tasks"
+        f"{' (budget reached)' if st.budget_exhausted else ''}, written to {folder}")
     return folder
 
 
@@ -386,7 +437,8 @@ def _ours(name: str, batch: int, b: BenchContext, row: dict[str, Any],
     if not found.graphs:
         why = ("the search found no μGraph" if cfg.from_search
                else "no --mugraph-dir or --from-search" if cfg.mugraph_dir is None
-               else f"no μGraph for {name} at batch {batch} in {cfg.mugraph_dir}")
+               else "no " + ("" if cfg.dtype is float16 else f"{cfg.dtype.value} ")
+               + f"μGraph for {name} at batch {batch} in {cfg.mugraph_dir}")
         notes.append(f"{NO_SEARCH_RESULT} ({why})")
         return Measured()
     row["candidates"] = len(found.graphs)
@@ -436,13 +488,21 @@ def calibration(graphs: Sequence[KernelGraph], labels: Sequence[str],
 
 
 def _reference(name: str, b: BenchContext, row: dict[str, Any], notes: list[str]) -> Measured:
-    """The hand-written reference μGraphs, in their own column."""
+    """The hand-written reference μGraphs, in their own column: built on the program's
+    inputs, so in its dtype; any that is not (a fixture built for one dtype only) is left out
+    with a note, never timed as this dtype's reference."""
     if not b.cfg.reference:
         return Measured()
     try:
-        graphs = fixtures.variants(name, b.g)
+        built = fixtures.variants(name, b.g)
     except GraphError as exc:
         notes.append(f"reference: {exc}")
+        return Measured()
+    graphs = [h for h in built if _dtypes(h) == _dtypes(b.g)]
+    if len(graphs) < len(built):
+        notes.append(f"reference: {len(built) - len(graphs)} of {len(built)} hand-written "
+                     f"μGraphs are not in {'/'.join(_dtypes(b.g))}: left out")
+    if not graphs:
         return Measured()
     row["reference_candidates"] = len(graphs)
     if b.compiler is None:
@@ -471,7 +531,7 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
     )
     from ..gpu.tune import check
 
-    g = benchmarks.get(name, batch=batch, small=cfg.small)
+    g = benchmarks.get(name, batch=batch, small=cfg.small, dtype=cfg.dtype)
     if cfg.from_search:
         search_into(name, batch, g, cfg, log)
     count = rotation_count(graph_bytes(g), l2_bytes() if cfg.device == "cuda" else 64 << 20)
@@ -481,7 +541,8 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
                      smem_per_block() if cfg.device == "cuda" else None)
     notes: list[str] = []
     row: dict[str, Any] = dict.fromkeys(KEYS) | {
-        "benchmark": name, "batch": batch, "device": device_name, "source": "search",
+        "benchmark": name, "batch": batch, "dtype": cfg.dtype.value, "device": device_name,
+        "source": "search",
         "floor_us": floor.us(g), "reference_candidates": 0, "reference_candidates_us": {}}
     ours = _ours(name, batch, b, row, notes)
     ref = _reference(name, b, row, notes)
@@ -511,7 +572,7 @@ def bench_one(name: str, batch: int, cfg: GpuBenchConfig, *, timer: Any, floor: 
                floor_fraction=ratio(row["floor_us"], ours.us),
                floor_fraction_graph=ratio(row["floor_us"], ours.graph_us),
                notes=notes)
-    log(f"{name} b={batch}: ours (search"
+    log(f"{_label(name, batch, cfg.dtype)}: ours (search"
         + (f" {row['mugraph_file']}" if row["mugraph_file"] else "")
         + f", best of {row['candidates']}) {fmt(ours.us)} / {fmt(ours.graph_us)} µs (graph); "
         + f"reference (hand-written, best of {row['reference_candidates']}) {fmt(ref.us)} / "
@@ -599,7 +660,8 @@ def run_command(args: Any, argv: Sequence[str] | None = None) -> int:
                          max_candidates=args.max_candidates, from_search=args.from_search,
                          search=search,
                          tune_top=args.tune_top, size_limit=args.size_variants,
-                         check_workers=args.check_workers, reference=not args.no_reference)
+                         check_workers=args.check_workers, reference=not args.no_reference,
+                         dtype=DType[args.dtype])
     keep_jax_off_the_gpu()  # before the search or the size variants' verifier imports JAX
     floor = Floor(measure_copy_bandwidth())
     _stderr(f"copy bandwidth {floor.bandwidth / 1e12:.2f} TB/s (read + write)")

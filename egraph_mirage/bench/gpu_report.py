@@ -2,7 +2,9 @@
 
 Columns: ours (the search's μGraphs), ``ref`` (the hand-written reference μGraphs, measured beside
 ours and never counted as ours), each baseline, the best baseline, ours' speedups and ours
-against the reference. Rows written before the reference column existed read as rows without it.
+against the reference; a ``dtype`` column where the rows hold several dtypes. Rows written before
+the reference column existed read as rows without it, rows without a ``dtype`` as float16 (every
+row was, before ``--dtype``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,27 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .text_table import aligned
+
+#: short names of the dtypes, as the tables and the results folders write them
+SHORT_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def short_dtype(dtype: str) -> str:
+    """``bf16`` for ``"bfloat16"``, and so on (a name it does not know, unchanged)."""
+    return SHORT_DTYPES.get(dtype, dtype)
+
+
+def row_dtype(r: Mapping[str, Any]) -> str:
+    """The row's dtype; float16 where the row has none (written before ``--dtype``)."""
+    return r.get("dtype") or "float16"
+
+
+def _dtype_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The ``dtype`` column's head and each row's cell where the rows hold several dtypes;
+    else nothing (a table of one dtype looks as it always did)."""
+    if len({row_dtype(r) for r in rows}) < 2:
+        return [], [[] for _ in rows]
+    return ["dtype"], [[short_dtype(row_dtype(r))] for r in rows]
 
 
 def best(times: Mapping[str, float | None]) -> float | None:
@@ -40,16 +63,18 @@ def _baseline_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def table_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Head and body: ours (the search's), the hand-written reference, each baseline, the best
     baseline, ours' speedup over it and ours against the reference (reference time / ours, so
-    above 1 where ours is faster). Rows written before the reference column read as without."""
+    above 1 where ours is faster); a ``dtype`` column after ``b`` where the rows hold several.
+    Rows written before the reference column read as without."""
     names = _baseline_names(rows)
-    head = ["program", "b", "floor", "ours", "ours+graph", "ref", "ref+graph"]
+    dtype_head, dtype_cells = _dtype_cells(rows)
+    head = ["program", "b", *dtype_head, "floor", "ours", "ours+graph", "ref", "ref+graph"]
     for n in names:
         head += [n, f"{n}+graph"]
     head += ["best", "best+graph", "speedup", "speedup+graph", "ref/ours", "ref/ours+graph",
              "floor/ours+graph"]
     body = []
-    for r in rows:
-        cells = [r["benchmark"], str(r["batch"]), fmt(r["floor_us"]), fmt(r["ours_us"]),
+    for r, dtype in zip(rows, dtype_cells):
+        cells = [r["benchmark"], str(r["batch"]), *dtype, fmt(r["floor_us"]), fmt(r["ours_us"]),
                  fmt(r["ours_graph_us"]), fmt(r.get("reference_us")),
                  fmt(r.get("reference_graph_us"))]
         for n in names:
@@ -65,16 +90,18 @@ def table_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list
 def search_cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Head and body of the second table, on ours' candidates: the form of the winner, how
     many forms were timed, each form's best first timing and the cost model's rank
-    correlation with the first timings (``gpu_bench.calibration``). Empty where no row has
-    timed candidates."""
-    head = ["program", "b", "timed", "forms", "winner form", "rank corr", "best per form (µs)"]
+    correlation with the first timings (``gpu_bench.calibration``); a ``dtype`` column where
+    the rows hold several. Empty where no row has timed candidates."""
+    dtype_head, dtype_cells = _dtype_cells(rows)
+    head = ["program", "b", *dtype_head, "timed", "forms", "winner form", "rank corr",
+            "best per form (µs)"]
     body = []
-    for r in rows:
+    for r, dtype in zip(rows, dtype_cells):
         if not r.get("form_us"):  # nothing timed (or a row written before this table)
             continue
         per_form = ", ".join(f"{f}: {us:.1f}" for f, us in
                              sorted((r.get("form_us") or {}).items(), key=lambda kv: kv[1]))
-        body.append([r["benchmark"], str(r["batch"]), str(r["candidates"]),
+        body.append([r["benchmark"], str(r["batch"]), *dtype, str(r["candidates"]),
                      str(r.get("forms_timed", "–")), r.get("winner_form") or "–",
                      fmt(r.get("cost_model_rank_corr"), 2), per_form or "–"])
     return head, body
@@ -84,10 +111,11 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as an aligned text table (µs; speedups over the best baseline, like for like),
     followed by the search-results table (``search_cells``) where there is one."""
     head, body = table_cells(rows)
-    out = aligned(head, body, left=2)
+    dtype_cols = len(_dtype_cells(rows)[0])  # left-aligned, as program and b are
+    out = aligned(head, body, left=2 + dtype_cols)
     s_head, s_body = search_cells(rows)
     if s_body:
-        out += [""] + aligned(s_head, s_body, left=5)
+        out += [""] + aligned(s_head, s_body, left=5 + dtype_cols)
     return "\n".join(out)
 
 
@@ -101,13 +129,16 @@ def markdown(rows: Sequence[Mapping[str, Any]], date: str, command: str,
     if bandwidth:
         lines += [f"Copy bandwidth measured in the same run: {bandwidth / 1e12:.2f} TB/s "
                   "(bytes read + written); floor = input + output bytes at that rate.", ""]
-    lines += ["fp16, µs, medians. Plain: `triton.testing.do_bench` (L2 flushed); +graph: replay "
-              "of a captured CUDA graph, inputs rotated when they fit in L2. `ours`: the fastest "
-              "of the search's μGraphs and their size variants, each tuned (the JSON rows name "
-              "its file); `ref`: the fastest hand-written reference μGraph, measured the same "
-              "way, never counted as ours. Speedup: best baseline over ours; ref/ours: "
-              "reference over ours; plain vs plain and graph vs graph. – where nothing was "
-              "measured (the notes say why).", "",
+    dtypes = sorted({short_dtype(row_dtype(r)) for r in rows})
+    dtype_text = (f"{' and '.join(dtypes)} (the dtype column)" if len(dtypes) > 1
+             else dtypes[0] if dtypes else "fp16")
+    lines += [f"{dtype_text}, µs, medians. Plain: `triton.testing.do_bench` (L2 flushed); "
+              "+graph: replay of a captured CUDA graph, inputs rotated when they fit in L2. "
+              "`ours`: the fastest of the search's μGraphs and their size variants, each "
+              "tuned (the JSON rows name its file); `ref`: the fastest hand-written reference "
+              "μGraph, measured the same way, never counted as ours. Speedup: best baseline "
+              "over ours; ref/ours: reference over ours; plain vs plain and graph vs graph. – "
+              "where nothing was measured (the notes say why).", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     s_head, s_body = search_cells(rows)

@@ -26,6 +26,11 @@ with the default ``SearchConfig`` and reports per program:
 
 ``use_oracle=False`` (``--no-oracle``) switches e-graph pruning off to show what it buys: every
 complete block graph with one output is then verified.
+
+``dtype`` (``--dtype``, default float16) is the element type the programs are built and searched
+in; each row records it. A results folder holds one dtype: ``out/<name>_b<batch>/`` for float16
+(the layout of every earlier run), ``out/<name>_b<batch>_bf16/`` for bfloat16
+(``results_dir_name``), so that ``bench gpu --dtype`` never reads a search of another dtype.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import benchmarks
+from ..dtypes import DType, float16
 from ..errors import EMError
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
 from ..mugraph.sizes import retarget, structure_of
 from ..pipeline import DEFAULT_BUDGETS, Request, run
+from .gpu_report import short_dtype
 from .text_table import aligned
 
 #: what each search of the benchmark is asked by default: ten minutes, silent
@@ -53,6 +60,19 @@ KEYS = ("benchmark", "seconds_to_first", "seconds_to_best", "seconds_total", "st
 #: most kernel launches the best μGraph may have, per program (the search never reads this)
 GOALS: dict[str, int] = {"rmsnorm_linear": 1, "gated_mlp": 1, "lora": 1, "ntrans": 1,
                          "gqa": 2, "mha": 2, "mqa": 2, "qknorm": 2}
+
+
+def dtype_suffix(dtype: DType) -> str:
+    """What a results folder's name ends in for ``dtype``: nothing for float16 (the layout of
+    every run before bfloat16 was searched), ``_bf16`` for bfloat16."""
+    return "" if dtype is float16 else f"_{short_dtype(dtype.value)}"
+
+
+def results_dir_name(name: str, batch: int, dtype: DType = float16) -> str:
+    """The folder (under ``--out`` / ``--mugraph-dir``) of program ``name``'s search at
+    ``batch`` in ``dtype``: ``<name>_b<batch>`` for float16, ``<name>_b<batch>_bf16`` for
+    bfloat16."""
+    return f"{name}_b{batch}{dtype_suffix(dtype)}"
 
 
 def largest_intermediate(g: KernelGraph) -> int:
@@ -67,10 +87,11 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
                  on_row: Callable[[dict[str, Any]], None] | None = None,
                  out: str | Path | None = None,
                  winners: Mapping[str, KernelGraph] | None = None,
-                 ) -> list[dict[str, Any]]:
-    """One row per program; see the module docstring for the keys. ``on_row`` sees each row as
-    soon as its program is done. ``out``: each program's results are also written to
-    ``out/<name>_b<batch>/`` in ``optimize``'s layout (what ``bench gpu --mugraph-dir`` reads).
+                 dtype: DType = float16) -> list[dict[str, Any]]:
+    """One row per program, built in ``dtype``; see the module docstring for the keys.
+    ``on_row`` sees each row as soon as its program is done. ``out``: each program's results
+    are also written to ``out/<name>_b<batch>/`` (``_bf16`` appended for bfloat16:
+    ``results_dir_name``) in ``optimize``'s layout (what ``bench gpu --mugraph-dir`` reads).
     ``request``: each search's budgets, workers, rules and progress (default:
     ``BENCH_REQUEST``); its configuration gets ``use_oracle`` and ``max_block_ops``."""
     from ..rank.measured import keep_jax_off_the_gpu
@@ -78,15 +99,16 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
     keep_jax_off_the_gpu()  # a search on a GPU host: every worker's JAX would take its memory
     rows = []
     for name in names or benchmarks.names():
-        g = benchmarks.get(name, batch=batch, small=small)
+        g = benchmarks.get(name, batch=batch, small=small, dtype=dtype)
         overrides: dict[str, Any] = {"use_oracle": use_oracle}
         if max_block_ops is not None:
             overrides["max_block_ops"] = max_block_ops
         asked = replace(request or BENCH_REQUEST,
                         config=replace((request or BENCH_REQUEST).config, **overrides))
         t0 = time.perf_counter()
-        results = run(g, asked, out=None if out is None else Path(out) / f"{name}_b{batch}",
-                      program_info={"name": name, "batch": batch, "small": small})
+        folder = None if out is None else Path(out) / results_dir_name(name, batch, dtype)
+        results = run(g, asked, out=folder, program_info={
+            "name": name, "batch": batch, "small": small, "dtype": dtype.value})
         total = time.perf_counter() - t0
         st, best = results.stats, results.best
         program_big = largest_intermediate(g)
@@ -102,7 +124,8 @@ def bench_search(names: Sequence[str] | None = None, *, small: bool = False, bat
         first = min(results, key=lambda r: r.found_after, default=None)
         won = _first_of(results, winners.get(name)) if winners else None
         rows.append({
-            "benchmark": name, "batch": batch, "small": small, "use_oracle": use_oracle,
+            "benchmark": name, "batch": batch, "dtype": dtype.value, "small": small,
+            "use_oracle": use_oracle,
             "seconds_to_first": st.seconds_to_first, "seconds_to_best": st.seconds_to_best,
             "seconds_total": total, "finished": st.tasks_done == st.tasks_total,
             "tasks_done": st.tasks_done, "tasks_total": st.tasks_total,
@@ -143,10 +166,11 @@ def _first_of(results: Sequence[Any], winner: KernelGraph | None) -> Any:
     return min(hits, key=lambda r: r.found_after, default=None)
 
 
-def load_winners(path: str | Path) -> dict[str, KernelGraph]:
-    """Per program, the μGraph that won on the GPU, from a JSON list of ``bench gpu`` rows
-    (``winner_mugraph``); the batch-1 row where a program has several. A ``ValueError`` names
-    the file when it is not such a list."""
+def load_winners(path: str | Path, dtype: DType = float16) -> dict[str, KernelGraph]:
+    """Per program, the μGraph that won on the GPU in ``dtype``, from a JSON list of ``bench
+    gpu`` rows (``winner_mugraph``; a row without ``dtype`` is float16, as every row was before
+    the flag); the batch-1 row where a program has several. A ``ValueError`` names the file
+    when it is not such a list."""
     try:
         rows = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -154,6 +178,7 @@ def load_winners(path: str | Path) -> dict[str, KernelGraph]:
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{path}: expected a JSON list of `bench gpu` rows")
     out: dict[str, KernelGraph] = {}
+    rows = [r for r in rows if r.get("dtype", float16.value) == dtype.value]
     for r in sorted(rows, key=lambda r: r.get("batch") != 1):
         name, text = r.get("benchmark"), r.get("winner_mugraph")
         if name and text and name not in out:
