@@ -799,3 +799,89 @@ def test_plain_launches_must_be_faster_back_to_back_and_after_an_l2_flush() -> N
                                     "an L2 flush)")
     assert slower(slow, "plain") and not slower(slow, "graph")
     assert "plain, L2 flushed" in inductor_timing.fmt_times(slow)
+
+
+@pytest.mark.parametrize("launch, rest, timed_by_inductor", [
+    ("inductor", "inductor", True), ("op", "inductor", False), ("inductor", "eager", False)])
+def test_a_winner_is_timed_as_the_compiled_graph_will_launch_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launch: str, rest: str,
+        timed_by_inductor: bool) -> None:
+    """Plain launches of a piece cost host time: through its custom op, tens of µs more than
+    Inductor's own launch of the same kernels. Where the compiled graph will launch the
+    winner's kernels from Inductor's code (``launch="inductor"`` with ``rest="inductor"``),
+    the winner is timed that way (``time_against_inductor(launch=...)``), and the cache key
+    says so: times measured through the op miss."""
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx.cache import piece_key
+
+    stand_in = _launch_by(lambda x, w: (torch.relu(x @ w) * 2,))
+    seen: list[Any] = []
+
+    def timed(*args: Any, launch: Any = None, **kw: Any) -> dict[str, float]:
+        seen.append(launch)
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0,
+                "inductor_plain_us": 2.0}
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(be, "make_inductor_launch", stand_in)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", timed)
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0})
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=True, timing="graph",
+                                launch=launch, rest=rest))
+    with torch.no_grad():
+        torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs())
+    assert len(seen) == 1 and (seen[0] is not None) == timed_by_inductor
+    if timed_by_inductor:  # the function timed is the piece as Inductor launches it
+        x, w = inputs()
+        torch.testing.assert_close(seen[0](x, w)[0], relu_mm(x, w))
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    keys = {piece_key(g, {}, inductor_timing.key_settings(None, how)).digest()
+            for how in ("inductor", "op")}
+    assert len(keys) == 2
+
+
+def test_inductor_compiles_the_launch_it_is_timed_by_or_the_op_is_timed() -> None:
+    """``_launched_by_inductor``: the launch function traced and compiled by Inductor computes
+    what it computes; a launch that cannot be traced gives None (the op is timed instead)."""
+    x, w = inputs(torch.float32)
+    compiled = inductor_timing._launched_by_inductor(
+        lambda x, w: (torch.relu(x @ w) * 2,), [x, w])
+    assert compiled is not None
+    torch.testing.assert_close(compiled(x, w)[0], relu_mm(x, w))
+
+    def untraceable(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        if float(x.sum()) > 0:  # data-dependent control flow: make_fx cannot trace it
+            return (x @ w,)
+        return (w,)
+
+    assert inductor_timing._launched_by_inductor(untraceable, [x, w]) is None
+
+
+@pytest.mark.gpu
+def test_a_generated_winner_is_timed_launched_from_inductors_code_on_a_gpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the winner (the fused RMSNorm + Linear kernel) is timed through the code
+    Inductor compiles for its ``wrap_triton`` launch, not through its op: that compiles, and
+    both kinds of timing are measured."""
+    from egraph_mirage.bench.handwritten_fixtures import rmsnorm_linear
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    made: list[Any] = []
+    real = inductor_timing._launched_by_inductor
+
+    def spy(launch: Any, xs: list[Any]) -> Any:
+        made.append(real(launch, xs))
+        return made[-1]
+
+    monkeypatch.setattr(inductor_timing, "_launched_by_inductor", spy)
+    backend = Backend(**options(tmp_path, search=StandIn(winner=rmsnorm_linear), profile=True,
+                                rest="inductor", timing="graph"))
+    x, w = (t.cuda() for t in inputs())
+    with torch.no_grad():
+        got = torch.compile(rms_mm, backend=backend, dynamic=False)(x, w)
+    torch.testing.assert_close(got, rms_mm(x, w), rtol=2e-3, atol=2e-3)
+    assert len(made) == 1 and made[0] is not None, backend.reports[0].text()
+    (piece,) = backend.reports[0].pieces
+    assert piece.ours_us is not None and piece.ours_plain_us is not None, piece.line()

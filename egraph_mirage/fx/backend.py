@@ -263,7 +263,8 @@ class Backend:
         out.shapes = tuple(tuple(t.dims) for t in g.inputs)
         out.dtypes = tuple(t.dtype.value for t in g.inputs)
         # where timed, what the times of a cached decision were measured by
-        timed = timing.key_settings(mode) if self.options.profiling() else None
+        timed = (timing.key_settings(mode, self._launch()) if self.options.profiling()
+                 else None)
         key = piece_key(g, self.options.search_settings(), timed)
         record = self.cache.get(key) if self.cache is not None else None
         out.cache = "off" if self.cache is None else ("miss" if record is None else "hit")
@@ -390,13 +391,34 @@ class Backend:
         decision.decision = REPLACE  # where timed, ``why_not_used`` decides with the times
         if o.profiling() and _on_gpu():
             try:
-                decision.times = dict(timing.time_against_inductor(runner, traced, piece, mode))
+                decision.times = dict(timing.time_against_inductor(
+                    runner, traced, piece, mode, launch=self._timed_launch(traced, best, piece)))
             except Exception as e:
                 decision.decision = KEEP
                 decision.reason = f"timing failed: {type(e).__name__}: {e}"
                 LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
                 return decision, None, False
         return decision, runner, True
+
+    def _launch(self) -> str:
+        """How the replaced pieces' kernels are launched in the compiled graph on a GPU:
+        "inductor" (from Inductor's code, ``launch`` and ``rest`` both "inductor") or "op"."""
+        o = self.options
+        return "inductor" if o.launch == "inductor" and o.rest == "inductor" else "op"
+
+    def _timed_launch(self, traced: TracedProgram, best: Any, piece: Piece
+                      ) -> Callable[..., Any] | None:
+        """The winner as Inductor would launch it (``make_inductor_launch``), for timing it the
+        way the compiled graph runs it; None where it is launched by its op, or the lowering
+        refuses that path (then the op is timed)."""
+        if self._launch() != "inductor":
+            return None
+        try:
+            return make_inductor_launch(traced, best.graph, best.knobs or {},
+                                        piece.example_inputs)
+        except Exception as e:  # noqa: BLE001 - the op's launch is timed instead
+            LOG.info("egraph-mirage: %s: timed through its op: %s", piece.name, e)
+            return None
 
     def _search_workers(self, g: KernelGraph) -> int | cf.Executor | None:
         """What a piece's search gets as ``workers``: the caller's Executor, or 1, or the pool

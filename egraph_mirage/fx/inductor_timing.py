@@ -36,6 +36,11 @@ TIME_FIELDS = tuple(f for pair in TIMES.values() for f in pair)
 PLAIN_ROUNDS = 7
 #: how plain launches are timed, as the cache keys record it (times measured otherwise miss)
 PLAIN_TIMING = f"back to back and after an L2 flush, alternated, fastest of {PLAIN_ROUNDS}"
+#: how ours is launched when timed, per the backend's ``launch`` option: "inductor", as the
+#: compiled graph launches a replaced piece's kernels (from Inductor's code, no operator call on
+#: the host), where that compiles; "op", through the piece's custom operator
+OURS_LAUNCHED = {"inductor": "from Inductor's code (wrap_triton), else by its op",
+                 "op": "by its op"}
 
 
 def kinds(timing: str) -> tuple[str, ...]:
@@ -44,10 +49,13 @@ def kinds(timing: str) -> tuple[str, ...]:
     return ("graph", *plain) if timing == "both" else plain if timing == "plain" else (timing,)
 
 
-def key_settings(mode: str | None) -> dict[str, str]:
-    """What a cache key records of how times were measured: Inductor's ``mode`` and how plain
-    launches are timed."""
-    return {"inductor_mode": mode or "default", "plain_timing": PLAIN_TIMING}
+def key_settings(mode: str | None, launch: str = "op") -> dict[str, str]:
+    """What a cache key records of how times were measured: Inductor's ``mode``, how plain
+    launches are timed and, for the ``launch`` option "inductor", how ours was launched."""
+    settings = {"inductor_mode": mode or "default", "plain_timing": PLAIN_TIMING}
+    if launch != "op":
+        settings["ours_launched"] = OURS_LAUNCHED[launch]
+    return settings
 
 
 def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[Any],
@@ -85,10 +93,14 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
 
 
 def time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
-                          mode: str | None = None) -> dict[str, float | None]:
+                          mode: str | None = None,
+                          launch: Callable[..., Any] | None = None) -> dict[str, float | None]:
     """Ours and Inductor's µs per call on the piece's example inputs, both kinds of timing
-    (``time_pair``); ours through the custom op the piece would become. Inductor compiles
-    the piece in ``torch.compile``'s ``mode``."""
+    (``time_pair``). Ours is launched as the compiled graph will launch it: with ``launch``
+    (``runtime.make_inductor_launch``: the kernels through ``wrap_triton``), from the code
+    Inductor compiles for that function, where it compiles; otherwise through the custom op
+    the piece would become, whose call costs host time Inductor's launch does not. Inductor
+    compiles the piece in ``torch.compile``'s ``mode``."""
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
@@ -98,8 +110,31 @@ def time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
     with torch._guards.tracing(None):
         theirs = compile_fx(piece.module, xs, config_patches=dict(
             list_mode_options(mode)) if mode not in (None, "default") else None)
-    op = define_piece_op(runner, traced, f"{piece.name}_timed")
-    return time_pair(lambda *a: op.op(list(a)), lambda *a: theirs(*a), xs, ("graph", "plain"))
+        ours = _launched_by_inductor(launch, xs) if launch is not None else None
+    if ours is None:
+        op = define_piece_op(runner, traced, f"{piece.name}_timed")
+        ours = lambda *a: op.op(list(a))  # noqa: E731
+    return time_pair(ours, lambda *a: theirs(*a), xs, ("graph", "plain"))
+
+
+def _launched_by_inductor(launch: Callable[..., Any], xs: list[Any]
+                          ) -> Callable[..., Any] | None:
+    """``launch`` traced (``make_fx``: its kernels stay ``wrap_triton`` calls) and compiled by
+    Inductor, which launches the kernels from its own code; None where either step fails
+    (the caller then times the piece's op)."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        compiled = compile_fx(make_fx(launch)(*xs), xs)
+        compiled(*xs)  # compiles its kernels now, not inside the first timed call
+    except Exception as e:  # noqa: BLE001 - any failure: timed through the op instead
+        import logging
+
+        logging.getLogger("egraph_mirage").info(
+            "egraph-mirage: ours timed through its op: Inductor's launch failed: %s", e)
+        return None
+    return lambda *a: compiled(*a)
 
 
 def time_graphs(ours: Callable[..., Any], inductor: Callable[..., Any],
