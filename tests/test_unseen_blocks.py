@@ -17,6 +17,7 @@ and its parts searched, ``refine``; a part found whole later still passes).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import unseen_blocks as ub  # noqa: E402
 import egraph_mirage as em  # noqa: E402
 from egraph_mirage.fx import partition  # noqa: E402
 from egraph_mirage.fx.report import REPLACED, reports_of  # noqa: E402
+from egraph_mirage.fx.trace import trace_fx  # noqa: E402
 from egraph_mirage.gpu.torch_eval import relative_error  # noqa: E402
 from egraph_mirage.gpu.tune import TOLERANCE  # noqa: E402
 
@@ -105,6 +107,33 @@ def test_a_decoder_layer_at_decode_is_cut_at_its_norms_and_its_cache_write(
     assert _left_out_matches(dict(parts.left_out), LAYER_LEFT_OUT[family, attn])
     norm_piece = next(p for p in parts.pieces if _signature(p)[0].startswith("norm proj"))
     assert _signature(norm_piece)[1] == 3  # the float32 RMSNorm with the projections it feeds
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_decoder_layer_at_decode_with_batch_8_is_cut_as_at_batch_1(
+        family: str, attn: str) -> None:
+    """The same layers with 8 sequences of one new token each: the same pieces and the same
+    left-outs as at batch 1. The query's ``view(8, 1, heads, head_dim).transpose(1, 2)`` moves
+    a size-1 dim only, so the projection is traced per head with the sequences before the
+    heads (graph dims (8, heads, 1, head_dim): x as (8, 1, 1, hidden) against the weight as
+    (1, heads, hidden, head_dim)), the norm before it laid out alike; the attention's output
+    (rows, kv_heads, n_rep, 1, head_dim) goes into the output projection as one product per
+    row and head, summed over the heads. The first two pieces evaluate as eager does."""
+    step = ub.hf_step(family, attn, torch.float16)
+    parts = partition(step, step.example_inputs(batch=8))
+    assert [_signature(p) for p in parts.pieces] == LAYER_PIECES[family, attn]
+    assert _left_out_matches(dict(parts.left_out), LAYER_LEFT_OUT[family, attn])
+    first = trace_fx(parts.pieces[0].module, parts.pieces[0].example_inputs)
+    # the hidden state, read once as (8, 1, 1, hidden): the sequences before the heads
+    assert [v.dims for v in first.inputs if math.prod(v.dims) == 8 * ub.HIDDEN] == \
+        [(8, 1, 1, ub.HIDDEN)]
+    for piece in parts.pieces[:2]:
+        traced = trace_fx(piece.module, piece.example_inputs)
+        with torch.no_grad():
+            want = piece.module(*piece.example_inputs)
+        for w, g in zip(want, traced.reference(*piece.example_inputs), strict=True):
+            assert relative_error(g, w) <= TOLERANCE[DTYPES[torch.float16]]
 
 
 #: other blocks: (build(dtype) -> (module, inputs), partition options, pieces, left out)

@@ -418,16 +418,17 @@ class Tracer:
             bt = self.reshape(b, (*b.shape[:-2], 1, k))
             prod = self.binary("mul", a, bt, None if hint is None else (*hint[:-1], k))
             return self.reduce("reduction", prod, [-1], True)
-        if isinstance(a, Computed) and len(b.shape) == 2 and math.prod(R) == 1 and \
-                isinstance(b, PendingView) and _heads_in_batch(a.tensor.dims, m, k):
-            # a's features held as (heads, 1, head_dim) (an attention's output at decode, into
-            # its output projection): one product per head, summed over the heads
+        cut = _heads_cut(a.tensor.dims, math.prod(R) * m, k) if isinstance(a, Computed) \
+            else None
+        if cut is not None and len(b.shape) == 2 and isinstance(b, PendingView):
+            # a's features held as (rows..., heads..., 1, head_dim) (an attention's output at
+            # decode, into its output projection): one product per row and head, summed over
+            # the heads
             G = a.tensor.dims
-            d = G[-1]
-            heads = self.reshape(b, (*G[:-2], d, n))
+            heads = self.reshape(b, (*(1,) * cut, *G[cut:-2], G[-1], n))
             out = self.apply("matmul", [a.tensor, self._fit(heads, (), (), heads.shape,
                                                             "matmul")])
-            for e in (e for e, size in enumerate(G[:-2]) if size != 1):
+            for e in (e for e in range(cut, len(G) - 2) if G[e] != 1):
                 out = self.apply("reduction", [out], dim=e)
             return Computed(out, (*R, m, n), a.dtype)
         if isinstance(a, Computed) and a.tensor.dims[-2:] != a.shape[-2:] and \
@@ -459,20 +460,27 @@ class Tracer:
 
     def _split_columns(self, a: Any, b: Any, hint: Shape, R: Shape) -> Computed | None:
         """``a @ b`` for a weight ``b`` whose columns a later view splits into heads, laid out
-        as ``hint`` = (1, ..., heads, 1, head_dim) (a projection at decode: one row): ``b``
-        viewed as (heads, k, head_dim), ``a`` broadcast over the heads. None where it does not
-        apply."""
+        as ``hint`` = (rows..., heads..., 1, head_dim), the rows (``R`` and ``m``, in order)
+        before the heads (a projection at decode: one row per sequence; the result's element
+        order is the product's own): ``a`` as (rows..., 1, ..., 1, k), ``b`` viewed as
+        (1, ..., heads..., k, head_dim), one product per row and head, broadcast both ways.
+        None where it does not apply."""
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        if not (m == 1 and math.prod(R) == 1 and len(b.shape) == 2 and len(hint) >= 3
-                and isinstance(b, PendingView) and hint[-2] == 1 and n % hint[-1] == 0
-                and math.prod(hint[:-2]) == n // hint[-1]):
+        rows = math.prod(R) * m
+        if not (len(b.shape) == 2 and len(hint) >= 3 and isinstance(b, PendingView)
+                and hint[-2] == 1 and n % hint[-1] == 0
+                and math.prod(hint[:-2]) == rows * (n // hint[-1])):
             return None
-        d = hint[-1]
-        h = n // d
-        lhs = self._fit(self.reshape(a, (m, k)), (), (1,) * (len(hint) - 2), (m, k), "matmul")
-        heads = self.reshape(self.permute(self.reshape(b, (k, h, d)), (1, 0, 2)),
-                             (*hint[:-2], k, d))
-        rhs = self._fit(heads, (), (), heads.shape, "matmul")
+        cut = next((p for p in range(len(hint) - 1) if math.prod(hint[:p]) == rows), None)
+        if cut is None:
+            return None
+        d, lead, heads = hint[-1], hint[:cut], hint[cut:-2]
+        ones = (1,) * len(heads)
+        lhs = self._fit(self.reshape(a, (*lead, *ones, 1, k)), (), (), (*lead, *ones, 1, k),
+                        "matmul")
+        weight = self.reshape(self.permute(self.reshape(b, (k, n // d, d)), (1, 0, 2)),
+                              (*(1,) * len(lead), *heads, k, d))
+        rhs = self._fit(weight, (), (), weight.shape, "matmul")
         return Computed(self.apply("matmul", [lhs, rhs]), (*R, m, n), a.dtype)
 
     def _materialised(self, x: Expanded) -> Computed:
@@ -503,13 +511,34 @@ class Tracer:
                                      f"split (torch shape {c.shape}, graph dims {c.tensor.dims})")
         return e
 
+    def _unreduced(self, S: Shape, wanted: Sequence[int]) -> Shape | None:
+        """Graph dims for the operand (torch shape ``S``) of a reduction along torch dims
+        ``wanted`` whose result is to be laid out as the node's ``hint``: the hint with each
+        reduced dim's size restored in a size-1 graph dim of its own (the last that serves);
+        None where there is no hint or none fits."""
+        H = self.hint()
+        if H is None or math.prod(H) * math.prod(S[d] for d in wanted) != math.prod(S):
+            return None
+        part, G = [1 if d in wanted else s for d, s in enumerate(S)], list(H)
+        for d in (d for d in wanted if S[d] != 1):
+            part[d] = S[d]
+            e = next((e for e in reversed(range(len(G))) if G[e] == 1 and graph_dim(
+                tuple(part), (*G[:e], S[d], *G[e + 1:]), d) == e), None)
+            if e is None:
+                return None
+            G[e] = S[d]
+        return tuple(G)
+
     def reduce(self, op: str, x: Any, dims: Any, keepdim: bool) -> Computed:
-        c = self.computed(self.as_result(x), op, dims=())
-        rank = len(c.shape)
+        """``op`` along torch dims ``dims``; its operand laid out so that the result is laid
+        out as the node's hint, where one was asked (``_unreduced``)."""
+        x = self.as_result(x)
+        rank = len(x.shape)
         if rank == 0:  # a reduction of a single number is that number
-            return c
+            return self.computed(x, op, dims=())
         dims = range(rank) if dims is None or dims == [] else dims
         wanted = sorted({d % rank for d in ([dims] if isinstance(dims, int) else dims)})
+        c = self.computed(x, op, dims=self._unreduced(tuple(x.shape), wanted) or ())
         S, t = c.shape, c.tensor
         for d in wanted:
             if S[d] == 1:
@@ -679,10 +708,13 @@ def _held_otherwise(v: Any) -> bool:
     return isinstance(v, Computed) and v.tensor.dims[-2:] != v.shape[-2:]
 
 
-def _heads_in_batch(G: Shape, m: int, k: int) -> bool:
-    """Whether graph dims ``G`` hold a row of ``k`` features as (1, ..., heads, 1, head_dim)."""
-    return len(G) >= 3 and m == 1 and G[-2] == 1 and G[-1] != k and \
-        math.prod(G[:-2]) * G[-1] == k
+def _heads_cut(G: Shape, rows: int, k: int) -> int | None:
+    """Where graph dims ``G`` hold ``rows`` rows of ``k`` features as (rows..., heads..., 1,
+    head_dim): the number of leading dims that hold the rows; None where they do not."""
+    if len(G) < 3 or G[-2] != 1 or G[-1] == k or k % G[-1] or \
+            math.prod(G[:-2]) != rows * (k // G[-1]):
+        return None
+    return next((c for c in range(len(G) - 1) if math.prod(G[:c]) == rows), None)
 
 
 def _graph_dtype(dtype: Any, what: str) -> Any:

@@ -107,9 +107,14 @@ def fit(aligned: Shape, R: Shape, L: Shape) -> Shape | None:
 
 def refines(G: Shape, W: Shape) -> bool:
     """Whether graph dims ``G`` split the same elements at every boundary of graph dims ``W``
-    (and maybe more): each dim of ``W`` is a run of consecutive dims of ``G``, so an operator
-    along a dim that ``W`` holds whole finds it whole in ``G``, or split further."""
-    return math.prod(G) == math.prod(W) and \
+    and more: each dim of ``W`` is a run of consecutive dims of ``G``, so an operator along a
+    dim that ``W`` holds whole finds it whole in ``G``, or split further. Dims that differ only
+    in where their size-1 dims stand (``(1, 8, 1, 64)`` and ``(8, 1, 1, 64)``) split nothing
+    further: they do not broadcast alike, and neither refines the other."""
+    def big(shape: Shape) -> Shape:
+        return tuple(s for s in shape if s != 1)
+
+    return math.prod(G) == math.prod(W) and big(G) != big(W) and \
         {math.prod(W[:k]) for k in range(len(W))} <= {math.prod(G[:k]) for k in range(len(G))}
 
 
