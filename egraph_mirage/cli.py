@@ -15,6 +15,8 @@
     egraph-mirage bench torch [--json] [--out PATH] [--batch B ...] [--preset small|llama3_8b]
                               [--models llama hf] [--modes MODE ...] [--budget S]
                               [--max-tasks N] [--workers N] [--cache-dir DIR] [--cpu-smoke]
+    egraph-mirage bench generate [--json] [--out PATH] [--models llama qwen3] [--layers N]
+                                 [--batch B ...] [--modes MODE ...] [--again] [--cpu-smoke]
 
 Errors raised on purpose by egraph-mirage (``EMError``) print as one ``error: ...`` line on
 stderr and exit with status 2.
@@ -176,6 +178,12 @@ def _parser() -> argparse.ArgumentParser:
     torch_bench.add_arguments(bsub.add_parser(
         "torch", help="a Llama decoder layer's decode step: eager, torch.compile and the "
         "egraph_mirage backend on a CUDA GPU (docs/torch.md)"))
+    from .bench import generate_bench
+
+    generate_bench.add_arguments(bsub.add_parser(
+        "generate", help="a whole transformers model's generate() with a static cache: decode "
+        "tokens/s of eager, torch.compile and the egraph_mirage backend on a CUDA GPU "
+        "(docs/torch.md)"))
     return p
 
 
@@ -208,6 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench.torch_bench import run_command as run_torch
 
             return run_torch(args)
+        if args.bench == "generate":
+            from .bench.generate_bench import run_command as run_generate
+
+            return run_generate(args)
         return _bench_oracle(args)
     except EMError as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # always one line

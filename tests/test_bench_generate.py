@@ -1,0 +1,139 @@
+"""``egraph-mirage bench generate`` without a GPU: the refusal and the one-line errors of bad
+arguments, the ``--cpu-smoke`` run of a two-layer Llama's ``generate()`` through eager and the
+backend (a stand-in search budget of one task per piece) with its JSON-lines rows, identical
+layers searched once and a second compile from the cache, Qwen3, and the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from egraph_mirage.bench import generate_bench as gb  # noqa: E402
+from egraph_mirage.cli import main  # noqa: E402
+
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="--cpu-smoke runs without a GPU")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@CPU_ONLY
+@pytest.mark.parametrize(("argv", "says"), [
+    ((), "error: bench generate needs a CUDA GPU"),
+    (("--cpu-smoke", "--layers", "3"), "small preset with 1 or 2 layers only"),
+    (("--cpu-smoke", "--preset", "llama3_8b"), "small preset with 1 or 2 layers only"),
+    (("--cpu-smoke", "--max-cache-len", "8"), "--max-cache-len 8 is shorter than --prompt-len "
+     "+ --new-tokens + 1 = 12"),
+    (("--cpu-smoke", "--batch", "1", "0", "--new-tokens", "-1"),
+     "--batch 0, --new-tokens -1: must be positive"),
+    (("--cpu-smoke", "--budget", "-5"), "error: bench generate: --budget must be"),
+])
+def test_bad_arguments_give_one_line(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
+                                     says: str) -> None:
+    code, out, err = _run(capsys, "bench", "generate", *argv)
+    assert code == 2 and not out
+    assert says in err and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+@CPU_ONLY
+def test_the_cpu_smoke_run_writes_json_lines_and_searches_identical_layers_once(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rows_file = tmp_path / "rows.jsonl"
+    code, out, err = _run(capsys, "bench", "generate", "--cpu-smoke", "--models", "llama",
+                          "--layers", "2", "--batch", "1", "--new-tokens", "2", "--repeats", "1",
+                          "--max-tasks", "1", "--workers", "1", "--again",
+                          "--cache-dir", str(tmp_path / "cache"), "--out", str(rows_file))
+    assert code == 0, err
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert [(r["model"], r["layers"], r["batch"], r["mode"]) for r in rows] == [
+        ("llama", 2, 1, "eager"), ("llama", 2, 1, "egraph_mirage")]
+    assert all(tuple(r) == gb.KEYS for r in rows)
+    eager, ours = rows
+    assert ours["preset"] == "small" and ours["sizes"]["hidden"] == 64 and ours["vocab"] == 256
+    assert (ours["prompt_len"], ours["new_tokens"], ours["max_cache_len"]) == (8, 2, 32)
+    assert ours["device"] == "cpu" and ours["compile_mode"] == "reduce-overhead"
+    for r in rows:
+        assert r["error"] is None and r["compile_s"] > 0 and r["prefill_ms"] > 0
+        assert r["decode_tok_s"] == pytest.approx(1e3 / r["decode_ms_per_step"])
+        assert r["param_bytes"] > 0 and r["cache_bytes"] == 2 * 2 * 1 * 2 * 32 * 16 * 2
+    assert eager["tokens_match"] and eager["first_diff"] is None
+    assert ours["tokens_match"] == (ours["first_diff"] is None)
+    assert ours["speedup_vs_eager"] == pytest.approx(ours["decode_tok_s"] / eager["decode_tok_s"])
+    assert ours["speedup_vs_best"] is None  # no torch.compile mode ran
+    # the second layer's pieces that are the first's are found in the cache, not searched
+    assert ours["pieces"] > 0 and ours["replaced"] == 0 and ours["cache_hits"] > 0
+    assert ours["searches"] + ours["cache_hits"] >= ours["pieces"]
+    assert ours["report"].startswith("egraph-mirage: graph")
+    # --again: a new Backend after a Dynamo reset finds every piece in the cache
+    assert ours["again_compile_s"] > 0 and ours["again_searches"] == 0
+    assert ours["again_cache_hits"] == ours["pieces"]
+    head, line = out.splitlines()[:2]
+    assert head.split()[:6] == ["model", "L", "dtype", "b", "eager", "tok/s"]
+    assert line.split()[:4] == ["llama", "2", "fp16", "1"]
+    assert f"0/{ours['pieces']}" in line.split()
+    assert f"wrote {rows_file}" in err
+    code, again, _ = _run(capsys, "bench", "generate", "--table-of", str(rows_file))
+    assert code == 0 and again == out
+
+
+@CPU_ONLY
+def test_qwen3_through_the_backend(tmp_path: Path) -> None:
+    cfg = gb.GenerateBenchConfig(models=("qwen3",), preset="small", layers=1, batches=(2,),
+                                 prompt_len=4, new_tokens=1, max_cache_len=8,
+                                 modes=("egraph_mirage",), repeats=1, device="cpu",
+                                 max_tasks=1, workers=1, cache_dir=str(tmp_path), rest="eager")
+    eager, ours = gb.bench_generate(cfg, log=lambda _: None)
+    assert eager["mode"] == "eager" and ours["model"] == "qwen3" and ours["error"] is None
+    assert ours["batch"] == 2 and ours["tokens_match"] in (True, False)
+    assert ours["pieces"] > 0 and ours["searches"] + ours["cache_hits"] >= ours["pieces"]
+
+
+def _row(mode: str, rate: float | None, **more: Any) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(gb.KEYS)
+    row.update({"model": "llama", "layers": 32, "dtype": "float16", "batch": 8, "mode": mode,
+                "decode_tok_s": rate, "tokens_match": True, **more})
+    return row
+
+
+def test_speedups_are_over_eager_and_the_fastest_torch_compile_mode_and_the_table() -> None:
+    rows = [_row("eager", 100.0), _row("compile", 400.0, tokens_match=False, first_diff=17),
+            _row("max-autotune", 500.0),
+            _row("egraph_mirage", 450.0, pieces=161, replaced=3, compile_s=200.0,
+                 again_compile_s=20.0),
+            _row("egraph_mirage-max-autotune", None, tokens_match=None,
+                 error="RuntimeError: boom")]
+    gb._speedups(rows)
+    assert rows[3]["speedup_vs_eager"] == pytest.approx(4.5)
+    assert rows[3]["speedup_vs_best"] == pytest.approx(0.9)
+    assert rows[2]["speedup_vs_best"] == pytest.approx(1.0)
+    assert rows[4]["speedup_vs_best"] is None
+    lines = gb.format_table(rows).splitlines()
+    assert lines[1].split() == ["llama", "32", "fp16", "8", "100.0", "400.0", "500.0", "450.0",
+                                "–", "0.90×", "–", "@17", "same", "same", "3/161",
+                                "200.0", "(20.0)"]
+    assert lines[-1] == "llama L=32 b=8 egraph_mirage-max-autotune: RuntimeError: boom"
+
+
+def test_the_first_differing_position_over_the_batch() -> None:
+    want = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert gb._first_diff(want.clone(), want) is None
+    got = want.clone()
+    got[1, 2] = 0
+    got[0, 3] = 0
+    assert gb._first_diff(got, want) == 2
