@@ -12,8 +12,8 @@ import pytest
 
 import egraph_mirage as em
 from egraph_mirage.graph import KernelGraph
-from egraph_mirage.pipeline import superoptimize
 from egraph_mirage.pipeline import scaled as sc
+from egraph_mirage.pipeline import superoptimize
 from egraph_mirage.search import SearchResult, SearchStats
 
 HIDDEN, OUT = 2048, 2048  # X (2, 2048) @ W (2048, 2048): 4.2M elements, past SCALE_ABOVE
