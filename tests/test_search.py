@@ -212,7 +212,8 @@ def test_the_search_runs_as_named_stages_whose_artefacts_can_be_inspected() -> N
     results = superoptimize(g, SearchConfig(max_results=1), workers=1, progress=False,
                             max_tasks=60, on_stage=lambda name, art: seen.append((name, art)))
     assert [name for name, _ in seen] == [name for name, _ in STAGES] == [
-        "prepare", "tasks", "search", "rank", "profile", "write"]
+        "scale", "prepare", "tasks", "search", "resize", "rank", "profile", "write"]
     art = dict(seen)
+    assert art["scale"] is g  # a small program is searched at its own sizes
     assert art["prepare"].reach is not None and len(art["tasks"]) == results.stats.tasks_total
     assert len(art["search"]) == len(results) and art["rank"][0] is results.best

@@ -42,6 +42,7 @@ from ..lower.cost_model import ProgramCost
 from ..mugraph.serialize import dumps
 from ..mugraph.sizes import retarget
 from ..search import SearchResult, SearchStats
+from ..search.dims import PROBE_LIMIT
 
 #: programs with more elements than this (inputs and operators' results) are searched scaled
 SCALE_ABOVE = 1 << 22
@@ -76,9 +77,13 @@ def _size(n: int) -> int:
 
 def scaled_program(g: KernelGraph) -> KernelGraph | None:
     """``g`` at its scaled sizes (module docstring), or None where it is not large enough, no
-    dimension scales, or the scaling cannot follow one of its operators."""
+    dimension scales, the scaling cannot follow one of its operators, or an operator is too
+    large to check at its own sizes (``search.dims.PROBE_LIMIT``: the search refuses the
+    program itself, naming that operator)."""
     if elements(g) <= SCALE_ABOVE or any(t.op == "customized" for t in g.operators):
         return None
+    if any(sum(math.prod(o.dims) for o in (*t.operands, t)) > PROBE_LIMIT for t in g.operators):
+        return None  # too large to check at its own sizes: the search refuses it, named
     if all(_size(d) == d for t in g.inputs for d in t.dims):
         return None
     h = KernelGraph()

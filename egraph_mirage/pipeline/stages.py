@@ -100,7 +100,9 @@ def _stage_scale(run: Run) -> None:
     """The program to search: ``g``, or, where the request allows and ``g`` is large, its
     scaled copy (``pipeline.scaled``); the search then stops early enough to leave the resize
     stage its time (``scaled.resize_reserve``)."""
-    scaled = scaled_program(run.g) if run.request.scale else None
+    # anything but a KernelGraph is refused by the prepare stage, with the error it gives
+    scaled = (scaled_program(run.g) if run.request.scale and isinstance(run.g, KernelGraph)
+              else None)
     run.searched = run.g if scaled is None else scaled
     if scaled is not None:
         run.stats.searched_sizes = [t.dims for t in scaled.inputs]
