@@ -172,3 +172,18 @@ def test_real_searches_stay_within_the_budget_and_the_stated_margin() -> None:
     searched = [p for p in report.pieces if p.search_seconds is not None]
     assert len(searched) == len(handed) >= 1 and sum(handed) <= budget  # type: ignore[arg-type]
     assert sum(p.search_seconds for p in searched) <= budget + OVERRUN_S  # type: ignore[misc]
+
+
+def test_identical_pieces_share_one_search_and_the_budget_counts_them_once(
+        tmp_path: Path) -> None:
+    """Three blocks of one width are three pieces of one program (a model's identical layers):
+    with the cache on, the first is searched with the whole budget to itself (the other two
+    will be cache hits), and the other two hit the cache."""
+    budget = 2.0
+    search = Spending(cap=0.0)  # finds nothing at once
+    backend = Backend(search=search, budget=budget, rest="eager", cache_dir=str(tmp_path),
+                      workers=1, refine=False)
+    compile_timed(backend, block_inputs())  # widths 32, 32, 32, 32: one program three times
+    assert [p.cache for p in backend.reports[0].pieces] == ["miss", "hit", "hit"]
+    (first,) = search.budgets
+    assert first is not None and budget / 2 < first <= budget

@@ -70,11 +70,17 @@ def test_the_cpu_smoke_run_writes_json_lines_and_searches_identical_layers_once(
     assert ours["device"] == "cpu" and ours["compile_mode"] == "reduce-overhead"
     for r in rows:
         assert r["error"] is None and r["compile_s"] > 0 and r["prefill_ms"] > 0
-        assert r["decode_tok_s"] == pytest.approx(1e3 / r["decode_ms_per_step"])
+        # a busy host can make N + 1 tokens no slower than 1 by the wall clock: then no rate
+        if r["decode_ms_per_step"] > 0:
+            assert r["decode_tok_s"] == pytest.approx(1e3 / r["decode_ms_per_step"])
+        else:
+            assert r["decode_tok_s"] is None
         assert r["param_bytes"] > 0 and r["cache_bytes"] == 2 * 2 * 1 * 2 * 32 * 16 * 2
     assert eager["tokens_match"] and eager["first_diff"] is None
     assert ours["tokens_match"] == (ours["first_diff"] is None)
-    assert ours["speedup_vs_eager"] == pytest.approx(ours["decode_tok_s"] / eager["decode_tok_s"])
+    if ours["decode_tok_s"] and eager["decode_tok_s"]:
+        assert ours["speedup_vs_eager"] == pytest.approx(
+            ours["decode_tok_s"] / eager["decode_tok_s"])
     assert ours["speedup_vs_best"] is None  # no torch.compile mode ran
     # the second layer's pieces that are the first's are found in the cache, not searched
     assert ours["pieces"] > 0 and ours["replaced"] == 0 and ours["cache_hits"] > 0

@@ -152,10 +152,19 @@ class Backend:
             LOG.warning("egraph-mirage: %s", report.note)
             return _rest(gm, example_inputs, self.options.rest, mode)
         replaced = 0
-        self._budget.add(len(parts.pieces))
+        traced = [self._trace(piece) for piece in parts.pieces]
+        # with a cache, a piece equal to an earlier one (a model's identical layers) is a hit:
+        # the budget is shared by the distinct pieces only (``fx.budget``)
+        keys = ([self._key(t, mode).digest() if isinstance(t, TracedProgram) else f"refused {i}"
+                 for i, t in enumerate(traced)] if self.cache is not None
+                else [str(i) for i in range(len(traced))])
+        self._budget.add(len(set(keys)))
+        reached: set[str] = set()
         for i, piece in enumerate(parts.pieces):
-            piece_report, replacement = self._piece(i, piece, mode)
-            self._budget.reached()
+            piece_report, replacement = self._piece(i, piece, mode, traced[i])
+            if keys[i] not in reached:
+                reached.add(keys[i])
+                self._budget.reached()
             report.pieces.append(piece_report)
             if replacement is None and self.options.refine and piece_report.nothing_found():
                 replacement = self._refine(i, piece, piece_report, report, mode)
@@ -247,25 +256,37 @@ class Backend:
         return inductor if inductor is not None else _rest(gm, example_inputs,
                                                            self.options.rest, mode)
 
-    def _piece(self, index: int, piece: Piece, mode: str | None = None
-               ) -> tuple[rep.PieceReport, Any]:
+    @staticmethod
+    def _trace(piece: Piece) -> TracedProgram | EMError:
+        """The piece traced into a program, or why it does not trace."""
+        try:
+            return trace_fx(piece.module, piece.example_inputs)
+        except EMError as e:
+            return e
+
+    def _key(self, traced: TracedProgram, mode: str | None) -> Any:
+        """The cache key of a traced piece: its program, the search settings and, where
+        timed, what the times of a cached decision were measured by."""
+        timed = (timing.key_settings(mode, self._launch()) if self.options.profiling()
+                 else None)
+        return piece_key(traced.graph, self.options.search_settings(), timed)
+
+    def _piece(self, index: int, piece: Piece, mode: str | None = None,
+               traced: TracedProgram | EMError | None = None) -> tuple[rep.PieceReport, Any]:
         """The piece's report, and its replacement module (None: it stays). ``mode``:
         ``torch.compile``'s, which Inductor's code for the piece is compiled with when the
-        winner is timed against it (part of the cache key when timing)."""
+        winner is timed against it (part of the cache key when timing). ``traced``: the piece
+        already traced (``_trace``; None: traced here)."""
         out = rep.PieceReport(index, piece.name)
-        try:
-            traced = trace_fx(piece.module, piece.example_inputs)
-        except EMError as e:
-            out.status, out.reason = rep.UNSUPPORTED, str(e)
+        traced = self._trace(piece) if traced is None else traced
+        if isinstance(traced, EMError):
+            out.status, out.reason = rep.UNSUPPORTED, str(traced)
             return out, None
         g = traced.graph
         out.operators = tuple(t.op for t in g.operators)
         out.shapes = tuple(tuple(t.dims) for t in g.inputs)
         out.dtypes = tuple(t.dtype.value for t in g.inputs)
-        # where timed, what the times of a cached decision were measured by
-        timed = (timing.key_settings(mode, self._launch()) if self.options.profiling()
-                 else None)
-        key = piece_key(g, self.options.search_settings(), timed)
+        key = self._key(traced, mode)
         record = self.cache.get(key) if self.cache is not None else None
         out.cache = "off" if self.cache is None else ("miss" if record is None else "hit")
         runner = None

@@ -7,6 +7,10 @@ seconds away. The rule, one line:
     a search gets the seconds left before the deadline, divided by the pieces not yet reached
     (itself included); a piece refined into parts adds its parts to those.
 
+With the backend's cache on, pieces that are the same program under the same settings (a
+model's identical layers) count once: the first is searched, the others are cache hits. So a
+compilation of 32 identical layers shares its budget among one layer's pieces.
+
 So a piece decided without a search (a cache hit, a piece the tracer refuses) leaves its share
 to the pieces after it, a search that ends early leaves the rest of its share to the others,
 and the last search left may take all that is left. A piece reached once no time is left is
