@@ -124,10 +124,13 @@ def _params(t: Tensor) -> dict[str, Any] | None:
 
 
 def resized(results: Sequence[SearchResult], program: KernelGraph, stats: SearchStats,
-            deadline: float | None, tolerance: float, keep: int = KEEP) -> list[SearchResult]:
+            deadline: float | None, tolerance: float, tests: int = 2, seed: int = 0,
+            keep: int = KEEP) -> list[SearchResult]:
     """The results of a search of ``program``'s scaled copy at ``program``'s own sizes, each
     verified there (module docstring): at most ``keep``, cheapest by the cost model first.
-    ``tolerance``: the float check's (``SearchConfig.numeric_tolerance``). Checks start until
+    ``tolerance``, ``tests`` and ``seed``: the float check's tolerance and the finite-field
+    tests' count and seed, the search's own (``SearchConfig.numeric_tolerance``,
+    ``verify_tests``; the request's seed). Checks start until
     ``deadline`` (a ``time.time()``; at least one is always made); ``stats`` counts what was
     dropped (``resize_unfit``, ``resize_rejected``) and the seconds taken."""
     from ..verify import NumericCheck, Verifier
@@ -152,7 +155,8 @@ def resized(results: Sequence[SearchResult], program: KernelGraph, stats: Search
         if len(out) >= keep or (out and deadline is not None and time.time() > deadline):
             break
         if verifier is None:
-            verifier, numerics = Verifier(program, backend="numpy"), NumericCheck(program)
+            verifier = Verifier(program, tests=tests, seed=seed, backend="numpy")
+            numerics = NumericCheck(program)
         try:
             verdict = verifier.check(h)
             error = numerics.error(h) if verdict.equivalent else math.inf

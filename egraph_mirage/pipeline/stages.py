@@ -149,8 +149,9 @@ def _stage_resize(run: Run) -> None:
     there (``scaled.resized``); otherwise nothing."""
     if run.searched is run.g:
         return
+    r = run.request
     kept = resized(list(run.results.values()), run.g, run.stats, run.deadline,
-                   run.request.config.numeric_tolerance)
+                   r.config.numeric_tolerance, r.config.verify_tests, r.seed)
     run.results = {dumps(r.graph): r for r in kept}
 
 
