@@ -95,6 +95,24 @@ def test_a_result_that_is_wrong_at_the_programs_sizes_is_rejected() -> None:
     assert stats.resize_rejected == 1
 
 
+def test_past_its_deadline_the_resize_stage_stops_after_a_few_failed_checks() -> None:
+    """A resize started past its deadline still checks while nothing has passed, but no more
+    than ``LATE_CHECKS`` candidates: five wrong μGraphs cost three checks, not five."""
+    g = norm_projection()
+    fakes = []
+    for k in range(5):
+        wrong = em.new_kernel_graph()
+        x = wrong.new_input((2, HIDDEN))
+        w = wrong.new_input((HIDDEN, OUT))
+        wrong.mark_output(wrong.mul_scalar(wrong.matmul(x, w), float(k + 2)))
+        fakes.append(SearchResult(wrong, num_kernels=1, estimated_seconds=1e-6,
+                                  verify_bound=0.0, verify_tests=2, numeric_error=0.0,
+                                  found_after=0.0))
+    stats = SearchStats()
+    assert sc.resized(fakes, g, stats, deadline=0.0, tolerance=1e-6) == []
+    assert stats.resize_rejected == sc.LATE_CHECKS == 3
+
+
 @pytest.mark.parametrize("op", ["div_count"])
 def test_an_operator_holding_a_count_keeps_the_program_at_its_sizes(op: str) -> None:
     g = em.new_kernel_graph()

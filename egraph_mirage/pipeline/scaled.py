@@ -59,6 +59,8 @@ CHECK_S_PER_ELEMENT = 2e-7
 CHECK_S = 0.5
 #: the resize stage takes at most this share of what is left of a search's time
 RESIZE_SHARE = 0.5
+#: checks the resize stage still makes past its deadline while none has passed
+LATE_CHECKS = 3
 
 
 def resize_reserve(g: KernelGraph, left: float) -> float:
@@ -130,9 +132,9 @@ def resized(results: Sequence[SearchResult], program: KernelGraph, stats: Search
     verified there (module docstring): at most ``keep``, cheapest by the cost model first.
     ``tolerance``, ``tests`` and ``seed``: the float check's tolerance and the finite-field
     tests' count and seed, the search's own (``SearchConfig.numeric_tolerance``,
-    ``verify_tests``; the request's seed). Checks start until
-    ``deadline`` (a ``time.time()``; at least one is always made); ``stats`` counts what was
-    dropped (``resize_unfit``, ``resize_rejected``) and the seconds taken."""
+    ``verify_tests``; the request's seed). Checks start until ``deadline`` (a
+    ``time.time()``), and after it while none has passed, ``LATE_CHECKS`` at most; ``stats``
+    counts what was dropped (``resize_unfit``, ``resize_rejected``) and the seconds taken."""
     from ..verify import NumericCheck, Verifier
 
     t0 = time.perf_counter()
@@ -151,8 +153,9 @@ def resized(results: Sequence[SearchResult], program: KernelGraph, stats: Search
     order = sorted(candidates.items(), key=lambda kv: (kv[1][0], kv[1][1].num_kernels, kv[0]))
     out: list[SearchResult] = []
     verifier = numerics = None
-    for _, (estimate, r, h) in order:
-        if len(out) >= keep or (out and deadline is not None and time.time() > deadline):
+    for checked, (_, (estimate, r, h)) in enumerate(order):
+        late = deadline is not None and time.time() > deadline
+        if len(out) >= keep or (late and (out or checked >= LATE_CHECKS)):
             break
         if verifier is None:
             verifier = Verifier(program, tests=tests, seed=seed, backend="numpy")
