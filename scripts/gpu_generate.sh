@@ -15,7 +15,7 @@
 # Environment: MODELS ("llama qwen3"; a call per model fits the time better), LAYERS (32), MODES
 # (default eager compile max-autotune egraph_mirage), DTYPE (float16), NEW_TOKENS (128),
 # PROMPT_LEN (128), MAX_CACHE_LEN (1024), REPEATS (3), MAX_TASKS, TIMING (the backend's timing
-# option, default both), CACHE (the backend's cache, default OUT/cache), WARM_LAYERS, AGAIN (the
+# option, default both), CACHE (the backend's cache, default WORK/cache), WARM_LAYERS, AGAIN (the
 # backend compiled a second time from the cache: --again), TIMEOUT (s per batch, 540), GPUS,
 # FIRST_GPU, WORKERS (as in gpu_torch.sh), EXTRA (more `bench generate` options).
 #
@@ -31,7 +31,7 @@ gpu_plan $#
 common() {  # the options every run of one batch shares
   echo --dtype "${DTYPE:-float16}" --prompt-len "${PROMPT_LEN:-128}" \
     --max-cache-len "${MAX_CACHE_LEN:-1024}" --budget "$budget" ${MAX_TASKS:+--max-tasks $MAX_TASKS} \
-    --workers "$workers" --cache-dir "${CACHE:-$out/cache}" --timing "${TIMING:-both}" ${EXTRA:-}
+    --workers "$workers" --cache-dir "${CACHE:-$work/cache}" --timing "${TIMING:-both}" ${EXTRA:-}
 }
 
 one() {  # one batch on the GPU this subshell sees
@@ -39,19 +39,21 @@ one() {  # one batch on the GPU this subshell sees
   if [ -n "${WARM_LAYERS:-}" ]; then
     timeout "${TIMEOUT:-540}" python3 -m egraph_mirage bench generate --batch "$b" \
       --models $models --layers "$WARM_LAYERS" --modes egraph_mirage --new-tokens 1 --repeats 1 \
-      $(common) --out "$out/bench_generate_warm_b$b.jsonl" \
-      > "$out/bench_generate_warm_b$b.txt" 2> "$out/bench_generate_warm_b$b.err"
-    echo "warm b=$b rc=$?"; grep -v '^egraph-mirage' "$out/bench_generate_warm_b$b.err" | tail -3
+      $(common) --out "$work/bench_generate_warm_b$b.jsonl" \
+      > "$work/bench_generate_warm_b$b.txt" 2> "$work/bench_generate_warm_b$b.err"
+    echo "warm b=$b rc=$?"; grep -v '^egraph-mirage' "$work/bench_generate_warm_b$b.err" | tail -3
   fi
   timeout "${TIMEOUT:-540}" python3 -m egraph_mirage bench generate --batch "$b" \
     --models $models --layers "${LAYERS:-32}" ${MODES:+--modes $MODES} \
     --new-tokens "${NEW_TOKENS:-128}" --repeats "${REPEATS:-3}" ${AGAIN:+--again} $(common) \
     --out "$out/bench_generate_b$b.jsonl" \
-    > "$out/bench_generate_b$b.txt" 2> "$out/bench_generate_b$b.err"
-  echo "b=$b rc=$?"; grep -v '^egraph-mirage' "$out/bench_generate_b$b.err" | tail -4
+    > "$work/bench_generate_b$b.txt" 2> "$work/bench_generate_b$b.err"
+  echo "b=$b rc=$?"; grep -v '^egraph-mirage' "$work/bench_generate_b$b.err" | tail -4
 }
 
 gpu_spread "$@"
 # last: one table of every row written, finished or cut short
 files=(); for b in "$@"; do files+=("$out/bench_generate_b$b.jsonl"); done
 python3 -m egraph_mirage bench generate --table-of "${files[@]}"
+# the logs in one file of OUT (a device call brings back at most 8): warm-ups, runs, errors
+gpu_bring_back logs.txt "$work"/bench_generate_*.txt "$work"/bench_generate_*.err

@@ -1,13 +1,26 @@
-# Sourced by the device-call scripts (gpu_discovery.sh, gpu_torch.sh) with OUT as its argument:
-# egglog and its import deps from the carried `.whl/` (../shared/notes/gpu.md) on the path for
-# the search, JAX on the CPU, OUT made, and the GPU's name written to OUT/device.txt; then
-# gpu_plan and gpu_spread, which spread a script's items over the host's GPUs.
+# Sourced by the device-call scripts (gpu_discovery.sh, gpu_torch.sh, gpu_generate.sh) with OUT as
+# its argument: egglog and its import deps from the carried `.whl/` (../shared/notes/gpu.md) on
+# the path for the search, JAX on the CPU, OUT made, and the GPU's name written to OUT/device.txt;
+# `work`, the folder for everything else a script writes (logs, caches, search folders: WORK,
+# default OUT/../em_work), since a device call brings back only a few files of OUT (at most 8);
+# then gpu_plan and gpu_spread, which spread a script's items over the host's GPUs, and
+# gpu_bring_back, which gathers logs into one file of OUT.
 export JAX_PLATFORMS=cpu
 # once per machine: scripts started side by side must not install over each other
 [ -d /tmp/egg/egglog ] || pip install -q --no-deps --target /tmp/egg .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/egg:$PWD
 mkdir -p "$1"
+work=${WORK:-$(dirname "$1")/em_work}
+mkdir -p "$work"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$1/device.txt"
+
+# gpu_bring_back NAME FILE...: the FILEs that exist, each under a line naming it, in OUT/NAME
+gpu_bring_back() {
+  local name=$1 f; shift
+  for f in "$@"; do
+    [ -f "$f" ] && { echo "== $(basename "$f")"; cat "$f"; }
+  done > "$out/$name"
+}
 
 # gpu_plan N: how many GPUs N items are spread over (`gpus`: GPUS or every GPU, at most N) and
 # how many search processes each item gets (`workers`: WORKERS, or the GPU's share of the host's
