@@ -83,7 +83,9 @@ def _sdpa_decode(x: Any, wq: Any, wk: Any, wv: Any, k_cache: Any, v_cache: Any) 
 
 def test_sdpa_with_shared_kv_heads_is_attention_with_a_broadcast() -> None:
     """The SDPA node stays whole through export and traces as its definition, two products and
-    a softmax, the KV heads broadcast over their query heads (no repeated copy of the cache)."""
+    a softmax, each KV head read once for the query heads that share it (no repeated copy of
+    the cache): at decode those query heads are the rows of one product per KV head
+    (``trace.with_rows_folded``), the benchmarks' gqa layout."""
     torch.manual_seed(0)
     args = (_rand(1, HIDDEN), _rand(HIDDEN, H * D), _rand(HIDDEN, KVH * D),
             _rand(HIDDEN, KVH * D), _rand(1, KVH, 7, D), _rand(1, KVH, 7, D))
@@ -95,8 +97,10 @@ def test_sdpa_with_shared_kv_heads_is_attention_with_a_broadcast() -> None:
     assert ops.count("matmul") == 2 and "exp" in ops and "concat" not in ops
     n_rep = H // KVH
     keys = [t for t in traced.graph.inputs if t.dims[-1] == 8 or t.dims[-2] == 8]
-    assert keys and all(1 in t.dims[:-2] for t in keys)  # K and V: a size-1 dim broadcasts
+    assert keys and all(t.dims[0] == KVH for t in keys)  # one matrix per KV head
     assert all(math.prod(t.dims) == KVH * 8 * D for t in keys), n_rep
+    (query,) = [t for t in traced.graph.inputs if t not in keys]
+    assert query.dims == (KVH, n_rep, D)  # the query heads sharing a KV head: its rows
     want = attention.module(*attention.example_inputs)
     for w, g in zip(want, traced.reference(*attention.example_inputs)):
         torch.testing.assert_close(g.float(), w, rtol=1e-4, atol=1e-4)
@@ -251,3 +255,32 @@ def test_a_fused_qkv_projection_chunked_into_heads_traces_whole() -> None:
     got = got[0] if isinstance(got, (tuple, list)) else got
     want = want[0] if isinstance(want, (tuple, list)) else want
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention at decode as eager code writes it: q (kv, g, 1, d) against each
+    KV head's keys and values (kv, 1, n, d), broadcast over its g query heads."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+
+def test_single_rows_sharing_a_matrix_are_folded_into_its_rows() -> None:
+    """``with_rows_folded``: the g query heads that share a KV head, one row each, become the g
+    rows of one product per KV head: q (kv, g, d) @ K (kv, d, n), and so through the softmax
+    and the product with V; the program computes what the code computes."""
+    q, k, v = _rand(KVH, H // KVH, 1, D), _rand(KVH, 1, 8, D), _rand(KVH, 1, 8, D)
+    traced = trace(_decode_attention, q, k, v)
+    assert [t.dims for t in traced.graph.inputs] == [(KVH, H // KVH, D), (KVH, D, 8),
+                                                     (KVH, 8, D)]
+    assert traced.graph.outputs[0].dims == (KVH, H // KVH, D)
+    (got,) = traced.reference(q, k, v)
+    torch.testing.assert_close(got.float(), _decode_attention(q, k, v), rtol=1e-4, atol=1e-4)
+
+
+def test_rows_are_not_folded_where_a_right_operand_has_its_own_rows_dim() -> None:
+    """A right operand with a dim ``-3`` of its own (one matrix per query head, no sharing) is
+    no matrix shared by rows: the program keeps its layout."""
+    q, k = _rand(KVH, H // KVH, 1, D), _rand(KVH, H // KVH, D, 8)
+    traced = trace(lambda q, k: (q @ k).exp(), q, k)
+    assert [t.dims for t in traced.graph.inputs] == [(KVH, H // KVH, 1, D),
+                                                     (KVH, H // KVH, D, 8)]

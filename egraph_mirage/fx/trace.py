@@ -60,7 +60,8 @@ def trace_fx(gm: Any, example_inputs: Sequence[Any]) -> TracedProgram:
     traced = Tracer(gm, example_inputs).run()
     inputs = tuple(replace(v, source=names[v.position]) if v.kind == "placeholder" else v
                    for v in traced.inputs)
-    return without_unit_batch(replace(traced, placeholders=names, inputs=inputs))
+    return with_rows_folded(without_unit_batch(replace(traced, placeholders=names,
+                                                        inputs=inputs)))
 
 
 def without_unit_batch(traced: TracedProgram) -> TracedProgram:
@@ -105,6 +106,79 @@ def without_unit_batch(traced: TracedProgram) -> TracedProgram:
 
     inputs = tuple(reshaped(v, t) if drop(t) else v
                    for v, t in zip(traced.inputs, g.inputs, strict=True))
+    return replace(traced, graph=h, inputs=inputs)
+
+
+#: operators a row of a folded program may go through: elementwise ones, and these along the
+#: last dim
+_ALONG_LAST = {"reduction", "mean", "amax", "concat", "slice_last", "rms_norm", "div_count"}
+
+
+def with_rows_folded(traced: TracedProgram) -> TracedProgram:
+    """``traced`` with single rows folded into the matrices they share: grouped-query attention
+    at decode, ``q (kv, g, 1, d) @ K (kv, 1, d, n)``, becomes ``q (kv, g, d) @ K (kv, d, n)``,
+    the ``g`` query heads that share a key head the rows of one matrix product (the layout of
+    the benchmarks' gqa program), and so on through the softmax and the product with ``V``.
+
+    It applies where every tensor has one rank ``R >= 3`` and each is either a *row* (dim
+    ``-2`` of size 1: dropped) or a *matrix* (a graph input read only as a matmul's right
+    operand whose dim ``-3`` is 1, broadcast over the rows' dim ``-3``: dropped), every matmul
+    takes a row on the left and a matrix on the right, and every other operator takes and
+    gives rows, along their last dim where it has one (``_ALONG_LAST``); and where at least one
+    matmul folds more than one row. Otherwise ``traced`` is returned as it is. Graph inputs get
+    a reshape step; the outputs are reshaped back as before (``TracedProgram.fx_outputs``)."""
+    g = traced.graph
+    ranks = {len(t.dims) for t in g.tensors}
+    if len(ranks) != 1 or (rank := ranks.pop()) < 3:
+        return traced
+    right = {t.operands[1].index for t in g.operators if t.op == "matmul"}
+    matrix = {t.index for t in g.inputs if t.index in right and t.dims[-3] == 1}
+    folds = False
+    for t in g.operators:
+        if t.op == "matmul":
+            a, b = t.operands
+            if a.index in matrix or b.index not in matrix or a.dims[-2] != 1:
+                return traced
+            folds = folds or a.dims[-3] > 1
+            continue
+        if any(o.index in matrix for o in t.operands) or t.op == "customized":
+            return traced
+        if "dim" in t.params and t.params["dim"] % rank != rank - 1:
+            return traced
+        if t.op not in _ALONG_LAST and "dim" in t.params:
+            return traced
+    rows = [t for t in g.tensors if t.index not in matrix]
+    if not folds or any(t.dims[-2] != 1 for t in rows):
+        return traced
+
+    def dims(t: Tensor) -> tuple[int, ...]:
+        return t.dims[:-3] + t.dims[-2:] if t.index in matrix else t.dims[:-2] + t.dims[-1:]
+
+    h = new_kernel_graph()
+    new: dict[int, Tensor] = {}
+    for t in g.tensors:
+        if t.op is None:
+            new[t.index] = h.new_input(dims(t), t.dtype)
+            continue
+        params = dict(t.params)
+        if "dim" in params:
+            params["dim"] = rank - 2
+        if t.op == "rms_norm":
+            shape = params["normalized_shape"]
+            if not isinstance(shape, int) and len(shape) != 1:
+                return traced
+        out = h.apply(t.op, [new[a.index] for a in t.operands], **params)
+        if out.dims != dims(t):
+            return traced
+        new[t.index] = out
+    for t in g.outputs:
+        h.mark_output(new[t.index])
+
+    def reshaped(v: InputView, t: Tensor) -> InputView:
+        steps = v.steps[:-1] if v.steps and v.steps[-1][0] == "reshape" else v.steps
+        return replace(v, steps=(*steps, ("reshape", (dims(t),))), dims=dims(t))
+
+    inputs = tuple(reshaped(v, t) for v, t in zip(traced.inputs, g.inputs, strict=True))
     return replace(traced, graph=h, inputs=inputs)
 
 
