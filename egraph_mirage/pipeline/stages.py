@@ -149,10 +149,10 @@ def _stage_resize(run: Run) -> None:
     there (``scaled.resized``); otherwise nothing."""
     if run.searched is run.g:
         return
-    r = run.request
+    req = run.request
     kept = resized(list(run.results.values()), run.g, run.stats, run.deadline,
-                   r.config.numeric_tolerance, r.config.verify_tests, r.seed)
-    run.results = {dumps(r.graph): r for r in kept}
+                   req.config.numeric_tolerance, req.config.verify_tests, req.seed)
+    run.results = {dumps(result.graph): result for result in kept}
 
 
 def _stage_rank(run: Run) -> None:
