@@ -68,7 +68,7 @@ from ..pipeline import DEFAULT_BUDGETS
 from ..pipeline.command import request_from_flags
 from .gpu_report import fmt
 from .text_table import aligned
-from .torch_bench import SHORT_DTYPES, _first
+from .torch_bench import SHORT_DTYPES, _first, add_backend_arguments
 
 __all__ = ["BACKEND_MODES", "FAMILIES", "KEYS", "MODES", "PRESETS", "BenchGenerateError",
            "GenerateBenchConfig", "ModelSizes", "SharedBackend", "add_arguments",
@@ -452,16 +452,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--budget", type=seconds_or_none, default=DEFAULT_BUDGETS["torch backend"],
                    metavar="S", help="search seconds for each compilation, all its pieces "
                    f"sharing them, or none (default {DEFAULT_BUDGETS['torch backend']:g})")
-    p.add_argument("--max-tasks", type=int, default=None, metavar="N",
-                   help="search tasks per piece (default: no limit)")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="search processes (default: every core)")
-    p.add_argument("--cache-dir", metavar="DIR",
-                   help="the backend's cache (default $EGRAPH_MIRAGE_CACHE or "
-                   "~/.cache/egraph-mirage)")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    p.add_argument("--timing", choices=("both", "graph", "plain"), default="both",
-                   help="the backend's timing option (default both)")
+    add_backend_arguments(p)
     p.add_argument("--table-of", nargs="+", metavar="PATH",
                    help="print the table of rows files written by --out and measure nothing")
     p.add_argument("--cpu-smoke", action="store_true",

@@ -478,6 +478,24 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 # --- the command -------------------------------------------------------------------------------
 
+def add_backend_arguments(p: Any) -> None:
+    """The backend's search options that ``bench torch`` and ``bench generate`` share (besides
+    ``--budget``, whose values they read alike but word apart)."""
+    p.add_argument("--max-tasks", type=int, default=None, metavar="N",
+                   help="search tasks per piece (default: no limit)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="search processes (default: every core)")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="the backend's cache (default $EGRAPH_MIRAGE_CACHE or "
+                   "~/.cache/egraph-mirage)")
+    p.add_argument("--timing", choices=("both", "graph", "plain"), default="both",
+                   help="the backend's timing option: a winner replaces its piece when faster "
+                   "than Inductor's code under CUDA-graph replay and plain launches (both, the "
+                   "default), or under one of them")
+    p.add_argument("--no-cache", action="store_true",
+                   help="search every piece again (neither read nor write the cache)")
+
+
 def add_arguments(p: Any) -> None:
     """The options of ``egraph-mirage bench torch``."""
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -504,19 +522,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGETS["torch backend"], metavar="S",
                    help="search seconds for each compilation, its pieces sharing them "
                    f"(default {DEFAULT_BUDGETS['torch backend']:g})")
-    p.add_argument("--max-tasks", type=int, default=None, metavar="N",
-                   help="search tasks per piece (default: no limit)")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="search processes (default: every core)")
-    p.add_argument("--cache-dir", metavar="DIR",
-                   help="the backend's cache (default $EGRAPH_MIRAGE_CACHE or "
-                   "~/.cache/egraph-mirage)")
-    p.add_argument("--timing", choices=("both", "graph", "plain"), default="both",
-                   help="the backend's timing option: a winner replaces its piece when faster "
-                   "than Inductor's code under CUDA-graph replay and plain launches (both, the "
-                   "default), or under one of them")
-    p.add_argument("--no-cache", action="store_true",
-                   help="search every piece again (neither read nor write the cache)")
+    add_backend_arguments(p)
     p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="timing rounds, each timing every mode once; plain figures are the "
                    "fastest round, graph figures medians (default 5 on a GPU, 1 with --cpu-smoke)")
