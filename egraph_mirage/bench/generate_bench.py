@@ -68,7 +68,7 @@ from ..pipeline import DEFAULT_BUDGETS
 from ..pipeline.command import request_from_flags
 from .gpu_report import fmt
 from .text_table import aligned
-from .torch_bench import SHORT_DTYPES, _first, add_backend_arguments
+from .torch_bench import SHORT_DTYPES, _first, add_backend_arguments, print_table_of
 
 __all__ = ["BACKEND_MODES", "FAMILIES", "KEYS", "MODES", "PRESETS", "BenchGenerateError",
            "GenerateBenchConfig", "ModelSizes", "SharedBackend", "add_arguments",
@@ -537,19 +537,9 @@ def run_command(args: Any) -> int:
 
 def _print_table_of(paths: Sequence[str], as_json: bool) -> int:
     """``--table-of``: the rows of every JSON-lines file that exists; 1 where none has rows."""
-    rows: list[dict[str, Any]] = []
-    for path in paths:
-        file = Path(path)
-        if not file.is_file():
-            print(f"note: {path}: no such file", file=sys.stderr)
-            continue
-        try:
-            rows += [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-        except json.JSONDecodeError as e:
-            raise BenchGenerateError(f"bench generate --table-of: {path} is not JSON lines "
-                                     f"({e})") from None
-    if not rows:
-        print("bench generate --table-of: no rows", file=sys.stderr)
-        return 1
-    print(json.dumps(rows, indent=1) if as_json else format_table(rows))
-    return 0
+    return print_table_of(paths, as_json, "bench generate", "JSON lines", _json_lines,
+                          format_table, BenchGenerateError)
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -609,6 +609,17 @@ def run_command(args: Any) -> int:
 def _print_table_of(paths: Sequence[str], as_json: bool) -> int:
     """``--table-of``: the rows of every file that exists, as one table; 1 where none has
     rows."""
+    return print_table_of(paths, as_json, "bench torch", "JSON rows", json.loads, format_table,
+                          BenchTorchError)
+
+
+def print_table_of(paths: Sequence[str], as_json: bool, command: str, kind: str,
+                   parse: Callable[[str], list[dict[str, Any]]],
+                   table: Callable[[list[dict[str, Any]]], str],
+                   error: type[EMError]) -> int:
+    """A bench command's ``--table-of``: the rows ``parse`` reads from each of ``paths`` that
+    exists (a note for each that does not), printed as ``table`` or as JSON; 1 where none has
+    rows. A file ``parse`` cannot read raises ``error``, naming it as not ``kind``."""
     rows: list[dict[str, Any]] = []
     for path in paths:
         file = Path(path)
@@ -616,12 +627,11 @@ def _print_table_of(paths: Sequence[str], as_json: bool) -> int:
             print(f"note: {path}: no such file", file=sys.stderr)
             continue
         try:
-            rows += json.loads(file.read_text())
+            rows += parse(file.read_text())
         except json.JSONDecodeError as e:
-            raise BenchTorchError(f"bench torch --table-of: {path} is not JSON rows ({e})"
-                                  ) from None
+            raise error(f"{command} --table-of: {path} is not {kind} ({e})") from None
     if not rows:
-        print("bench torch --table-of: no rows", file=sys.stderr)
+        print(f"{command} --table-of: no rows", file=sys.stderr)
         return 1
-    print(json.dumps(rows, indent=1) if as_json else format_table(rows))
+    print(json.dumps(rows, indent=1) if as_json else table(rows))
     return 0
