@@ -116,6 +116,24 @@ def test_a_compilation_of_three_pieces_searches_within_its_budget_refine_include
             assert p.reason == SPENT
 
 
+def test_every_piece_is_searched_whole_before_any_is_refined() -> None:
+    """With ``refine``, the three pieces are searched whole first, each with a share that keeps
+    one share back (budget / 4, less what the earlier searches spent), and only then the parts
+    of those the search found nothing for: a whole block fused is worth more than its parts,
+    so no piece's parts take the time of a later piece searched whole."""
+    budget = 2.0
+    search = Spending()
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
+    compile_timed(backend, block_inputs())
+    report = backend.reports[0]
+    searched = [p for p in report.pieces if p.search_seconds is not None]
+    assert [p.part is None for p in searched][:3] == [True, True, True]
+    assert all(p.part is not None for p in searched[3:]) and len(searched) > 3
+    # the first search's share: the whole budget over 3 pieces and the parts' reserve
+    assert search.budgets[0] is not None and search.budgets[0] <= budget / 4 + 1e-6
+    assert search.budgets[0] > budget / 4 - MARGIN_S
+
+
 def test_a_piece_reached_after_the_deadline_is_not_searched_nor_cached(tmp_path: Path) -> None:
     """A first search that overruns the whole budget leaves none for the other pieces: they
     are kept, unsearched, and not cached, so that the next compilation searches them; there the

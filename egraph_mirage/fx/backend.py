@@ -20,7 +20,8 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    replay and plain launches, ours through its custom op) and used only when faster as the
    ``timing`` option asks (both, by default; ``fx.decision.slower``); the times are cached,
    the decision is made from them at each compile;
-   **refine**: a piece the search found nothing for is cut at its matmuls' inputs
+   **refine**: once every piece has been decided whole, a piece the search found nothing for
+   is cut at its matmuls' inputs
    (``partition(..., levels=True)``: an RMSNorm before a gated MLP's projections becomes a
    piece apart from them) and each of its parts goes through step 2; a part with nothing
    found is cut once more, each matmul apart from what follows it too (``levels=EPILOGUES``:
@@ -41,10 +42,12 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    ``egraph_mirage_report``.
 
 The time budget (``fx.budget``): the ``budget`` option bounds the searches of the whole
-compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts; each
-search gets the seconds left before it divided by the pieces not yet reached (itself included;
-a refined piece's parts join them), a cache hit costs nothing, and a piece reached once no time
-is left is not searched (kept: "the compilation's time budget was spent"; not cached).
+compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts; every
+piece is searched whole before any is refined, each search getting the seconds left before it
+divided by the pieces not yet reached (itself included, and with ``refine`` one share more,
+kept for the parts); the refined pieces' parts then share what is left. A cache hit costs
+nothing, and a piece reached once no time is left is not searched (kept: "the compilation's
+time budget was spent"; not cached).
 
 Options: ``torch.compile(..., options={...})`` or ``Backend(**options)``, listed and checked in
 ``fx.options`` (``BackendOptions``). Every compilation is logged at INFO on the
@@ -158,16 +161,26 @@ class Backend:
         keys = ([self._key(t, mode).digest() if isinstance(t, TracedProgram) else f"refused {i}"
                  for i, t in enumerate(traced)] if self.cache is not None
                 else [str(i) for i in range(len(traced))])
-        self._budget.add(len(set(keys)))
+        # with ``refine``, one share more is kept for the parts of the pieces found nothing for,
+        # which are searched after every piece was searched whole (``fx.budget``)
+        self._budget.add(len(set(keys)) + (1 if self.options.refine else 0))
         reached: set[str] = set()
-        for i, piece in enumerate(parts.pieces):
+        unfound: list[tuple[int, Piece, rep.PieceReport]] = []
+        for i, piece in enumerate(parts.pieces):  # every piece whole first
             piece_report, replacement = self._piece(i, piece, mode, traced[i])
             if keys[i] not in reached:
                 reached.add(keys[i])
                 self._budget.reached()
             report.pieces.append(piece_report)
             if replacement is None and self.options.refine and piece_report.nothing_found():
-                replacement = self._refine(i, piece, piece_report, report, mode)
+                unfound.append((i, piece, piece_report))
+            if replacement is not None:
+                setattr(parts.module, piece.name, replacement)
+                replaced += 1
+        if self.options.refine:
+            self._budget.reached()  # the reserved share joins what the parts share
+        for i, piece, piece_report in unfound:  # then the parts, with the time left
+            replacement = self._refine(i, piece, piece_report, report, mode)
             if replacement is not None:
                 setattr(parts.module, piece.name, replacement)
                 replaced += 1

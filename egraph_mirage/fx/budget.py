@@ -7,6 +7,10 @@ seconds away. The rule, one line:
     a search gets the seconds left before the deadline, divided by the pieces not yet reached
     (itself included); a piece refined into parts adds its parts to those.
 
+Every piece is searched whole before any piece is refined (a whole block fused is worth more
+than its parts), and with ``refine`` on one share more is counted among the pieces while they
+are searched: it is kept for the parts, which share it with whatever the pieces left.
+
 With the backend's cache on, pieces that are the same program under the same settings (a
 model's identical layers) count once: the first is searched, the others are cache hits. So a
 compilation of 32 identical layers shares its budget among one layer's pieces.
