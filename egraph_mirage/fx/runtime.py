@@ -4,8 +4,20 @@ graph (``PieceOp``, ``PieceCall``).
 
 A runner's first call goes through the compiled μGraph's checks; later calls launch the
 kernels directly, pass a contiguous source that its views only reshape as it is, and read a
-source that a view only permutes (``nn.Linear``'s weight read as Wᵀ) in place through the
-view's strides (``LowerOptions.input_strides``).
+view whose elements do not overlap in place through the view's own strides
+(``LowerOptions.input_strides``): a permutation (``nn.Linear``'s weight read as Wᵀ), a slice or
+narrow (RoPE's rotate-half halves ``q[..., :64]``, ``q[..., 64:]``), a select, or a permutation
+of those. The kernels' loads take the strides as compile-time constants and the tensor's data
+pointer carries the view's storage offset, so no copy is made per call.
+
+The rule (``_view_strides``, ``_disjoint``): a view is read in place where its strides are
+non-negative and no two of its elements share a memory location. Gaps between the elements
+are allowed; overlaps (an ``expand`` of a source, stride 0 on a dim of size > 1) are not: such
+a view is copied to a row-major tensor at every call, as before. A slice that does not start on
+a 16-byte boundary is read in place too: the generated program's ``_launch`` takes its direct
+path only where every pointer is 16-byte aligned and otherwise launches through Triton, which
+compiles the kernel for the pointer's alignment (and Inductor, launching the kernels itself,
+derives the alignment from the view's offset).
 """
 
 from __future__ import annotations
@@ -34,26 +46,19 @@ def make_runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str,
     """The piece computed by ``mugraph``'s compiled kernels: a function of the piece's inputs
     (a list) returning its outputs (a list of fresh, contiguous tensors).
 
-    With the piece's ``example_inputs``, a graph input that is a view reordering its source's
-    elements without copying them (``nn.Linear``'s weight, stored (out, in), read as Wᵀ) is
-    read in place through the view's strides (``LowerOptions.input_strides``), not copied at
-    every call.
+    With the piece's ``example_inputs``, a graph input that is a view of its source whose
+    elements do not overlap (``nn.Linear``'s weight, stored (out, in), read as Wᵀ; a slice such
+    as RoPE's ``q[..., :64]``) is read in place through the view's strides
+    (``LowerOptions.input_strides``), not copied at every call.
 
     The first call goes through the compiled μGraph's checks (number, shapes and dtypes of its
     inputs); later calls, whose inputs Dynamo's guards keep to the same shapes and dtypes, go
     straight to the generated program's ``launch``: per call, only the views that change the
     element order, the launches and the outputs' reshapes run on the host."""
-    from ..api import compile as compile_mugraph
-
     # in Triton's interpreter (no CUDA device), compiling also makes Triton's library functions
     # interpreted, though torch._dynamo imported triton first (``lower.compile.use_interpreter``)
-    strides = _view_strides(traced, example_inputs) if example_inputs is not None else ()
-    try:
-        fn = compile_mugraph(mugraph, **dict(knobs), **(
-            {"input_strides": strides} if any(strides) else {}))
-    except LowerError:  # a layout the lowering does not read in place: copies, as before
-        strides = ()
-        fn = compile_mugraph(mugraph, **dict(knobs))
+    fn, strides = _compiled(mugraph, dict(knobs), _view_strides(traced, example_inputs)
+                            if example_inputs is not None else ())
     # per graph input: where its source is, its views, and whether those only reshape (the
     # element order stays the source's) an input that only graph-defined kernels read: a
     # kernel reads it through its pointer in row-major order, so a contiguous source then goes
@@ -121,16 +126,14 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
     (the generated program's ``launch_traced``), so that Inductor, compiling the graph that
     calls it, launches the kernels from its own code as it launches its own: no operator call
     or runner per call on the host. Compiled without programmatic dependent launch
-    (which ``wrap_triton`` does not pass on). Raises ``LowerError`` where the lowering refuses
-    the layout or the knobs; only a CUDA device can trace it (Triton's interpreter runs
+    (which ``wrap_triton`` does not pass on). Views read in place as in ``make_runner``; where
+    the lowering refuses that layout, the views are copied. Raises ``LowerError`` where the
+    lowering refuses the knobs; only a CUDA device can trace it (Triton's interpreter runs
     kernels as Python)."""
-    from ..api import compile as compile_mugraph
-
-    strides = _view_strides(traced, example_inputs)
-    fn = compile_mugraph(mugraph, **{**dict(knobs), "pdl": False}, **(
-        {"input_strides": strides} if any(strides) else {}))
+    fn, strides = _compiled(mugraph, {**dict(knobs), "pdl": False},
+                            _view_strides(traced, example_inputs))
     launch = fn.module.launch_traced
-    views = [(v.position, v.source, v.steps, strides[i])
+    views = [(v.position, v.source, v.steps, strides[i] if strides else None)
              for i, v in enumerate(traced.inputs)]
     attributes = traced.attributes
     outs = [(o.index, o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
@@ -146,25 +149,50 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
     return run
 
 
+def _compiled(mugraph: KernelGraph, knobs: dict[str, Any],
+              strides: tuple[tuple[int, ...] | None, ...]
+              ) -> tuple[Any, tuple[tuple[int, ...] | None, ...]]:
+    """``mugraph`` compiled with ``knobs``, reading the inputs that ``strides`` gives strides
+    in place; where the lowering refuses that layout (``LowerError``: a fused combine reading
+    such an input), compiled for row-major inputs, which the caller copies at every call, as
+    before. Returns the compiled μGraph and the strides it was compiled for (() for none)."""
+    from ..api import compile as compile_mugraph
+
+    if any(strides):
+        try:
+            return compile_mugraph(mugraph, **knobs, input_strides=strides), strides
+        except LowerError:
+            pass
+    return compile_mugraph(mugraph, **knobs), ()
+
+
 def _view_strides(traced: TracedProgram, example_inputs: Sequence[Any]
                   ) -> tuple[tuple[int, ...] | None, ...]:
-    """Per graph input, the strides of its view of the example source where that view reorders
-    the source's elements without gaps, overlaps or copies (a transpose or permute of a
-    contiguous tensor), else None: the inputs the kernels can read in place."""
+    """Per graph input, the strides of its view of the example source where that view is not
+    contiguous and its elements do not overlap (``_disjoint``: a transpose or permute, a slice
+    or narrow, a select, or a permutation of those), else None: the inputs the kernels read in
+    place. A view whose elements overlap (an expanded source) gets None: the runner copies it
+    to a row-major tensor at every call."""
     out: list[tuple[int, ...] | None] = []
     for v in traced.graph_inputs(*example_inputs):
-        out.append(tuple(v.stride()) if not v.is_contiguous() and _permuted(v) else None)
+        out.append(tuple(v.stride()) if not v.is_contiguous() and _disjoint(v) else None)
     return tuple(out)
 
 
-def _permuted(v: Any) -> bool:
-    """Whether ``v``'s strides are those of a contiguous tensor with its dims reordered."""
-    dims = sorted((st, size) for size, st in zip(v.shape, v.stride()) if size > 1)
-    want = 1
-    for st, size in dims:
-        if st != want:
+def _disjoint(v: Any) -> bool:
+    """Whether ``v``'s strides are non-negative and map no two of its elements to one memory
+    location (gaps between them allowed). Dims of size 1 are left out (their stride is never
+    used); the others, sorted by stride, must each step past everything the dims of smaller
+    strides reach: stride > sum of (size - 1) * stride over those dims. Then every element's
+    offset has one decomposition (as in a mixed-radix number), so the test never accepts an
+    overlap; it holds for every view that slices, selects and permutes a contiguous tensor.
+    It may refuse an interleaving of dims that does not overlap (sizes (3, 2), strides (2, 3)),
+    which such views never make; those are copied, as overlapping views are."""
+    reach = 0  # the largest offset the dims of smaller strides reach
+    for stride, size in sorted((st, n) for n, st in zip(v.shape, v.stride()) if n > 1):
+        if stride <= reach:  # also stride 0 (an expand) and negative strides
             return False
-        want *= size
+        reach += (size - 1) * stride
     return True
 
 
