@@ -468,3 +468,41 @@ def test_profile_on_the_gpu_end_to_end(rmsnorm: em.KernelGraph, tmp_path: Path,
     assert all(r.knobs for r in results)
     assert list((tmp_path / "tune").glob("*.json"))  # the trials were cached
     print(f"\n{st.profile_note}; best {results.best.summary()}")
+
+
+def test_a_profiler_given_strides_times_inputs_in_that_layout(rmsnorm: em.KernelGraph) -> None:
+    """``GpuProfiler(strides=...)`` (the torch backend's pieces: a linear layer's weight read
+    as Wᵀ): the program's inputs are made in those strides and each μGraph is compiled to read
+    them in place, so that the sizes and knobs that win are those of the layout the piece runs
+    with; the results still pass the float check (a wrong reading of the strides would not)."""
+    from egraph_mirage.gpu.tune import TuneCache, default_compiler
+
+    if cuda_available()[0]:
+        pytest.skip("with a GPU the lowering compiles for it")
+    base = default_compiler()
+    seen: list[Any] = []
+
+    def compiler(g: em.KernelGraph, knobs: Any) -> Any:
+        seen.append(knobs.get("input_strides"))
+        return base(g, knobs)  # type: ignore[misc]
+
+    class Strides(WallClock):
+        def graph(self, fn: Any, sets: Any) -> float:
+            seen.append([tuple(x.stride()) for x in sets[0]])
+            return super().graph(fn, sets)
+
+    dims = [t.dims for t in rmsnorm.inputs]
+    w = next(i for i, d in enumerate(dims) if len(d) == 2 and d[0] > 1)
+    strides = tuple((1, dims[w][0]) if i == w else None for i in range(len(dims)))
+    profiler = GpuProfiler(compiler=compiler, timer=Strides(), device="cpu", name="interpreter",
+                           cache=TuneCache(None), space={"num_warps": (4,), "num_stages": (2,)},
+                           strides=strides)
+    config = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0, max_results=2)
+    results = superoptimize(rmsnorm, config, workers=1, progress=False, profile=True,
+                            profiler=profiler)
+    st = results.stats
+    assert st.ranked_by == BY_GPU and (st.profile_failed, st.profile_wrong) == (0, 0), st
+    assert strides in seen  # compiled to read the weight transposed
+    timed = [s for s in seen if isinstance(s, list)]
+    assert timed and all(s[w] == (1, dims[w][0]) for s in timed)  # timed on Wᵀ's layout
+    assert all("input_strides" not in (r.knobs or {}) for r in results)

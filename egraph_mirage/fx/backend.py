@@ -86,7 +86,14 @@ from .cache import SearchCache, piece_key, whole_key
 from .decision import KEEP, REPLACE, PieceDecision, slower
 from .options import BackendError, BackendOptions, DynamicShapesError
 from .pieces import EPILOGUES, Piece, partition
-from .runtime import PieceCall, Runner, define_piece_op, make_inductor_launch, make_runner
+from .runtime import (
+    PieceCall,
+    Runner,
+    define_piece_op,
+    input_layout,
+    make_inductor_launch,
+    make_runner,
+)
 from .trace import TracedProgram, trace_fx
 
 #: the name ``torch.compile(backend=...)`` knows the backend by
@@ -399,7 +406,8 @@ class Backend:
         try:
             results = (o.search or superoptimize)(
                 g, o.config, time_budget=share, workers=workers, max_tasks=o.max_tasks,
-                progress=o.verbose, profile=o.profiling())
+                progress=o.verbose, profile=o.profiling(),
+                profiler=self._profiler(traced, piece))
         except Exception as e:
             decision.reason = f"the search failed: {type(e).__name__}: {e}"
             LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
@@ -433,6 +441,16 @@ class Backend:
                 LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
                 return decision, None, False
         return decision, runner, True
+
+    def _profiler(self, traced: TracedProgram, piece: Piece) -> Any:
+        """The search's GPU profiler for this piece: its results timed with the piece's inputs
+        in the layout they have in the model (``runtime.input_layout``: a linear layer's weight
+        read as Wᵀ, a slice), where it is profiled on a GPU; else None (the search's default)."""
+        if not (self.options.profiling() and _on_gpu()):
+            return None
+        from ..rank.measured import GpuProfiler
+
+        return GpuProfiler(strides=input_layout(traced, piece.example_inputs))
 
     def _launch(self) -> str:
         """How the replaced pieces' kernels are launched in the compiled graph on a GPU:

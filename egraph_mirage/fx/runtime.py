@@ -166,6 +166,15 @@ def _compiled(mugraph: KernelGraph, knobs: dict[str, Any],
     return compile_mugraph(mugraph, **knobs), ()
 
 
+def input_layout(traced: TracedProgram, example_inputs: Sequence[Any]
+                 ) -> tuple[tuple[int, ...] | None, ...]:
+    """Per graph input of ``traced``, the strides the piece's kernels read it in place with
+    (``_view_strides``; None: row-major): the layout a search's GPU timings should use
+    (``rank.measured.GpuProfiler.strides``), so that the sizes and knobs that win are those of
+    the layout the piece runs with."""
+    return _view_strides(traced, example_inputs)
+
+
 def _view_strides(traced: TracedProgram, example_inputs: Sequence[Any]
                   ) -> tuple[tuple[int, ...] | None, ...]:
     """Per graph input, the strides of its view of the example source where that view is not

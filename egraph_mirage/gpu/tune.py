@@ -101,12 +101,16 @@ def lowering_fingerprint() -> str:
 
 
 def cache_key(mugraph_json: str, device: str, knobs: Mapping[str, Any], timing: str,
-              lowering: str = "") -> str:
-    """Hash of what decides a trial's outcome: the μGraph, the device, the knobs, what is timed
-    and the lowering's version (``lowering_fingerprint``)."""
-    blob = json.dumps({"schema": CACHE_SCHEMA, "mugraph": mugraph_json, "device": device,
-                       "knobs": {k: knobs[k] for k in sorted(knobs)}, "timing": timing,
-                       "lowering": lowering}, sort_keys=True)
+              lowering: str = "", layout: str = "") -> str:
+    """Hash of what decides a trial's outcome: the μGraph, the device, the knobs, what is timed,
+    the lowering's version (``lowering_fingerprint``) and, where the inputs are not row-major,
+    their layout (``layout``: their strides as text)."""
+    fields = {"schema": CACHE_SCHEMA, "mugraph": mugraph_json, "device": device,
+              "knobs": {k: knobs[k] for k in sorted(knobs)}, "timing": timing,
+              "lowering": lowering}
+    if layout:
+        fields["layout"] = layout
+    blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -177,18 +181,19 @@ def check(fn: Program, program: KernelGraph, inputs: InputSet, tol: float | None
 def tune(mugraph: KernelGraph, program: KernelGraph, *, compiler: Compiler, timer: Timer,
          input_sets: Sequence[InputSet], check_inputs: InputSet, device: str,
          cache: TuneCache | None = None, space: Mapping[str, Sequence[Any]] | None = None,
-         timing: str = "graph", tol: float | None = None) -> TuneResult:
+         timing: str = "graph", tol: float | None = None, layout: str = "") -> TuneResult:
     """Compile, check and time ``mugraph`` at every knob setting; see the module docstring.
 
     ``timing`` picks the measurement that ranks settings: "graph" (CUDA-graph replay, the
-    kernels' own time) or "plain". ``tol``: as in ``check``.
+    kernels' own time) or "plain". ``tol``: as in ``check``. ``layout``: the inputs' strides as
+    text where they are not row-major (part of the cache key: ``compiler`` reads them so).
     """
     cache = cache or TuneCache(None)
     text, lowering = dumps(mugraph), lowering_fingerprint()
     result = TuneResult()
     refs: list[Any] = []  # the reference outputs, computed at the first trial that needs them
     for knobs in knob_space(space, mugraph):
-        key = cache_key(text, device, knobs, timing, lowering)
+        key = cache_key(text, device, knobs, timing, lowering, layout)
         hit = cache.get(key)
         if hit is not None:
             trial = Trial(knobs, hit["status"], hit.get("us"), hit.get("error"),

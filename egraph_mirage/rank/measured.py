@@ -19,6 +19,7 @@ arguments, which is how the CPU tests measure with fakes; any object with ``devi
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -112,6 +113,13 @@ class GpuProfiler:
     #: a first timing: a few knob settings (``gpu.tune.QUICK_KNOBS``, the μGraph's own knobs at
     #: their first value) instead of tuning
     quick: bool = False
+    #: per program input, its strides where the program runs with inputs that are not
+    #: row-major (None: that input row-major; (): every input): a view read in place, as the torch backend's
+    #: pieces read a linear layer's weight (Wᵀ) or a slice. Inputs are then made in that layout
+    #: and each μGraph compiled to read it (``LowerOptions.input_strides``; where the lowering
+    #: refuses it, for row-major inputs, which the program then copies at every call, as the
+    #: backend's runner does): the sizes and knobs that win are those of the layout that runs
+    strides: tuple[tuple[int, ...] | None, ...] = ()
 
     @property
     def smem(self) -> int | None:
@@ -164,10 +172,17 @@ class GpuProfiler:
                  else 1)
         sets = input_sets(program, count, self.device, self.seed, self.std)
         check_inputs = random_inputs(program, self.device, self.seed + 10_000, self.std)
+        layout = ""
+        if any(self.strides):
+            sets = [_laid(xs, self.strides) for xs in sets]
+            check_inputs = _laid(check_inputs, self.strides)
+            compiler = _reading(compiler, self.strides)
+            layout = json.dumps([list(st) if st else None for st in self.strides])
+
         def tuner(h: KernelGraph, space: Any) -> Any:
             return tune(h, program, compiler=compiler, timer=timer, input_sets=sets,
                         check_inputs=check_inputs, device=self.device_name, cache=cache,
-                        space=space, timing=self.timing)
+                        space=space, timing=self.timing, layout=layout)
 
         out = []
         for h in mugraphs:
@@ -193,6 +208,31 @@ class GpuProfiler:
                 msgs = sorted({t.message for t in res.trials if t.message})
                 out.append(Measurement("failed", message="; ".join(msgs)[:300] or "no setting"))
         return out
+
+
+def _laid(xs: Sequence[Any], strides: Sequence[tuple[int, ...] | None]) -> list[Any]:
+    """``xs`` with the same values, each in the strides ``strides`` gives it (a tensor of
+    its own storage, gaps included)."""
+    import torch
+
+    out = []
+    for x, st in zip(xs, strides):
+        if st and tuple(x.stride()) != tuple(st):
+            y = torch.empty_strided(tuple(x.shape), tuple(st), dtype=x.dtype, device=x.device)
+            x = y.copy_(x)
+        out.append(x)
+    return out
+
+
+def _reading(compiler: Any, strides: tuple[tuple[int, ...] | None, ...]) -> Any:
+    """``compiler`` compiling each μGraph to read its inputs in ``strides`` (``input_strides``),
+    or, where the lowering refuses that layout, for row-major inputs (copied at every call)."""
+    def compile_(g: KernelGraph, knobs: Mapping[str, Any]) -> Any:
+        try:
+            return compiler(g, {**knobs, "input_strides": strides})
+        except LowerError:
+            return compiler(g, knobs)
+    return compile_
 
 
 #: with results to time on a GPU, the share of ``superoptimize``'s time budget its search takes
