@@ -65,8 +65,9 @@ def main() -> None:
     example = load_example()
     module = _module(example, "hf-static", _sizes(example, cfg), torch.float16, "cuda")
     sets = _input_sets(module, 1, cfg)
-    ours = torch.compile(module, backend="egraph_mirage", dynamic=False,
-                         options=cfg.backend())
+    from egraph_mirage.fx.backend import Backend
+
+    ours = torch.compile(module, backend=Backend(**cfg.backend()), dynamic=False)
     theirs = torch.compile(module, dynamic=False)
     with torch.no_grad():
         ours(*sets[0])
