@@ -8,6 +8,7 @@ the clock to find something: sleeps only spend budgets, and the assertions bound
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -196,8 +197,10 @@ def test_identical_pieces_share_one_search_and_the_budget_counts_them_once(
         tmp_path: Path) -> None:
     """Three blocks of one width are three pieces of one program (a model's identical layers):
     with the cache on, the first is searched with the whole budget to itself (the other two
-    will be cache hits), and the other two hit the cache."""
-    budget = 2.0
+    will be cache hits), and the other two hit the cache. (The budget is large, so that the
+    time tracing and partitioning take before the first search, on a busy host, does not
+    matter: the search finds nothing at once, so nothing waits on it.)"""
+    budget = 20.0
     search = Spending(cap=0.0)  # finds nothing at once
     backend = Backend(search=search, budget=budget, rest="eager", cache_dir=str(tmp_path),
                       workers=1, refine=False)
@@ -205,3 +208,20 @@ def test_identical_pieces_share_one_search_and_the_budget_counts_them_once(
     assert [p.cache for p in backend.reports[0].pieces] == ["miss", "hit", "hit"]
     (first,) = search.budgets
     assert first is not None and budget / 2 < first <= budget
+
+
+def test_the_pieces_that_move_the_most_bytes_are_searched_first() -> None:
+    """Three pieces of growing widths (8 -> 16 -> 32 -> 64): the last, which moves the most
+    bytes (its weight is the largest), is searched first, then the middle one, then the
+    first, so that a budget that runs out leaves the smallest pieces unsearched."""
+    seen: list[tuple[int, ...]] = []
+
+    def search(g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+        seen.append(max((t.dims for t in g.inputs), key=lambda d: math.prod(d)))
+        return SearchResults([], SearchStats())
+
+    backend = Backend(search=search, budget=20.0, rest="eager", cache=False, workers=1,
+                      refine=False)
+    compile_timed(backend, block_inputs((8, 16, 32, 64)))
+    assert [math.prod(d) for d in seen] == [32 * 64, 16 * 32, 8 * 16]
+    assert [p.index for p in backend.reports[0].pieces] == [2, 1, 0]

@@ -43,7 +43,7 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
 
 The time budget (``fx.budget``): the ``budget`` option bounds the searches of the whole
 compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts; every
-piece is searched whole before any is refined, each search getting the seconds left before it
+piece is searched whole before any is refined, those that move the most bytes first, each search getting the seconds left before it
 divided by the pieces not yet reached (itself included, and with ``refine`` one share more,
 kept for the parts); the refined pieces' parts then share what is left. A cache hit costs
 nothing, and a piece reached once no time is left is not searched (kept: "the compilation's
@@ -75,6 +75,7 @@ import torch
 
 from .. import processes
 from ..errors import EMError
+from ..gpu.floor import io_bytes
 from ..graph import KernelGraph
 from ..mugraph.serialize import loads
 from ..pipeline.scaled import scaled_program
@@ -173,7 +174,9 @@ class Backend:
         self._budget.add(len(set(keys)) + (1 if self.options.refine else 0))
         reached: set[str] = set()
         unfound: list[tuple[int, Piece, rep.PieceReport]] = []
-        for i, piece in enumerate(parts.pieces):  # every piece whole first
+        # every piece whole first, those that move the most bytes first: where the time is
+        for i in sorted(range(len(traced)), key=lambda k: -_moved(traced[k])):
+            piece = parts.pieces[i]
             piece_report, replacement = self._piece(i, piece, mode, traced[i])
             if keys[i] not in reached:
                 reached.add(keys[i])
@@ -546,6 +549,13 @@ def _dynamic(example_inputs: Sequence[Any]) -> str:
     if not dynamo_config.assume_static_by_default:
         return "requested"
     return "automatic" if symbolic else ""
+
+
+def _moved(traced: TracedProgram | EMError) -> int:
+    """Bytes a traced piece must move (its inputs read and outputs written once,
+    ``gpu.floor.io_bytes``; 0 for a piece that does not trace): the order pieces are decided
+    in, the largest first, so that the time budget goes first where the layer's time is."""
+    return io_bytes(traced.graph) if isinstance(traced, TracedProgram) else 0
 
 
 def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None
