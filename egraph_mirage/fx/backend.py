@@ -85,6 +85,7 @@ from . import report as rep
 from .budget import SPENT, CompileBudget
 from .cache import SearchCache, piece_key, whole_key
 from .decision import KEEP, REPLACE, PieceDecision, slower
+from .mutation import preserved
 from .options import BackendError, BackendOptions, DynamicShapesError
 from .pieces import EPILOGUES, Piece, partition
 from .runtime import (
@@ -147,7 +148,10 @@ class Backend:
             compiled = _rest(gm, example_inputs, self.options.rest, mode)
         else:
             try:
-                compiled = self._compile(gm, example_inputs, report, mode)
+                # the model's state among the inputs (a static cache, a step counter) as the
+                # compiled call will find it, however often compiling runs the graph on it
+                with preserved(gm, example_inputs):
+                    compiled = self._compile(gm, example_inputs, report, mode)
             finally:
                 self._close_pool()
         report.seconds = time.perf_counter() - t0

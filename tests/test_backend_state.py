@@ -1,0 +1,78 @@
+"""Compiling leaves the model's state as it was: a graph that writes its inputs in place (a
+static KV cache, a step counter, as transformers' ``StaticCache`` does) is run on them several
+times while the backend compiles it (the partition records the pieces' inputs, the pieces are
+checked), and the compiled call must still find the state the eager model would
+(``fx.mutation.preserved``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import egraph_mirage as em
+from egraph_mirage.fx.backend import Backend
+from egraph_mirage.fx.mutation import written
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Step(torch.nn.Module):
+    """A decode step with state: a counter advanced in place and a cache written at a position,
+    then an RMSNorm and a projection of the cache (the piece the backend searches)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.register_buffer("count", torch.zeros(()))
+        self.register_buffer("cache", torch.randn(4, 16, generator=gen))
+        self.w = torch.nn.Parameter(torch.randn(16, 16, generator=gen) / 4)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        self.cache.index_copy_(0, pos, x)
+        h = torch.nn.functional.rms_norm(self.cache, (16,), eps=1e-6) @ self.w
+        return torch.relu(h) * self.count
+
+
+def test_a_compiled_step_finds_the_state_the_eager_step_would() -> None:
+    """One compiled call advances the counter once and writes the cache once, as one eager
+    call does, though compiling ran the graph on those very buffers; its output (scaled by the
+    counter) matches eager's, and a second call too."""
+    eager, model = Step(), Step()
+    x = torch.randn(1, 16, generator=torch.Generator().manual_seed(1))
+    pos = torch.tensor([2])
+    backend = Backend(budget=None, max_tasks=4, rest="eager", cache=False, workers=1,
+                      config=em.SearchConfig(max_results=1))
+    fast = torch.compile(model, backend=backend, dynamic=False)
+    with torch.no_grad():
+        for step in (1, 2):
+            want, got = eager(x, pos), fast(x, pos)
+            assert float(model.count) == float(eager.count) == step
+            torch.testing.assert_close(model.cache, eager.cache)
+            torch.testing.assert_close(got, want)
+    assert backend.reports and backend.reports[0].pieces  # the graph was cut and searched
+
+
+def test_the_inputs_a_graph_writes_are_found() -> None:
+    """``written``: the buffers a graph writes in place (through ``add_`` and ``index_copy_``)
+    are its mutated inputs; the input read only and the parameter are not."""
+    seen: list[set[int]] = []
+    names: list[list[str]] = []
+
+    def look(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        seen.append(written(gm))
+        names.append([n.name for n in gm.graph.nodes if n.op == "placeholder"])
+        return gm
+
+    with torch.no_grad():
+        torch.compile(Step(), backend=look, dynamic=False)(torch.randn(1, 16), torch.tensor([0]))
+    (found,), (places,) = seen, names
+    assert sorted(places[i] for i in found) == sorted(
+        p for p in places if "count" in p or "cache" in p)
