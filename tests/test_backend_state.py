@@ -14,6 +14,7 @@ import torch
 import egraph_mirage as em
 from egraph_mirage.fx.backend import Backend
 from egraph_mirage.fx.mutation import written
+from egraph_mirage.search.results import SearchResults, SearchStats
 
 
 @pytest.fixture(autouse=True)
@@ -76,3 +77,35 @@ def test_the_inputs_a_graph_writes_are_found() -> None:
     (found,), (places,) = seen, names
     assert sorted(places[i] for i in found) == sorted(
         p for p in places if "count" in p or "cache" in p)
+
+
+def test_inductor_is_told_which_inputs_have_static_addresses(monkeypatch: Any) -> None:
+    """The graph the backend hands Inductor (here with nothing replaced: the search may take
+    no task) carries Dynamo's metadata: each input's source, and the buffer marked with a
+    static address (as transformers' static cache marks its tensors) recorded so. From these
+    Inductor takes the inputs whose addresses stay put; without them a graph that writes such
+    a buffer in place ran without CUDA graphs under mode="reduce-overhead"."""
+    import torch._inductor.compile_fx as inductor
+
+    handed: list[torch.fx.GraphModule] = []
+
+    def compile_fx(gm: torch.fx.GraphModule, example_inputs: Any, **kw: Any) -> Any:
+        handed.append(gm)
+        return gm
+
+    monkeypatch.setattr(inductor, "compile_fx", compile_fx)
+    model = Step()
+    torch._dynamo.mark_static_address(model.cache)
+    backend = Backend(budget=None, rest="inductor", cache=False, workers=1,
+                      search=lambda g, config, **o: SearchResults([], SearchStats()))
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=False)(torch.randn(1, 16),
+                                                             torch.tensor([0]))
+    (gm,) = handed
+    assert "dynamo_compile_id" in gm.meta
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert all(hasattr(n, "_dynamo_source") for n in places)
+    static = [n.name for n in places
+              if n.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]
+    assert any("cache" in name for name in static)  # and the parameter and the counter
+    assert len(static) == len(places) - 2  # x and pos are not static

@@ -206,7 +206,7 @@ class Backend:
                     if replaced else None)
         if compiled is None:
             compiled = _rest(parts.module if replaced else gm, example_inputs, self.options.rest,
-                             mode)
+                             mode, gm)
         if replaced and self.options.profiling() and _on_gpu():
             return self._whole(compiled, gm, example_inputs, report, mode)
         return compiled
@@ -226,7 +226,7 @@ class Backend:
         for c in calls:
             c.by_inductor = True
         try:
-            ours = _rest(module, example_inputs, self.options.rest, mode)
+            ours = _rest(module, example_inputs, self.options.rest, mode, gm)
             with torch.no_grad():
                 got, want = ours(*example_inputs), gm(*example_inputs)
             error = _outputs_error(got, want)
@@ -562,14 +562,17 @@ def _moved(traced: TracedProgram | EMError) -> int:
     return io_bytes(traced.graph) if isinstance(traced, TracedProgram) else 0
 
 
-def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None
-          ) -> Callable[..., Any]:
-    """``module`` compiled by Inductor, or as is for ``rest="eager"``."""
+def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None,
+          dynamo: Any = None) -> Callable[..., Any]:
+    """``module`` compiled by Inductor, or as is for ``rest="eager"``. ``dynamo``: the graph
+    Dynamo handed the backend, when ``module`` is another over the same inputs (its pieces
+    replaced), whose metadata Inductor is given (``_as_dynamo_s``)."""
     if rest == "eager":
         return module
+    source = module if dynamo is None else dynamo
     # a plain GraphModule: torch.export's module carries a lambda that Inductor's cache of
     # compiled graphs cannot pickle
-    module = torch.fx.GraphModule(module, module.graph)
+    module = _as_dynamo_s(torch.fx.GraphModule(module, module.graph), source)
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
@@ -579,6 +582,31 @@ def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | Non
         # cannot pickle their implementations): off for graphs that call them
         patches["fx_graph_cache"] = False
     return compile_fx(module, list(example_inputs), config_patches=patches or None)
+
+
+def _as_dynamo_s(module: Any, dynamo: Any) -> Any:
+    """``module`` with the metadata by which Inductor knows a graph of Dynamo's (``dynamo``'s
+    ``meta``, its parameters' sources, each input's source and recorded tensor attributes, by
+    position), where both have as many inputs. From these Inductor reads which inputs have
+    static addresses (parameters, and buffers marked so, as transformers' static cache is):
+    without them a graph that writes such an input in place runs without CUDA graphs under
+    ``mode="reduce-overhead"`` ("skipping cudagraphs due to mutated inputs")."""
+    ours = [n for n in module.graph.nodes if n.op == "placeholder"]
+    theirs = [n for n in dynamo.graph.nodes if n.op == "placeholder"]
+    if len(ours) != len(theirs):
+        return module
+    for key, value in dynamo.meta.items():
+        module.meta.setdefault(key, value)
+    sources = getattr(dynamo, "_param_name_to_source", None)
+    held = itertools.chain(module.named_parameters(), module.named_buffers())
+    if sources is not None and all(name in sources for name, _ in held):
+        module._param_name_to_source = sources
+    for a, b in zip(theirs, ours):
+        if hasattr(a, "_dynamo_source"):
+            b._dynamo_source = a._dynamo_source
+        if "tensor_dict" in a.meta:
+            b.meta.setdefault("tensor_dict", a.meta["tensor_dict"])
+    return module
 
 
 def _check(runner: Runner, piece: Piece) -> float:
