@@ -142,9 +142,9 @@ def test_with_nothing_replaced_the_rest_is_dynamos_own_graph(tmp_path: Path,
     given: list[Any] = []
     real = backend_module._rest
 
-    def spy(module: Any, example_inputs: Any, rest: str, mode: Any) -> Any:
+    def spy(module: Any, example_inputs: Any, rest: str, mode: Any, dynamo: Any = None) -> Any:
         given.append(module)
-        return real(module, example_inputs, rest, mode)
+        return real(module, example_inputs, rest, mode, dynamo)
 
     monkeypatch.setattr(backend_module, "_rest", spy)
     x, w = inputs()
