@@ -10,7 +10,8 @@ stem) and a view:
 Rows files are JSON lists, one row per measurement as the command wrote it (plus provenance:
 ``origin``, ``recorded_in``, ``recorded_on``, ``commit`` where known). Their stem's prefix is
 their family: ``gpu_*`` (``bench gpu --json``; views ``table`` and ``speedups``), ``torch_*``
-(``bench torch --json``; view ``table``) and ``cpu_*`` (printed tables of the CPU benchmarks;
+(``bench torch --json``; view ``table``), ``generate_*`` (``bench generate``'s JSON lines;
+view ``table``) and ``cpu_*`` (printed tables of the CPU benchmarks;
 the view is the row's ``name``). Each file holds one row per key (``KEYS``).
 
 Usage, from the repository root:
@@ -33,6 +34,7 @@ RESULTS = ROOT / "docs" / "results"
 Row = dict[str, Any]
 KEYS = {"gpu": ("benchmark", "batch", "dtype"),
         "torch": ("model", "batch", "dtype", "backend_timing", "mode"),
+        "generate": ("model", "layers", "batch", "dtype", "backend_timing", "mode"),
         "cpu": ("name",)}
 #: the project's targets under CUDA-graph replay at b = 1 (the paper's eight programs)
 TARGETS = {"gqa": 2.0, "mha": 1.3, "mqa": 2.0, "qknorm": 2.0, "rmsnorm_linear": 1.2,
@@ -133,6 +135,36 @@ def torch_table(rows: list[Row]) -> str:
     return markdown(header, lines)
 
 
+def generate_table(rows: list[Row]) -> str:
+    """One line per model, layers, batch, dtype and backend timing (``bench generate`` rows):
+    each mode's decode tokens/s, the backend's speedup over the best other compiled mode, its
+    pieces replaced, its first compile's seconds, and where each mode's greedy tokens first
+    differ from eager's (@N: the first position that differs; with random weights, greedy
+    choices turn on fp16 rounding, so compiled modes drift apart)."""
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    runs: dict[tuple[Any, ...], dict[str, Row]] = {}
+    for r in rows:
+        runs.setdefault(tuple(r.get(k) for k in KEYS["generate"][:5]), {})[r["mode"]] = r
+    lines = []
+    for (model, layers, batch, dtype, timing), by_mode in runs.items():
+        ours = by_mode.get("egraph_mirage", {})
+        some = next(iter(by_mode.values()))
+        rate = lambda m: ("–" if m not in by_mode or by_mode[m].get("decode_tok_s") is None  # noqa: E731
+                          else f"{by_mode[m]['decode_tok_s']:.1f}")
+        tokens = ", ".join(f"{m} " + ("same" if by_mode[m].get("tokens_match")
+                                      else f"@{by_mode[m].get('first_diff')}")
+                           for m in modes if m != "eager" and m in by_mode)
+        lines.append([model, str(layers), str(batch), DTYPES[dtype], f"`{timing}`",
+                      *[rate(m) for m in modes], times(ours.get("speedup_vs_best")),
+                      f"{ours['replaced']}/{ours['pieces']}" if ours.get("pieces") else "–",
+                      "–" if ours.get("compile_s") is None else f"{ours['compile_s']:.0f}",
+                      tokens, commit(some)])
+    header = ["model", "layers", "b", "dtype", "backend timing",
+              *[f"{m} tok/s" for m in modes], "ours vs best", "replaced", "ours compile s",
+              "tokens vs eager", "commit"]
+    return markdown(header, lines)
+
+
 def cpu_output(rows: list[Row], name: str) -> str:
     for r in rows:
         if r["name"] == name:
@@ -141,7 +173,8 @@ def cpu_output(rows: list[Row], name: str) -> str:
 
 
 VIEWS: dict[str, dict[str, Callable[[list[Row]], str]]] = {
-    "gpu": {"table": gpu_table, "speedups": gpu_speedups}, "torch": {"table": torch_table}}
+    "gpu": {"table": gpu_table, "speedups": gpu_speedups}, "torch": {"table": torch_table},
+    "generate": {"table": generate_table}}
 
 
 def load(stem: str) -> tuple[str, list[Row]]:

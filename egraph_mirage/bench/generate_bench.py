@@ -88,7 +88,8 @@ BACKEND_MODES = ("egraph_mirage", "egraph_mirage-max-autotune")
 TORCH_MODES = ("compile", "max-autotune")
 DEFAULT_MODES = ("eager", "compile", "max-autotune", "egraph_mirage")
 KEYS = ("model", "preset", "sizes", "layers", "vocab", "dtype", "attn", "batch", "prompt_len",
-        "new_tokens", "max_cache_len", "device", "timing", "transformers", "torch", "mode",
+        "new_tokens", "max_cache_len", "device", "timing", "backend_timing", "transformers",
+        "torch", "mode",
         "compile_mode", "compile_s", "prefill_ms", "decode_ms_per_step", "decode_tok_s",
         "speedup_vs_eager", "speedup_vs_best", "repeats", "tokens_match", "first_diff",
         "param_bytes", "cache_bytes", "pieces", "replaced", "searches", "cache_hits", "report",
@@ -324,6 +325,8 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
     import torch
     import transformers
 
+    from ..fx.options import BackendOptions
+
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     sizes = cfg.sizes()
     dtype = getattr(torch, cfg.dtype)
@@ -348,6 +351,7 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
                            batch=batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens,
                            max_cache_len=cfg.max_cache_len, device=device,
                            timing="cuda" if cfg.device == "cuda" else "cpu wall clock",
+                           backend_timing=cfg.backend().get("timing", BackendOptions.timing),
                            transformers=transformers.__version__, torch=torch.__version__,
                            mode=mode, compile_mode=MODES.get(mode), repeats=cfg.repeats,
                            param_bytes=params, cache_bytes=cache)
