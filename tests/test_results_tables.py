@@ -81,3 +81,21 @@ def test_two_rows_for_one_key_are_refused(made_up: Path) -> None:
     (made_up / "gpu_twice.json").write_text(json.dumps([*rows, rows[0]]))
     with pytest.raises(ValueError, match="two rows for"):
         rt.load("gpu_twice")
+
+
+def test_a_generate_table_has_one_line_per_run_and_each_mode_s_rate(made_up: Path) -> None:
+    """``bench generate`` rows (``generate_*``): one line per model, layers, batch, dtype and
+    backend timing, each mode's tokens/s, the backend's speedup over the best compiled mode,
+    its pieces replaced and compile seconds, and where each mode's tokens leave eager's."""
+    base = {"model": "llama", "layers": 2, "batch": 1, "dtype": "float16",
+            "backend_timing": "graph", "commit": "abc1234", "tokens_match": True}
+    rows = [{**base, "mode": "eager", "decode_tok_s": 100.0},
+            {**base, "mode": "compile", "decode_tok_s": 300.0, "tokens_match": False,
+             "first_diff": 16},
+            {**base, "mode": "egraph_mirage", "decode_tok_s": 330.0, "speedup_vs_best": 1.1,
+             "pieces": 10, "replaced": 3, "compile_s": 42.4}]
+    (made_up / "generate_fake.json").write_text(json.dumps(rows))
+    header, _, line = rt.render("generate_fake:table").splitlines()
+    assert "| eager tok/s | compile tok/s | egraph_mirage tok/s |" in header
+    assert line == ("| llama | 2 | 1 | fp16 | `graph` | 100.0 | 300.0 | 330.0 | 1.10× | 3/10 | 42 "
+                    "| compile @16, egraph_mirage same | abc1234 |")
