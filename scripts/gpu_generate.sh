@@ -19,8 +19,13 @@
 # backend compiled a second time from the cache: --again), TIMEOUT (s per batch, 540), GPUS,
 # FIRST_GPU, WORKERS (as in gpu_torch.sh), EXTRA (more `bench generate` options).
 #
-# Llama-3-8B's shape, 32 layers, b = 1 and 8 on two GPUs, not yet timed on a lent host (compiling
-# 32 layers takes minutes in each mode, max-autotune's most; fewer LAYERS for a first look):
+# An 8-layer model of Llama-3-8B's layer sizes at b = 1 on one H200 (the rows of
+# docs/results/generate_h200.json; ~5 min: ~1 min per compiled mode, the backend's 150 s of
+# search; TIMING=graph: a decode loop under CUDA graphs):
+#   MODELS=llama LAYERS=8 TIMING=graph NEW_TOKENS=64 REPEATS=2 TIMEOUT=560 \
+#     bash scripts/gpu_generate.sh "$OUT" 150 1
+# 32 layers, b = 1 and 8 on two GPUs (compiling 32 layers takes minutes in each mode,
+# max-autotune's most; not yet timed on a lent host):
 #   MODELS=llama WARM_LAYERS=2 AGAIN=1 TIMEOUT=570 bash scripts/gpu_generate.sh "$OUT" 120 1 8
 set -u
 out=$1; budget=$2; shift 2
