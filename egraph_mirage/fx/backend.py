@@ -43,9 +43,10 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
 
 The time budget (``fx.budget``): the ``budget`` option bounds the searches of the whole
 compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts; every
-piece is searched whole before any is refined, those that move the most bytes first, each search getting the seconds left before it
-divided by the pieces not yet reached (itself included, and with ``refine`` one share more,
-kept for the parts); the refined pieces' parts then share what is left. A cache hit costs
+piece is searched whole before any is refined, those that move the most bytes first, each
+search getting the seconds left before it divided by the pieces not yet reached (itself
+included, and with ``refine`` one share more, kept for the parts); the refined pieces' parts
+then share what is left. A cache hit costs
 nothing, and a piece reached once no time is left is not searched (kept: "the compilation's
 time budget was spent"; not cached).
 

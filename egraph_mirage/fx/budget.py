@@ -8,8 +8,9 @@ seconds away. The rule, one line:
     (itself included); a piece refined into parts adds its parts to those.
 
 Every piece is searched whole before any piece is refined (a whole block fused is worth more
-than its parts), those that move the most bytes first (where the layer's time is), and with ``refine`` on one share more is counted among the pieces while they
-are searched: it is kept for the parts, which share it with whatever the pieces left.
+than its parts), those that move the most bytes first (where the layer's time is), and with
+``refine`` on one share more is counted among the pieces while they are searched: it is kept
+for the parts, which share it with whatever the pieces left.
 
 With the backend's cache on, pieces that are the same program under the same settings (a
 model's identical layers) count once: the first is searched, the others are cache hits. So a

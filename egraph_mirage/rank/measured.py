@@ -114,11 +114,12 @@ class GpuProfiler:
     #: their first value) instead of tuning
     quick: bool = False
     #: per program input, its strides where the program runs with inputs that are not
-    #: row-major (None: that input row-major; (): every input): a view read in place, as the torch backend's
-    #: pieces read a linear layer's weight (Wᵀ) or a slice. Inputs are then made in that layout
-    #: and each μGraph compiled to read it (``LowerOptions.input_strides``; where the lowering
-    #: refuses it, for row-major inputs, which the program then copies at every call, as the
-    #: backend's runner does): the sizes and knobs that win are those of the layout that runs
+    #: row-major (None: that input row-major; (): every input): a view read in place, as the
+    #: torch backend's pieces read a linear layer's weight (Wᵀ) or a slice. Inputs are then
+    #: made in that layout and each μGraph compiled to read it (``LowerOptions.input_strides``;
+    #: where the lowering refuses it, for row-major inputs, which the program then copies at
+    #: every call, as the backend's runner does): the sizes and knobs that win are those of the
+    #: layout that runs
     strides: tuple[tuple[int, ...] | None, ...] = ()
 
     @property

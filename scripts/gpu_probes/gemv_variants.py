@@ -28,9 +28,9 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from egraph_mirage.fx.trace import trace  # noqa: E402
-from egraph_mirage.gpu.floor import io_bytes, measure_copy_bandwidth  # noqa: E402
-from egraph_mirage.gpu.timing import (  # noqa: E402
+from egraph_mirage.fx.trace import trace
+from egraph_mirage.gpu.floor import io_bytes, measure_copy_bandwidth
+from egraph_mirage.gpu.timing import (
     CudaTimer,
     TimingConfig,
     graph_bytes,
@@ -39,11 +39,11 @@ from egraph_mirage.gpu.timing import (  # noqa: E402
     rotation_count,
     smem_per_block,
 )
-from egraph_mirage.lower.cost_model import ProgramCost  # noqa: E402
-from egraph_mirage.mugraph.sizes import DEFAULT_CAPS, sizes_of, structure_of, with_smem  # noqa: E402
-from egraph_mirage.pipeline import superoptimize  # noqa: E402
-from egraph_mirage.rank.measured import GpuProfiler  # noqa: E402
-from egraph_mirage.rank.size_variants import size_variants  # noqa: E402
+from egraph_mirage.lower.cost_model import ProgramCost
+from egraph_mirage.mugraph.sizes import DEFAULT_CAPS, sizes_of, structure_of, with_smem
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.rank.measured import GpuProfiler
+from egraph_mirage.rank.size_variants import size_variants
 
 F = torch.nn.functional
 FORMS, VARIANTS, TUNE = 2, 16, 3
@@ -122,7 +122,8 @@ def main() -> None:
                           timer, sets)
         table.append((name, floor, best, ind, mat))
     print(f"\n{dev}; µs under CUDA-graph replay; fraction of the copy floor in brackets")
-    print(f"{'program':8} {'floor':>7} {'ours':>14} {'compile':>14} {'max-autotune':>14}  best sizes")
+    print(f"{'program':8} {'floor':>7} {'ours':>14} {'compile':>14} {'max-autotune':>14}  "
+          "best sizes")
     for name, floor, best, ind, mat in table:
         ours = best[0] if best else float("nan")
         cell = lambda us: f"{us:6.1f} ({floor / us:.2f})"  # noqa: E731

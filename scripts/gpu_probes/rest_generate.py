@@ -21,9 +21,9 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from egraph_mirage.bench.generate_bench import PRESETS, SharedBackend, build_model  # noqa: E402
-from egraph_mirage.fx.backend import Backend  # noqa: E402
-from egraph_mirage.search.results import SearchResults, SearchStats  # noqa: E402
+from egraph_mirage.bench.generate_bench import PRESETS, SharedBackend, build_model
+from egraph_mirage.fx.backend import Backend
+from egraph_mirage.search.results import SearchResults, SearchStats
 
 
 def via_compile_fx(gm, example_inputs, mode=None, options=None):

@@ -21,15 +21,15 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
-from egraph_mirage.bench.torch_bench import (  # noqa: E402
+from egraph_mirage.bench.torch_bench import (
     TorchBenchConfig,
     _input_sets,
     _module,
     _sizes,
     load_example,
 )
-from egraph_mirage.fx.report import torch_report  # noqa: E402
-from egraph_mirage.gpu.timing import CudaTimer, TimingConfig  # noqa: E402
+from egraph_mirage.fx.report import torch_report
+from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
 
 
 def profile(name: str, fn, xs) -> None:
@@ -77,8 +77,8 @@ def main() -> None:
     for name, fn in (("inductor", theirs), ("ours", ours)):
         profile(name, fn, sets[0])
     for name, fn in (("inductor", theirs), ("ours", ours), ("inductor", theirs), ("ours", ours)):
-        print(f"{name}: plain {timer.plain(fn, sets):.1f} µs, replay {timer.graph(fn, sets):.1f} µs",
-              flush=True)
+        plain, replay = timer.plain(fn, sets), timer.graph(fn, sets)
+        print(f"{name}: plain {plain:.1f} µs, replay {replay:.1f} µs", flush=True)
 
 
 if __name__ == "__main__":
