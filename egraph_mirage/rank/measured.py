@@ -217,7 +217,7 @@ def _laid(xs: Sequence[Any], strides: Sequence[tuple[int, ...] | None]) -> list[
     import torch
 
     out = []
-    for x, st in zip(xs, strides):
+    for x, st in zip(xs, strides, strict=True):
         if st and tuple(x.stride()) != tuple(st):
             y = torch.empty_strided(tuple(x.shape), tuple(st), dtype=x.dtype, device=x.device)
             x = y.copy_(x)
