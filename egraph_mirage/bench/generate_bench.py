@@ -59,7 +59,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,13 @@ from ..pipeline import DEFAULT_BUDGETS
 from ..pipeline.command import request_from_flags
 from .gpu_report import fmt
 from .text_table import aligned
-from .torch_bench import SHORT_DTYPES, _first, add_backend_arguments, print_table_of
+from .torch_bench import (
+    SHORT_DTYPES,
+    BackendSettings,
+    _first,
+    add_backend_arguments,
+    print_table_of,
+)
 
 __all__ = ["BACKEND_MODES", "FAMILIES", "KEYS", "MODES", "PRESETS", "BenchGenerateError",
            "GenerateBenchConfig", "ModelSizes", "SharedBackend", "add_arguments",
@@ -118,8 +124,9 @@ PRESETS = {"llama3_8b": ModelSizes(4096, 32, 8, 128, 14336),
 
 
 @dataclass
-class GenerateBenchConfig:
-    """What ``bench_generate`` measures (module docstring)."""
+class GenerateBenchConfig(BackendSettings):
+    """What ``bench_generate`` measures (module docstring); the backend's options are
+    ``BackendSettings``'."""
 
     models: Sequence[str] = ("llama", "qwen3")
     preset: str = "llama3_8b"
@@ -138,19 +145,6 @@ class GenerateBenchConfig:
     seed: int = 1
     device: str = "cuda"
     again: bool = False
-    #: the backend's options (``fx.options.BackendOptions``)
-    budget: float | None = DEFAULT_BUDGETS["torch backend"]
-    max_tasks: int | None = None
-    workers: int | None = None
-    cache_dir: str | None = None
-    cache: bool = True
-    rest: str = "inductor"
-    backend_options: dict[str, Any] = field(default_factory=dict)
-
-    def backend(self) -> dict[str, Any]:
-        return {"budget": self.budget, "max_tasks": self.max_tasks, "workers": self.workers,
-                "cache_dir": self.cache_dir, "cache": self.cache, "rest": self.rest,
-                **self.backend_options}
 
     def sizes(self) -> ModelSizes:
         if self.preset not in PRESETS:
@@ -325,8 +319,6 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
     import torch
     import transformers
 
-    from ..fx.options import BackendOptions
-
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     sizes = cfg.sizes()
     dtype = getattr(torch, cfg.dtype)
@@ -351,7 +343,7 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
                            batch=batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens,
                            max_cache_len=cfg.max_cache_len, device=device,
                            timing="cuda" if cfg.device == "cuda" else "cpu wall clock",
-                           backend_timing=cfg.backend().get("timing", BackendOptions.timing),
+                           backend_timing=cfg.backend_timing(),
                            transformers=transformers.__version__, torch=torch.__version__,
                            mode=mode, compile_mode=MODES.get(mode), repeats=cfg.repeats,
                            param_bytes=params, cache_bytes=cache)

@@ -105,8 +105,37 @@ class BenchTorchError(EMError, ValueError):
 
 
 @dataclass
-class TorchBenchConfig:
-    """What ``bench_torch`` measures (module docstring)."""
+class BackendSettings:
+    """The ``egraph_mirage`` backend's options a benchmark compiles with
+    (``fx.options.BackendOptions``; ``budget``: seconds for each whole compilation, its pieces
+    sharing them; ``backend_options``: any other option, e.g. ``timing``)."""
+
+    budget: float | None = DEFAULT_BUDGETS["torch backend"]
+    max_tasks: int | None = None
+    workers: int | None = None
+    cache_dir: str | None = None
+    cache: bool = True
+    rest: str = "inductor"
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+    def backend(self) -> dict[str, Any]:
+        """The options, as ``Backend(**options)`` takes them."""
+        return {"budget": self.budget, "max_tasks": self.max_tasks, "workers": self.workers,
+                "cache_dir": self.cache_dir, "cache": self.cache, "rest": self.rest,
+                **self.backend_options}
+
+    def backend_timing(self) -> str:
+        """The backend's ``timing`` option as set here, or its default (a row's
+        ``backend_timing``)."""
+        from ..fx.options import BackendOptions
+
+        return str(self.backend().get("timing", BackendOptions.timing))
+
+
+@dataclass
+class TorchBenchConfig(BackendSettings):
+    """What ``bench_torch`` measures (module docstring); the backend's options are
+    ``BackendSettings``'."""
 
     models: Sequence[str] = ("llama", "hf")
     #: one run of every model, batch and mode per dtype (``TOLERANCE``'s keys)
@@ -116,29 +145,15 @@ class TorchBenchConfig:
     tp: int = 1
     kv_len: int = 4096
     modes: Sequence[str] = MODES
-    #: the backend's options (``fx.options.BackendOptions``; ``budget``: seconds for each
-    #: whole compilation, its pieces sharing them)
-    budget: float | None = DEFAULT_BUDGETS["torch backend"]
-    max_tasks: int | None = None
-    workers: int | None = None
-    cache_dir: str | None = None
-    cache: bool = True
-    rest: str = "inductor"
     device: str = "cuda"
     #: ``examples/llama_layer.py`` (None: the checkout's)
     example: str | None = None
     seed: int = 1
-    backend_options: dict[str, Any] = field(default_factory=dict)
     #: timing rounds: in each, every mode is timed once, one after the other; a mode's plain
     #: figure is its fastest round, its graph figure the median (a host's speed drifts over
     #: minutes, and plain launches of a decode step are host-bound). None: 5 on a GPU, 1 on the
     #: CPU
     rounds: int | None = None
-
-    def backend(self) -> dict[str, Any]:
-        return {"budget": self.budget, "max_tasks": self.max_tasks, "workers": self.workers,
-                "cache_dir": self.cache_dir, "cache": self.cache, "rest": self.rest,
-                **self.backend_options}
 
 
 def load_example(path: str | Path | None = None) -> ModuleType:
@@ -236,13 +251,11 @@ def _input_sets(module: Any, batch: int, cfg: TorchBenchConfig) -> list[tuple[An
 
 def _row(model: str, dtype: str, batch: int, mode: str, cfg: TorchBenchConfig, sizes: Any,
          device: str) -> dict[str, Any]:
-    from ..fx.options import BackendOptions
-
     row: dict[str, Any] = dict.fromkeys(KEYS)
     row.update(model=model, preset=cfg.preset, sizes=asdict(sizes), batch=batch,
                dtype=dtype, device=device, mode=mode, tolerance=TOLERANCE[dtype],
                timing="cuda" if cfg.device == "cuda" else "cpu wall clock (Triton interpreter)",
-               backend_timing=cfg.backend().get("timing", BackendOptions.timing))
+               backend_timing=cfg.backend_timing())
     return row
 
 
