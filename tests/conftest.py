@@ -43,3 +43,14 @@ def rmsnorm() -> Any:
     import egraph_mirage as em
 
     return em.benchmarks.get("rmsnorm_linear", small=True)
+
+
+@pytest.fixture
+def fresh_dynamo() -> Any:
+    """Dynamo's caches reset before and after the test: a compilation of one test is never
+    found by another (``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``)."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -31,11 +31,7 @@ from egraph_mirage.search.results import SearchResult, SearchResults, SearchStat
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo() -> Any:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def relu_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -27,11 +27,7 @@ from egraph_mirage.search.results import SearchResults, SearchStats
 MARGIN_S = 0.5
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo() -> Any:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def three_blocks(x: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:

@@ -16,12 +16,7 @@ from egraph_mirage.fx.backend import Backend
 from egraph_mirage.fx.mutation import written
 from egraph_mirage.search.results import SearchResults, SearchStats
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo() -> Any:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Step(torch.nn.Module):

@@ -14,23 +14,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from cli_runs import run_cli  # noqa: E402
+
 from egraph_mirage.bench import generate_bench as gb  # noqa: E402
-from egraph_mirage.cli import main  # noqa: E402
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="--cpu-smoke runs without a GPU")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo() -> Any:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @CPU_ONLY
@@ -46,7 +39,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 ])
 def test_bad_arguments_give_one_line(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
                                      says: str) -> None:
-    code, out, err = _run(capsys, "bench", "generate", *argv)
+    code, out, err = run_cli(capsys, "bench", "generate", *argv)
     assert code == 2 and not out
     assert says in err and err.startswith("error: ") and len(err.strip().splitlines()) == 1
 
@@ -55,7 +48,7 @@ def test_bad_arguments_give_one_line(capsys: pytest.CaptureFixture[str], argv: t
 def test_the_cpu_smoke_run_writes_json_lines_and_searches_identical_layers_once(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rows_file = tmp_path / "rows.jsonl"
-    code, out, err = _run(capsys, "bench", "generate", "--cpu-smoke", "--models", "llama",
+    code, out, err = run_cli(capsys, "bench", "generate", "--cpu-smoke", "--models", "llama",
                           "--layers", "2", "--batch", "1", "--new-tokens", "2", "--repeats", "1",
                           "--max-tasks", "1", "--workers", "1", "--again",
                           "--cache-dir", str(tmp_path / "cache"), "--out", str(rows_file))
@@ -94,7 +87,7 @@ def test_the_cpu_smoke_run_writes_json_lines_and_searches_identical_layers_once(
     assert line.split()[:4] == ["llama", "2", "fp16", "1"]
     assert f"0/{ours['pieces']}" in line.split()
     assert f"wrote {rows_file}" in err
-    code, again, _ = _run(capsys, "bench", "generate", "--table-of", str(rows_file))
+    code, again, _ = run_cli(capsys, "bench", "generate", "--table-of", str(rows_file))
     assert code == 0 and again == out
 
 

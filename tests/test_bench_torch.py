@@ -14,25 +14,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from cli_runs import run_cli  # noqa: E402
+
 import egraph_mirage as em  # noqa: E402
 from egraph_mirage.bench import torch_bench as tb  # noqa: E402
-from egraph_mirage.cli import main  # noqa: E402
 from egraph_mirage.search.results import SearchResult, SearchResults, SearchStats  # noqa: E402
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="--cpu-smoke runs without a GPU")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo() -> Any:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _llama_floor_bytes(s: Any, batch: int, itemsize: int) -> int:
@@ -76,14 +69,14 @@ def test_the_floor_counts_only_the_buffers_the_forward_reads(cache: str) -> None
 
 @CPU_ONLY
 def test_without_a_gpu_it_refuses_unless_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "bench", "torch")
+    code, out, err = run_cli(capsys, "bench", "torch")
     assert code == 2 and not out
     assert err.startswith("error: bench torch needs a CUDA GPU") and "--cpu-smoke" in err
-    code, _, err = _run(capsys, "bench", "torch", "--cpu-smoke", "--preset", "llama3_8b")
+    code, _, err = run_cli(capsys, "bench", "torch", "--cpu-smoke", "--preset", "llama3_8b")
     assert code == 2 and "small preset only" in err
-    code, _, err = _run(capsys, "bench", "torch", "--cpu-smoke", "--example", "/no/such.py")
+    code, _, err = run_cli(capsys, "bench", "torch", "--cpu-smoke", "--example", "/no/such.py")
     assert code == 2 and "not found" in err and len(err.strip().splitlines()) == 1
-    code, _, err = _run(capsys, "bench", "torch", "--cpu-smoke", "--dtype", "float16,int8")
+    code, _, err = run_cli(capsys, "bench", "torch", "--cpu-smoke", "--dtype", "float16,int8")
     assert code == 2 and err.startswith("error: bench torch: --dtype int8: one or more of")
 
 
@@ -91,7 +84,7 @@ def test_without_a_gpu_it_refuses_unless_cpu_smoke(capsys: pytest.CaptureFixture
 def test_the_cpu_smoke_run_writes_json_rows_and_prints_the_table(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rows_file = tmp_path / "rows.json"
-    code, out, err = _run(capsys, "bench", "torch", "--cpu-smoke", "--models", "llama",
+    code, out, err = run_cli(capsys, "bench", "torch", "--cpu-smoke", "--models", "llama",
                           "--batch", "1", "--max-tasks", "1", "--workers", "1",
                           "--cache-dir", str(tmp_path / "cache"), "--out", str(rows_file))
     assert code == 0, err
@@ -235,7 +228,7 @@ def test_several_dtypes_in_one_run_and_the_table_of_rows_files(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     rows_file = tmp_path / "rows.json"
-    code, out, err = _run(capsys, "bench", "torch", "--cpu-smoke", "--models", "hf",
+    code, out, err = run_cli(capsys, "bench", "torch", "--cpu-smoke", "--models", "hf",
                           "--dtype", "float16,bfloat16", "--batch", "1", "--max-tasks", "1",
                           "--workers", "1", "--cache-dir", str(tmp_path / "cache"),
                           "--out", str(rows_file))
@@ -247,7 +240,7 @@ def test_several_dtypes_in_one_run_and_the_table_of_rows_files(
     assert all(r["model"] == "hf" and r["matches_eager"] for r in rows)
     lines = out.splitlines()
     assert [line.split()[:3] for line in lines[1:3]] == [["hf", "fp16", "1"], ["hf", "bf16", "1"]]
-    code, again, _ = _run(capsys, "bench", "torch", "--table-of", str(rows_file),
+    code, again, _ = run_cli(capsys, "bench", "torch", "--table-of", str(rows_file),
                           str(tmp_path / "missing.json"))
     assert code == 0 and again == out
 

@@ -6,23 +6,20 @@ import json
 import re
 
 import pytest
+from cli_runs import run_cli
 
 from egraph_mirage import benchmarks
 from egraph_mirage.bench import KEYS
-from egraph_mirage.cli import _parser, main
+from egraph_mirage.cli import _parser
 
 REQUIRED = {"target", "saturate_s", "enodes", "eclasses", "complete", "op_queries_per_s",
             "term_queries_per_s"}
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_bench_oracle_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "bench", "oracle", "--small", "--json", "--targets", "gqa",
+    code, out, err = run_cli(capsys, "bench", "oracle", "--small", "--json", "--targets", "gqa",
                           "lora")
     assert code == 0, err
     rows = json.loads(out)
@@ -36,7 +33,7 @@ def test_bench_oracle_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bench_oracle_table(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "bench", "oracle", "--small", "--targets", "rmsnorm_linear",
+    code, out, _ = run_cli(capsys, "bench", "oracle", "--small", "--targets", "rmsnorm_linear",
                         "--seconds", "0.02", "--repeats", "1")
     assert code == 0
     head, row = out.strip().splitlines()
@@ -47,7 +44,7 @@ def test_bench_oracle_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_oracle_demo(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "oracle", "rmsnorm_linear", "--small")
+    code, out, err = run_cli(capsys, "oracle", "rmsnorm_linear", "--small")
     assert code == 0, err
     assert '(Sum 64 (Mul (Div (Var "v0") (Rms 64 (Var "v0"))) (Var "v1")))' in out
     assert "KernelGraph(2 inputs, 2 operators)" in out
@@ -57,7 +54,7 @@ def test_oracle_demo(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_oracle_queries(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "oracle", "gqa", "--small", "--batch", "2", "--query",
+    code, out, _ = run_cli(capsys, "oracle", "gqa", "--small", "--batch", "2", "--query",
                         '(Sum 64 (Exp (Sum 16 (Mul (Var "v0") (Var "v1")))))',
                         '(Exp (Var "v2"))')
     assert code == 0
@@ -68,7 +65,7 @@ def test_oracle_queries(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_list(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "list")
+    code, out, _ = run_cli(capsys, "list")
     assert code == 0
     lines = out.strip().splitlines()
     assert [l.split()[0] for l in lines] == benchmarks.names(unseen=True)
@@ -85,18 +82,18 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
 ])
 def test_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
                              needle: str) -> None:
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == 2
     assert err.startswith("error:") and needle in err and len(err.strip().splitlines()) == 1
     assert "Traceback" not in err + out
 
 
 def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys)
+    code, _, err = run_cli(capsys)
     assert code == 2 and "usage" in err
-    code, _, err = _run(capsys, "bench")
+    code, _, err = run_cli(capsys, "bench")
     assert code == 2
-    code, out, _ = _run(capsys, "--help")
+    code, out, _ = run_cli(capsys, "--help")
     assert code == 0 and "oracle" in out
 
 
@@ -107,7 +104,7 @@ def test_svg(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     if shutil.which("dot") is None:
         pytest.skip("graphviz 'dot' not installed")
     path = tmp_path / "eg.svg"
-    code, _, err = _run(capsys, "oracle", "gated_mlp", "--small", "--svg", str(path))
+    code, _, err = run_cli(capsys, "oracle", "gated_mlp", "--small", "--svg", str(path))
     assert code == 0, err
     assert path.read_text().lstrip().startswith(("<?xml", "<svg"))
 
@@ -145,7 +142,7 @@ def test_optimize_names_a_missing_program(capsys):
 def test_optimize_refuses_budgets_that_cannot_be_meant(capsys: pytest.CaptureFixture[str],
                                                        tmp_path, argv: list[str],
                                                        option: str) -> None:
-    code, out, err = _run(capsys, "optimize", "rmsnorm_linear", "--small", "--out",
+    code, out, err = run_cli(capsys, "optimize", "rmsnorm_linear", "--small", "--out",
                           str(tmp_path / "out"), *argv)
     assert code == 2
     assert err.startswith(f"error: {option} must be") and len(err.strip().splitlines()) == 1
@@ -155,7 +152,7 @@ def test_optimize_refuses_budgets_that_cannot_be_meant(capsys: pytest.CaptureFix
 @pytest.mark.parametrize("budget", ["nan", "0", "-1"])
 def test_bench_search_refuses_a_budget_that_cannot_be_meant(capsys: pytest.CaptureFixture[str],
                                                             budget: str) -> None:
-    code, _, err = _run(capsys, "bench", "search", "--small", "--programs", "ntrans",
+    code, _, err = run_cli(capsys, "bench", "search", "--small", "--programs", "ntrans",
                         f"--budget={budget}")
     assert code == 2 and err.startswith("error: --budget must be")
 
@@ -176,29 +173,29 @@ def test_optimize_with_a_task_budget_and_rules(capsys: pytest.CaptureFixture[str
     out = tmp_path / "out"
     common = ["optimize", "rmsnorm_linear", "--small", "--workers", "1", "--max-tasks", "3",
               "--out", str(out)]
-    code, text, err = _run(capsys, *common, "--rules", str(rules), "--extra-rules", str(one),
+    code, text, err = run_cli(capsys, *common, "--rules", str(rules), "--extra-rules", str(one),
                            str(two))
     assert code == 1, err  # three tasks find nothing at small shapes
     assert re.search(r" 3/\d+ tasks \(task budget reached\)", text), text
     assert re.search(r"task budget \(max_tasks 3\) was reached at 3/\d+ tasks", text), text
-    code, text, err = _run(capsys, *common, "--rules", str(rules), "--extra-rules", str(one),
+    code, text, err = run_cli(capsys, *common, "--rules", str(rules), "--extra-rules", str(one),
                            "--extra-rules", str(two))
     assert code == 1, err  # the same rules: resumed from the checkpoint
     assert "resumed 3 task(s) from" in text and "resumed from" in err, text + err
-    code, _, err = _run(capsys, *common, "--extra-rules", str(one))
+    code, _, err = run_cli(capsys, *common, "--extra-rules", str(one))
     assert code == 2 and "rule set" in err and len(err.strip().splitlines()) == 1
-    code, _, err = _run(capsys, *common, "--rules", str(tmp_path / "missing"))
+    code, _, err = run_cli(capsys, *common, "--rules", str(tmp_path / "missing"))
     assert code == 2 and "no such rule file" in err
 
 
 def test_rules_lists_the_files_and_prints_the_generated_prelude(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "rules")
+    code, out, _ = run_cli(capsys, "rules")
     assert code == 0 and "10_algebra.egg" in out and "digest " in out
-    code, out, _ = _run(capsys, "rules", "--prelude")
+    code, out, _ = run_cli(capsys, "rules", "--prelude")
     assert code == 0 and out.startswith("; The term language")
     assert "(datatype Expr" in out and "(rule ((Reach (Exp a0))) ((Reach a0)))" in out
-    code, _, err = _run(capsys, "rules", "--rules", "no/such/folder")
+    code, _, err = run_cli(capsys, "rules", "--rules", "no/such/folder")
     assert code == 2 and err.startswith("error: no/such/folder")
 
 
@@ -208,7 +205,7 @@ def test_an_unwritable_out_folder_is_a_one_line_error(capsys: pytest.CaptureFixt
     f = tmp_path / "afile"
     f.write_text("")
     out = f if where == "file" else f / "sub"
-    code, _, err = _run(capsys, "optimize", "rmsnorm_linear", "--small", "--max-tasks", "1",
+    code, _, err = run_cli(capsys, "optimize", "rmsnorm_linear", "--small", "--max-tasks", "1",
                         "--workers", "1", "--out", str(out))
     assert code == 2 and err.startswith(f"error: --out {out}: cannot write there")
     assert len(err.strip().splitlines()) == 1
@@ -218,7 +215,7 @@ def test_a_failing_build_function_is_a_one_line_error(capsys: pytest.CaptureFixt
                                                       tmp_path) -> None:
     prog = tmp_path / "prog.py"
     prog.write_text("def build():\n    raise RuntimeError('boom')\n")
-    code, _, err = _run(capsys, "optimize", str(prog), "--max-tasks", "1", "--out",
+    code, _, err = run_cli(capsys, "optimize", str(prog), "--max-tasks", "1", "--out",
                         str(tmp_path / "out"))
     assert code == 2 and err.strip() == f"error: {prog}: build() failed: RuntimeError: boom"
 
@@ -231,5 +228,5 @@ def test_bench_dtype_flag(capsys: pytest.CaptureFixture[str], command: list[str]
     follow it to the rows and the folders)."""
     assert _parser().parse_args(command).dtype == "float16"
     assert _parser().parse_args([*command, "--dtype", "bfloat16"]).dtype == "bfloat16"
-    code, _, err = _run(capsys, *command, "--dtype", "float32")
+    code, _, err = run_cli(capsys, *command, "--dtype", "float32")
     assert code == 2 and "--dtype: invalid choice: 'float32'" in err
