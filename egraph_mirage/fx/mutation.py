@@ -66,8 +66,9 @@ def _writes_first(node: torch.fx.Node) -> bool:
 @contextlib.contextmanager
 def preserved(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Iterator[None]:
     """The inputs ``gm`` may write (``written``) copied on entry and written back on exit."""
+    writes = written(gm)
     saved = [(x, x.detach().clone()) for i, x in enumerate(example_inputs)
-             if i in written(gm) and isinstance(x, torch.Tensor)]
+             if i in writes and isinstance(x, torch.Tensor)]
     try:
         yield
     finally:
