@@ -36,8 +36,9 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    (``torch._inductor.compile_fx.compile_fx``, ``rest="inductor"``, the default) or run as is
    (``rest="eager"``, for tests); on a CUDA GPU with ``profile`` on, the graph with its
    replaced pieces is timed against Inductor's code for Dynamo's graph, and where it is
-   slower under ``timing`` every piece is kept (``_whole``; the times are cached as a piece's
-   are, under ``fx.cache.whole_key``). Dynamo gets that callable (a function of the graph's
+   slower under ``timing`` the piece that gains least alone is kept and the graph timed again,
+   a few times at most, then every piece is kept (``_whole``; the times are cached as a
+   piece's are, under ``fx.cache.whole_key``). Dynamo gets that callable (a function of the graph's
    flat inputs returning its outputs), with the ``CompileReport`` attached as
    ``egraph_mirage_report``.
 
@@ -85,7 +86,7 @@ from . import inductor_timing as timing
 from . import report as rep
 from .budget import SPENT, CompileBudget
 from .cache import SearchCache, piece_key, whole_key
-from .decision import KEEP, REPLACE, PieceDecision, slower
+from .decision import KEEP, REPLACE, PieceDecision, least_gain, slower
 from .mutation import preserved
 from .options import BackendError, BackendOptions, DynamicShapesError
 from .pieces import EPILOGUES, Piece, partition
@@ -99,6 +100,9 @@ from .runtime import (
 )
 from .trace import TracedProgram, trace_fx
 
+#: graphs with fewer replaced pieces timed after the graph with all of them was slower
+#: (``Backend._whole``)
+WHOLE_TRIES = 3
 #: the name ``torch.compile(backend=...)`` knows the backend by
 NAME = "egraph_mirage"
 LOG = logging.getLogger("egraph_mirage.fx")
@@ -167,7 +171,7 @@ class Backend:
             report.note = f"the graph could not be partitioned ({e}); it runs in the rest"
             LOG.warning("egraph-mirage: %s", report.note)
             return _rest(gm, example_inputs, self.options.rest, mode)
-        replaced = 0
+        chosen: dict[str, Any] = {}  # piece name -> its replacement
         traced = [self._trace(piece) for piece in parts.pieces]
         # with a cache, a piece equal to an earlier one (a model's identical layers) is a hit:
         # the budget is shared by the distinct pieces only (``fx.budget``)
@@ -190,26 +194,30 @@ class Backend:
             if replacement is None and self.options.refine and piece_report.nothing_found():
                 unfound.append((i, piece, piece_report))
             if replacement is not None:
-                setattr(parts.module, piece.name, replacement)
-                replaced += 1
+                chosen[piece.name] = replacement
         if self.options.refine:
             self._budget.reached()  # the reserved share joins what the parts share
         for i, piece, piece_report in unfound:  # then the parts, with the time left
             replacement = self._refine(i, piece, piece_report, report, mode)
             if replacement is not None:
-                setattr(parts.module, piece.name, replacement)
-                replaced += 1
+                chosen[piece.name] = replacement
         report.searches = sum(p.search_seconds is not None for p in report.pieces)
         report.left_out = dict(parts.left_out)
-        # nothing replaced: the rest is the whole graph as Dynamo gave it, compiled exactly as
-        # torch.compile would without the backend
-        compiled = (self._launched_by_inductor(parts.module, gm, example_inputs, report, mode)
-                    if replaced else None)
-        if compiled is None:
-            compiled = _rest(parts.module if replaced else gm, example_inputs, self.options.rest,
-                             mode, gm)
-        if replaced and self.options.profiling() and _on_gpu():
-            return self._whole(compiled, gm, example_inputs, report, mode)
+
+        def build(names: Sequence[str]) -> Callable[..., Any]:
+            """The graph with the pieces ``names`` replaced (by ``chosen``), the others as
+            they were; none replaced: the whole graph as Dynamo gave it, compiled exactly as
+            torch.compile would without the backend."""
+            for p in parts.pieces:
+                setattr(parts.module, p.name, chosen[p.name] if p.name in names else p.module)
+            compiled = (self._launched_by_inductor(parts.module, gm, example_inputs, report, mode)
+                        if names else None)
+            return compiled if compiled is not None else _rest(
+                parts.module if names else gm, example_inputs, self.options.rest, mode, gm)
+
+        compiled = build(list(chosen))
+        if chosen and self.options.profiling() and _on_gpu():
+            return self._whole(compiled, gm, example_inputs, report, mode, list(chosen), build)
         return compiled
 
     def _launched_by_inductor(self, module: Any, gm: Any, example_inputs: Sequence[Any],
@@ -246,43 +254,78 @@ class Backend:
         return None
 
     def _whole(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
-               report: rep.CompileReport, mode: str | None) -> Callable[..., Any]:
-        """Never slower, for the graph as a whole: ``compiled`` (with the replaced pieces) is
-        timed against Inductor's code for Dynamo's graph (both kinds of timing), and where it
-        is slower under the ``timing`` option, every piece is kept and Inductor's code is
-        returned. A piece faster alone can make the graph slower: its call costs host time
-        that Inductor's code for it, fused into the graph's, does not. The times are cached
-        (``fx.cache.whole_key``: the graph, its inputs' layout and the replaced pieces'
-        winners), and the decision is made from them at each compile, as for a piece."""
-        winners = [[p.name, p.winner] for p in report.pieces if p.status == rep.REPLACED]
+               report: rep.CompileReport, mode: str | None, names: list[str],
+               build: Callable[[Sequence[str]], Callable[..., Any]]) -> Callable[..., Any]:
+        """Never slower, for the graph as a whole: ``compiled``, the graph with the pieces
+        ``names`` replaced, is timed against Inductor's code for Dynamo's graph (both kinds of
+        timing). A piece faster alone can make the graph slower: its call costs host time that
+        Inductor's code for it, fused into the graph's, does not, and its boundary can change
+        what Inductor makes of its neighbours. Where the graph is slower under the ``timing``
+        option, the piece that gains least alone under the kind of timing it lost by is kept
+        too (``decision.least_gain``) and the graph with the others is built (``build``) and
+        timed, at most ``WHOLE_TRIES`` times more; where none is faster, every piece is kept
+        and Inductor's code is returned. The times are cached per set of replaced pieces
+        (``fx.cache.whole_key``: the graph, its inputs' layout and those pieces' winners), and
+        the decisions are made from them at each compile, as for a piece."""
+        inductor = None
+        tried: list[str] = []
+        while True:
+            record, inductor = self._whole_times(compiled, gm, example_inputs, report, mode,
+                                                 names, inductor)
+            if record is None:
+                why = "could not be timed"
+            else:
+                report.whole_times = timing.fmt_times(record)
+                why = slower(record, self.options.timing)
+            if not why:
+                break
+            tried.append(f"with {len(names)} piece(s) replaced: {why}"
+                         + (f": {report.whole_times}" if record is not None else ""))
+            if record is None or len(names) <= 1 or len(tried) > WHOLE_TRIES:
+                names = []
+                break
+            names.remove(least_gain(report.pieces, names, record, self.options.timing))
+            compiled = build(names)
+        for p in report.pieces:
+            if p.status == rep.REPLACED and p.name.split(".")[0] not in names:
+                p.status, p.reason = rep.KEPT, "the whole graph was slower with it replaced"
+        if tried:
+            kept = (f"{', '.join(names)} replaced, the others kept" if names
+                    else "every piece kept")
+            report.note = f"the graph {'; '.join(tried)}; {kept}"
+        if names:
+            return compiled
+        return inductor if inductor is not None else _rest(gm, example_inputs,
+                                                           self.options.rest, mode)
+
+    def _whole_times(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
+                     report: rep.CompileReport, mode: str | None, names: list[str],
+                     inductor: Callable[..., Any] | None
+                     ) -> tuple[dict[str, Any] | None, Callable[..., Any] | None]:
+        """The times of ``compiled`` (the pieces ``names`` replaced) and Inductor's code for
+        ``gm``, from the cache or measured (None: not measurable), and Inductor's code where it
+        was compiled (``inductor``, or compiled here for a measurement)."""
+        winners = [[p.name, p.winner] for p in report.pieces
+                   if p.status == rep.REPLACED and p.name.split(".")[0] in names]
         key = whole_key(gm, example_inputs, winners, report.launch,
                         self.options.search_settings(), timing.key_settings(mode))
         record = self.cache.get(key) if self.cache is not None else None
-        report.whole_cache = "off" if self.cache is None else ("miss" if record is None else "hit")
-        inductor = None
-        if record is None:
-            inductor = _rest(gm, example_inputs, self.options.rest, mode)
-            try:
-                record = timing.time_graphs(compiled, inductor, example_inputs)
-            except Exception as e:  # not measurable: Inductor's code, which is never slower
-                why = f"could not be timed ({type(e).__name__}: {e})"
-                record = None
-            else:
-                if self.cache is not None:
-                    self.cache.put(key, record)
+        if not report.whole_cache or report.whole_cache == "hit":
+            report.whole_cache = ("off" if self.cache is None
+                                  else "miss" if record is None else "hit")
         if record is not None:
-            report.whole_times = timing.fmt_times(record)
-            why = slower(record, self.options.timing)
-            why = why and f"{why}: {report.whole_times}"
-        if not why:
-            return compiled
-        replaced = [p for p in report.pieces if p.status == rep.REPLACED]
-        report.note = (f"the graph with its {len(replaced)} replaced piece(s): {why}; every "
-                       "piece kept")
-        for p in replaced:
-            p.status, p.reason = rep.KEPT, "the whole graph was slower with it replaced"
-        return inductor if inductor is not None else _rest(gm, example_inputs,
-                                                           self.options.rest, mode)
+            return record, inductor
+        if inductor is None:
+            inductor = _rest(gm, example_inputs, self.options.rest, mode)
+        try:
+            record = timing.time_graphs(compiled, inductor, example_inputs)
+        except Exception as e:  # not measurable: Inductor's code, which is never slower
+            LOG.warning("egraph-mirage: the whole graph could not be timed: %s: %s",
+                        type(e).__name__, e)
+            return None, inductor
+        if self.cache is not None:
+            self.cache.put(key, record)
+        return record, inductor
 
     @staticmethod
     def _trace(piece: Piece) -> TracedProgram | EMError:

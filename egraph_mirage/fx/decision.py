@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,33 @@ def slower(times: Mapping[str, Any], timing: str) -> str:
     return ""
 
 
+#: the piece report's fields of each kind of timing (``TIMES``' keys): ours, Inductor's (a
+#: piece is not timed after an L2 flush: its plain launches stand for it)
+_REPORTED = {"graph": ("ours_us", "inductor_us"),
+             "plain": ("ours_plain_us", "inductor_plain_us"),
+             "flushed": ("ours_plain_us", "inductor_plain_us")}
+
+
+def least_gain(pieces: Sequence[rep.PieceReport], names: Sequence[str],
+               times: Mapping[str, Any], timing: str) -> str:
+    """Of the replaced pieces ``names`` (top-level pieces: a refined piece's parts count as
+    its own), the one whose replacement gains least alone, in µs, under the first kind of
+    timing the ``timing`` option asks for that the whole graph with them (``times``) was not
+    faster under; on a tie, the later one in ``names``. What ``Backend._whole`` keeps next
+    when the graph with every replaced piece was slower."""
+    lost = next((k for k in kinds(timing) if times.get(TIMES[k][0]) is None
+                 or times.get(TIMES[k][1]) is None
+                 or times[TIMES[k][0]] >= times[TIMES[k][1]]), kinds(timing)[0])
+    ours, theirs = _REPORTED[lost]
+    gain = dict.fromkeys(names, 0.0)
+    for p in pieces:
+        top = p.name.split(".")[0]
+        a, b = getattr(p, ours), getattr(p, theirs)
+        if p.status == rep.REPLACED and top in gain and a is not None and b is not None:
+            gain[top] += b - a
+    return min(reversed(names), key=lambda n: gain[n])
+
+
 def _grids(mugraph: KernelGraph) -> list[list[int]]:
     """The grid of each graph-defined kernel, in order."""
     grids, seen = [], set()
@@ -134,4 +161,4 @@ def _grids(mugraph: KernelGraph) -> list[list[int]]:
     return grids
 
 
-__all__ = ["KEEP", "REPLACE", "PieceDecision", "slower"]
+__all__ = ["KEEP", "REPLACE", "PieceDecision", "least_gain", "slower"]

@@ -17,6 +17,9 @@ and its fraction of the floor; the baselines last.
 Usage, on the GPU machine from the repository root (JAX on the CPU, egglog on the path):
   python3 scripts/gpu_probes/gemv_variants.py [SEARCH_S] [WORKERS] [PROGRAMS]
 PROGRAMS: comma-separated of gate_up, down, qkv (default gate_up,down).
+LAYOUT=rowmajor in the environment times every input row-major; by default the weights are read
+as the model holds them (``nn.Linear``'s W, read as Wᵀ: ``fx.runtime.input_layout``), as the
+backend's profile does (``GpuProfiler.strides``).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
+from egraph_mirage.fx.runtime import input_layout
 from egraph_mirage.fx.trace import trace
 from egraph_mirage.gpu.floor import io_bytes, measure_copy_bandwidth
 from egraph_mirage.gpu.timing import (
@@ -49,17 +53,20 @@ F = torch.nn.functional
 FORMS, VARIANTS, TUNE = 2, 16, 3
 
 
-def programs(names: list[str]) -> dict[str, object]:
+def programs(names: list[str]) -> dict[str, tuple[object, tuple]]:
+    """Per program, its graph and its inputs' strides as the model reads them."""
     h, m = 4096, 14336
     r = lambda *s: torch.randn(*s, dtype=torch.float16) * 0.02  # noqa: E731
+    fns = {"gate_up": (lambda x, w1, w3: F.silu(F.linear(x, w1)) * F.linear(x, w3),
+                       (r(1, h), r(m, h), r(m, h))),
+           "down": (lambda x, w, res: F.linear(x, w) + res, (r(1, m), r(h, m), r(1, h))),
+           "qkv": (lambda x, w: F.linear(x, w), (r(1, h), r(6144, h)))}
     out = {}
-    if "gate_up" in names:
-        out["gate_up"] = trace(lambda x, w1, w3: F.silu(F.linear(x, w1)) * F.linear(x, w3),
-                               r(1, h), r(m, h), r(m, h)).graph
-    if "down" in names:
-        out["down"] = trace(lambda x, w, res: F.linear(x, w) + res, r(1, m), r(h, m), r(1, h)).graph
-    if "qkv" in names:
-        out["qkv"] = trace(lambda x, w: F.linear(x, w), r(1, h), r(6144, h)).graph
+    for name in names:
+        fn, xs = fns[name]
+        traced = trace(fn, *xs)
+        rowmajor = os.environ.get("LAYOUT") == "rowmajor"
+        out[name] = (traced.graph, () if rowmajor else input_layout(traced, xs))
     return out
 
 
@@ -81,10 +88,11 @@ def main() -> None:
     timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
     cost = ProgramCost()
     caps = with_smem(DEFAULT_CAPS, smem_per_block())
-    quick = GpuProfiler(quick=True)
-    full = GpuProfiler()
     table = []
-    for name, g in programs(names).items():
+    for name, (g, strides) in programs(names).items():
+        quick = GpuProfiler(quick=True, strides=strides)
+        full = GpuProfiler(strides=strides)
+        print(f"{name}: input strides {strides}", flush=True)
         floor = io_bytes(g) / bw * 1e6
         t0 = time.time()
         res = superoptimize(g, time_budget=search_s, workers=workers, profile=False)
