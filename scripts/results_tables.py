@@ -113,8 +113,10 @@ def gpu_speedups(rows: list[Row]) -> str:
 
 def torch_table(rows: list[Row]) -> str:
     """One line per model, batch, dtype and backend timing: each mode's plain / graph µs, the
-    backend's speedup over the best other mode and its fraction of the copy floor under graph
-    replay (``floor_fraction_graph``; – for rows recorded without a floor: none is inferred)."""
+    backend's speedup over the best other mode and every mode's fraction of the copy floor under
+    graph replay (``floor_fraction_graph``), in the order of the mode columns (– for a mode
+    without one, a lone – for a line whose rows were recorded without a floor: none is
+    inferred)."""
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     runs: dict[tuple[Any, ...], dict[str, Row]] = {}
     for r in rows:
@@ -123,15 +125,18 @@ def torch_table(rows: list[Row]) -> str:
     for (model, batch, dtype, timing), by_mode in runs.items():
         ours = by_mode.get("egraph_mirage", {})
         some = next(iter(by_mode.values()))
+        floors = [ratio(by_mode[m].get("floor_fraction_graph")) if m in by_mode else "–"
+                  for m in modes]
         lines.append([model, str(batch), DTYPES[dtype], f"`{timing}`",
                       *[pair(us(by_mode[m].get("plain_us")), us(by_mode[m].get("graph_us")))
                         if m in by_mode else "–" for m in modes],
                       pair(times(ours.get("speedup_vs_best")),
                            times(ours.get("speedup_vs_best_graph"))),
-                      ratio(ours.get("floor_fraction_graph")),
+                      "–" if set(floors) == {"–"} else " / ".join(floors),
                       f"{ours['replaced']}/{ours['pieces']}" if ours else "–", commit(some)])
     header = ["model", "b", "dtype", "backend timing", *modes,
-              "ours vs best (plain / graph)", "of floor (graph)", "replaced", "commit"]
+              "ours vs best (plain / graph)", f"of floor (graph): {' / '.join(modes)}",
+              "replaced", "commit"]
     return markdown(header, lines)
 
 

@@ -111,7 +111,7 @@ def test_the_cpu_smoke_run_writes_json_rows_and_prints_the_table(
                                                      "floor_fraction", "floor_fraction_graph"))
     head, line = out.splitlines()[:2]
     assert head.split()[:5] == ["model", "dtype", "b", "eager", "µs"] and "ours vs best" in head
-    assert "ours of floor" in head
+    assert "of floor (graph)" in head and "ours of floor" not in head
     assert line.split()[:3] == ["llama", "fp16", "1"]
     assert line.split()[-3:] == ["–", f"0/{ours['pieces']}", "0.0e+00"]
     assert "µs: cpu wall clock (Triton interpreter)" in out and "of floor:" not in out
@@ -272,7 +272,7 @@ def test_speedups_and_the_table() -> None:
     lines = tb.format_table(rows + hf).splitlines()
     assert lines[0].split() == ["model", "dtype", "b", "eager", "µs", "compile", "µs",
                                 "max-autotune", "µs", "egraph_mirage", "µs", "ours", "vs",
-                                "best", "ours", "of", "floor", "replaced", "ours", "error"]
+                                "best", "of", "floor", "(graph)", "replaced", "ours", "error"]
     # rows without a floor (as written before it existed): an empty cell, no floor line
     assert lines[1].split() == ["llama", "fp16", "8", "20.0", "/", "10.0", "16.0", "/", "8.0",
                                 "15.0", "/", "9.0", "12.0", "/", "8.0", "1.25×", "/", "1.00×",
@@ -284,18 +284,27 @@ def test_speedups_and_the_table() -> None:
     assert lines[4].startswith("hf float16 b=8 compile: RuntimeError")
 
 
-def test_the_table_shows_the_backends_fraction_of_the_floor_under_graph_replay() -> None:
-    rows = [_row("eager", 20.0, 10.0), _row("egraph_mirage", 12.0, 8.0, pieces=4, replaced=2)]
+def test_the_table_shows_every_modes_fraction_of_the_floor_under_graph_replay() -> None:
+    """One ``of floor (graph)`` column: each mode's fraction in the order of the µs columns (the
+    modes' order, whatever the rows' order), – for a mode without a graph time."""
+    rows = [_row("egraph_mirage", 12.0, 8.0, pieces=4, replaced=2), _row("eager", 20.0, 10.0),
+            _row("compile", None, None, error="RuntimeError: boom"),
+            _row("max-autotune", 14.0, 7.5)]
     tb._speedups(rows)
     tb._floor(rows, 12_000_000, 2e12)  # 6 µs at 2 TB/s
-    assert rows[0]["floor_us"] == pytest.approx(6.0)
-    assert rows[0]["floor_fraction_graph"] == pytest.approx(0.6)
-    assert rows[1]["floor_fraction"] == pytest.approx(0.5)
-    assert rows[1]["floor_fraction_graph"] == pytest.approx(0.75)
+    assert rows[1]["floor_us"] == pytest.approx(6.0)
+    assert rows[1]["floor_fraction_graph"] == pytest.approx(0.6)
+    assert rows[0]["floor_fraction"] == pytest.approx(0.5)
+    assert rows[0]["floor_fraction_graph"] == pytest.approx(0.75)
+    assert rows[2]["floor_fraction_graph"] is None
     lines = tb.format_table(rows).splitlines()
-    assert lines[1].split()[-6:] == ["1.67×", "/", "1.25×", "0.75", "2/4", "1.0e-03"]
-    assert lines[3] == ("of floor: the copy floor over the CUDA-graph µs (floor: parameters, KV "
-                        "cache and activations moved once at 2.00 TB/s)")
+    assert lines[0].split()[-7:] == ["best", "of", "floor", "(graph)", "replaced", "ours",
+                                     "error"]
+    assert lines[1].split()[-12:] == ["1.17×", "/", "0.94×", "0.60", "/", "–", "/", "0.80",
+                                      "/", "0.75", "2/4", "1.0e-03"]
+    assert lines[3] == ("of floor (graph): the copy floor over each mode's CUDA-graph µs, in the "
+                        "order of the µs columns (floor: parameters, KV cache and activations "
+                        "moved once at 2.00 TB/s)")
 
 
 def test_the_backend_over_max_autotune_is_compared_with_the_modes_that_are_not_ours() -> None:
@@ -309,11 +318,12 @@ def test_the_backend_over_max_autotune_is_compared_with_the_modes_that_are_not_o
     tb._speedups(rows)
     assert rows[-1]["speedup_vs_best"] == pytest.approx(15 / 14)
     assert rows[-1]["speedup_vs_best_graph"] == pytest.approx(1.0)
+    tb._floor(rows, 12_000_000, 2e12)  # 6 µs at 2 TB/s
     head, line = tb.format_table(rows).splitlines()[:2]
-    assert head.split()[-15:] == ["ours", "vs", "best", "ours-max-autotune", "vs", "best",
-                                  "ours", "of", "floor", "ours-max-autotune", "of", "floor",
-                                  "replaced", "ours", "error"]
-    assert line.split()[-11:] == ["1.50×", "/", "1.25×", "1.07×", "/", "1.00×", "–", "–",
+    assert head.split()[-12:] == ["ours", "vs", "best", "ours-max-autotune", "vs", "best",
+                                  "of", "floor", "(graph)", "replaced", "ours", "error"]
+    assert line.split()[-18:] == ["1.50×", "/", "1.25×", "1.07×", "/", "1.00×",
+                                  "0.60", "/", "0.75", "/", "0.80", "/", "1.00", "/", "0.80",
                                   "2/4", "0/4", "4.0e-03"]
 
 

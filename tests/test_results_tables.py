@@ -99,3 +99,31 @@ def test_a_generate_table_has_one_line_per_run_and_each_mode_s_rate(made_up: Pat
     assert "| eager tok/s | compile tok/s | egraph_mirage tok/s |" in header
     assert line == ("| llama | 2 | 1 | fp16 | `graph` | 100.0 | 300.0 | 330.0 | 1.10× | 3/10 | 42 "
                     "| compile @16, egraph_mirage same | abc1234 |")
+
+
+def test_a_torch_table_gives_every_mode_s_fraction_of_the_floor(made_up: Path) -> None:
+    """``bench torch`` rows (``torch_*``): beside the backend's speedup, every mode's fraction of
+    the copy floor under graph replay, in the order of the mode columns; – for a mode not run,
+    a lone – for a line recorded without a floor."""
+    base = {"model": "llama", "batch": 1, "dtype": "float16", "backend_timing": "both",
+            "commit": "abc1234"}
+    ours = {"mode": "egraph_mirage", "speedup_vs_best": 0.9, "speedup_vs_best_graph": 1.25,
+            "pieces": 14, "replaced": 5}
+    rows = [{**base, "mode": "eager", "plain_us": 40.0, "graph_us": 20.0,
+             "floor_fraction_graph": 0.3},
+            {**base, **ours, "plain_us": 20.0, "graph_us": 8.0, "floor_fraction_graph": 0.75},
+            {**base, "mode": "compile", "plain_us": 18.0, "graph_us": 10.0,
+             "floor_fraction_graph": 0.6},
+            {**base, "batch": 8, "mode": "eager", "plain_us": 50.0, "graph_us": 30.0},
+            {**base, "batch": 8, "mode": "max-autotune", "plain_us": 22.0, "graph_us": 14.0},
+            {**base, **ours, "batch": 8, "plain_us": 25.0, "graph_us": 12.0}]
+    (made_up / "torch_fake.json").write_text(json.dumps(rows))
+    header, _, with_floor, without = rt.render("torch_fake:table").splitlines()
+    assert header.endswith("| ours vs best (plain / graph) "
+                           "| of floor (graph): eager / compile / max-autotune / egraph_mirage "
+                           "| replaced | commit |")
+    assert with_floor == ("| llama | 1 | fp16 | `both` | 40.0 / 20.0 | 18.0 / 10.0 | – "
+                          "| 20.0 / 8.0 | 0.90× / 1.25× | 0.30 / 0.60 / – / 0.75 | 5/14 "
+                          "| abc1234 |")
+    assert without == ("| llama | 8 | fp16 | `both` | 50.0 / 30.0 | – | 22.0 / 14.0 | 25.0 / 12.0 "
+                       "| 0.90× / 1.25× | – | 5/14 | abc1234 |")

@@ -440,16 +440,18 @@ def _cell(r: Mapping[str, Any] | None) -> str:
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """One line per model, dtype and batch: each mode's µs (plain / CUDA graph), each backend mode's
-    speedup over the fastest mode that is not the backend's and its fraction of the copy floor
-    under graph replay (– for rows without a floor), its pieces replaced and its largest error
-    against eager; then a line on the floor where rows have one and a line for each failure."""
+    speedup over the fastest mode that is not the backend's, every mode's fraction of the copy
+    floor under graph replay in the order of the µs columns (``of floor (graph)``; – for a mode
+    without one, a lone – for rows without a floor), the backend's pieces replaced and its
+    largest error against eager; then a line on the floor where rows have one and a line for
+    each failure."""
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     modes += sorted({r["mode"] for r in rows} - set(modes))
     ours_modes = [m for m in modes if m in BACKEND_MODES]
     short = {m: "ours" + m.removeprefix("egraph_mirage") for m in ours_modes}
     head = ["model", "dtype", "b", *[f"{m} µs" for m in modes],
-            *[f"{short[m]} vs best" for m in ours_modes],
-            *[f"{short[m]} of floor" for m in ours_modes], "replaced", "ours error"]
+            *[f"{short[m]} vs best" for m in ours_modes], "of floor (graph)", "replaced",
+            "ours error"]
     body: list[list[str]] = []
     groups: dict[tuple[str, str, int], dict[str, Mapping[str, Any]]] = {}
     for r in rows:
@@ -465,7 +467,8 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
                     speed += f" / {fmt(ours['speedup_vs_best_graph'], 2)}×"
             speeds.append(speed)
         floors = [fmt(by_mode[m].get("floor_fraction_graph"), 2) if m in by_mode else "–"
-                  for m in ours_modes]
+                  for m in modes]
+        floor = "–" if all(f == "–" for f in floors) else " / ".join(floors)
         mine = [by_mode[m] for m in ours_modes if m in by_mode]
         done = [r for r in mine if r["pieces"] is not None]
         replaced = " ".join(f"{r['replaced']}/{r['pieces']}" for r in done) or "–"
@@ -473,17 +476,16 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         error = "–" if not errors else f"{max(errors):.1e}" + (
             "" if all(r["matches_eager"] is not False for r in mine) else " WRONG")
         body.append([model, SHORT_DTYPES.get(dtype, str(dtype)), str(batch),
-                     *[_cell(by_mode.get(m)) for m in modes], *speeds, *floors, replaced,
-                     error])
+                     *[_cell(by_mode.get(m)) for m in modes], *speeds, floor, replaced, error])
     lines = aligned(head, body, left=1)
     timing = {r["timing"] for r in rows}
     lines.append("µs: plain launches / CUDA-graph replay" if timing == {"cuda"} else
                  f"µs: {', '.join(sorted(timing))}")
     bandwidths = sorted({r["copy_bandwidth"] for r in rows if r.get("copy_bandwidth")})
-    if bandwidths and ours_modes:
-        lines.append("of floor: the copy floor over the CUDA-graph µs (floor: parameters, KV "
-                     "cache and activations moved once at "
-                     f"{', '.join(f'{b / 1e12:.2f}' for b in bandwidths)} TB/s)")
+    if bandwidths:
+        lines.append("of floor (graph): the copy floor over each mode's CUDA-graph µs, in the "
+                     "order of the µs columns (floor: parameters, KV cache and activations moved "
+                     f"once at {', '.join(f'{b / 1e12:.2f}' for b in bandwidths)} TB/s)")
     lines += [f"{r['model']} {r['dtype']} b={r['batch']} {r['mode']}: {r['error']}" for r in rows
               if r.get("error")]
     return "\n".join(lines)
