@@ -28,6 +28,7 @@ from egraph_mirage.rank.measured import (
     BY_GPU,
     GpuProfiler,
     Measurement,
+    PROFILE_MIN_TIMED,
     cuda_available,
     profile_stage,
 )
@@ -220,12 +221,23 @@ def _ranked(by_cost: SearchResults, n: int = 6) -> list[SearchResult]:
     return _results([r.graph for r in by_cost[:n]])
 
 
-def test_a_deadline_already_passed_measures_nothing(rmsnorm: em.KernelGraph,
-                                                    by_cost: SearchResults) -> None:
+def test_a_deadline_already_passed_still_times_the_first_few(rmsnorm: em.KernelGraph,
+                                                             by_cost: SearchResults) -> None:
+    """The cost model does not order sizes as a GPU does, so a ranking with nothing timed can
+    pick a winner far from the floor: the first ``PROFILE_MIN_TIMED`` of the profiling order
+    are timed even when the search used up the budget."""
     ranked = _ranked(by_cost)
     profiler, stats = Counting([r.graph for r in ranked]), SearchStats()
     out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=0.0,
                         clock=lambda: 1.0)
+    assert profiler.measured == PROFILE_MIN_TIMED == 4
+    assert stats.ranked_by == BY_GPU
+    assert [r.graph for r in out] == [ranked[i].graph for i in (3, 2, 1, 0, 4, 5)]
+    assert stats.profile_note.startswith("time budget reached after profiling 4 of 6 results")
+    # with no minimum, nothing is timed and the cost model's order stands
+    profiler, stats = Counting([r.graph for r in ranked]), SearchStats()
+    out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=0.0,
+                        clock=lambda: 1.0, min_timed=0)
     assert profiler.calls == 0 and out == ranked
     assert stats.ranked_by == BY_COST_MODEL
     assert stats.profile_note == ("time budget reached before profiling: none of 6 results "
@@ -236,16 +248,15 @@ def test_the_deadline_stops_profiling_between_results(rmsnorm: em.KernelGraph,
                                                        by_cost: SearchResults) -> None:
     ranked = _ranked(by_cost)
     profiler, stats = Counting([r.graph for r in ranked]), SearchStats()
-    # the clock passes the deadline once the second result has been measured
+    # the clock passes the deadline once the fifth result has been measured
     out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=10.0,
-                        clock=lambda: 20.0 if profiler.measured >= 2 else 0.0)
-    assert profiler.measured == 2 and profiler.calls == 2
+                        clock=lambda: 20.0 if profiler.measured >= 5 else 0.0)
+    assert profiler.measured == 5 and profiler.calls == 5
     assert stats.ranked_by == BY_GPU
-    # the measured two by measured time, then the rest unmeasured in the cost model's order
-    assert [r.graph for r in out] == [ranked[1].graph, ranked[0].graph] + [r.graph for r in
-                                                                           ranked[2:]]
-    assert [r.measured_us for r in out] == [99.0, 100.0, None, None, None, None]
-    assert stats.profile_note.startswith("time budget reached after profiling 2 of 6 results: "
+    # the measured five by measured time, then the rest unmeasured in the cost model's order
+    assert [r.graph for r in out] == [ranked[i].graph for i in (4, 3, 2, 1, 0, 5)]
+    assert [r.measured_us for r in out] == [96.0, 97.0, 98.0, 99.0, 100.0, None]
+    assert stats.profile_note.startswith("time budget reached after profiling 5 of 6 results: "
                                          "the rest keep the cost model's order")
 
 
@@ -254,10 +265,10 @@ def test_a_wrong_result_is_dropped_under_a_deadline(rmsnorm: em.KernelGraph,
     ranked = _ranked(by_cost)
     profiler, stats = Counting([r.graph for r in ranked], wrong=(1,)), SearchStats()
     out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=10.0,
-                        clock=lambda: 20.0 if profiler.measured >= 3 else 0.0)
-    assert profiler.measured == 3 and stats.profile_wrong == 1
-    assert [r.graph for r in out] == [ranked[i].graph for i in (2, 0, 3, 4, 5)]
-    assert "after profiling 3 of 6 results" in stats.profile_note
+                        clock=lambda: 20.0 if profiler.measured >= 5 else 0.0)
+    assert profiler.measured == 5 and stats.profile_wrong == 1
+    assert [r.graph for r in out] == [ranked[i].graph for i in (4, 3, 2, 0, 5)]
+    assert "after profiling 5 of 6 results" in stats.profile_note
 
 
 def test_without_a_deadline_everything_is_measured(rmsnorm: em.KernelGraph,
@@ -310,16 +321,17 @@ def test_first_timings_of_every_result_then_the_fastest_tuned(
     assert [r.knobs["round"] for r in out] == ["tuned"] * 3 + ["first"] * 3
     assert "6 of 6 results timed on Two-round GPU (first timings, the fastest 3 tuned)" in \
         stats.profile_note
-    # under a deadline the first timings take at most their share of the time left, and the
-    # tuning what is left after them: here 2 time units a measurement, 10 in all
+    # under a deadline the first timings take at most their share of the time left (but the
+    # first PROFILE_MIN_TIMED always), and the tuning what is left after them: here 2 time
+    # units a measurement, 10 in all
     profiler, stats = TwoRounds(graphs), SearchStats()
     out = profile_stage(list(ranked), rmsnorm, stats, profiler, deadline=10.0,
                         clock=lambda: 2.0 * len(profiler.log))
-    assert profiler.log == [("first", 0), ("first", 1), ("first", 2), ("tuned", 2),
-                            ("tuned", 1)]
-    assert [r.measured_us for r in out[:3]] == [97.0, 98.0, 100.0]
-    assert "after profiling 3 of 6 results" in stats.profile_note
-    assert "(first timings, the fastest 2 tuned)" in stats.profile_note
+    assert profiler.log == [("first", 0), ("first", 1), ("first", 2), ("first", 3),
+                            ("tuned", 3)]
+    assert [r.measured_us for r in out[:4]] == [50.0, 98.0, 99.0, 100.0]
+    assert "after profiling 4 of 6 results" in stats.profile_note
+    assert "(first timings, the fastest 1 tuned)" in stats.profile_note
 
 
 class Sized:

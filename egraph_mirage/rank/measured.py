@@ -248,13 +248,23 @@ PROFILE_SIZES_FORMS = 3
 PROFILE_TUNE_TOP = 3
 #: with a deadline, the share of the profiling time left at its start that first timings may take
 FIRST_TIMING_SHARE = 0.6
+#: results given a first timing even once the deadline has passed (the first of the profiling
+#: order: the best estimated form at its sizes): the cost model does not order a structure's
+#: sizes as a GPU does (a gated GEMV pair at 8B sizes, H200: estimated 81.9-83.7 µs for sizes
+#: measured 56-103 µs, ``scripts/gpu_probes/gemv_variants.py``), so a ranking with none timed
+#: can pick one far from the floor
+PROFILE_MIN_TIMED = 4
+#: with a deadline, the share of the profiling time left at its start that making size variants
+#: may take (each is verified at the program's sizes: seconds each for a real model's piece)
+SIZES_SHARE = 0.4
 
 
 def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: SearchStats,
                   profiler: Profiler | None = None, deadline: float | None = None,
                   clock: Callable[[], float] = time.time, sizes: int = 1,
                   sized_forms: int = PROFILE_SIZES_FORMS,
-                  tune_top: int = PROFILE_TUNE_TOP) -> list[SearchResult]:
+                  tune_top: int = PROFILE_TUNE_TOP,
+                  min_timed: int = PROFILE_MIN_TIMED) -> list[SearchResult]:
     """Stage ``profile``: ``ranked`` (the cost model's order) re-ranked by measured time.
 
     ``profiler`` None measures on the CUDA GPU (``GpuProfiler()``) where torch sees one, and
@@ -268,7 +278,9 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     order: the best estimated of each form (kernels, library operators) first, then the rest.
     The measured ones come first, by measured time, and the rest follow unmeasured in the cost
     model's order; the note says how many were measured. Without a deadline every result is
-    measured, in one call to the profiler.
+    measured, in one call to the profiler. The first ``min_timed`` results of that order get a
+    first timing even when the deadline has passed (``PROFILE_MIN_TIMED``: the cost model is
+    no guide among sizes).
 
     A profiler with ``first_timing()`` (``GpuProfiler``) times in two rounds, a cheap first
     timing of each result and full tuning of the best few: first every result at a few knob
@@ -281,7 +293,8 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     ``sizes`` > 1: each of the first ``sized_forms`` results of that order is followed by its
     structure at up to ``sizes - 1`` other sizes (``rank.size_variants.size_variants``, each
     verified
-    against ``program``), timed like the search's own results.
+    against ``program``, for at most ``SIZES_SHARE`` of the time left under a deadline), timed
+    like the search's own results.
     """
     stats.ranked_by = BY_COST_MODEL
     if stats.interrupted:  # Ctrl-C asked for what was found, now
@@ -298,8 +311,10 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
         return ranked
     order = spread(ranked, lambda r: r.graph)
     if sizes > 1:
+        sizes_end = (None if deadline is None
+                     else clock() + SIZES_SHARE * max(0.0, deadline - clock()))
         order = _with_sizes(order, program, sizes, sized_forms,
-                            lambda: deadline is not None and clock() >= deadline,
+                            lambda: sizes_end is not None and clock() >= sizes_end,
                             getattr(profiler, "smem", None))
         ranked = ranked + [r for r in order if all(r is not q for q in ranked)]
     # first timings at a few knob settings where the profiler has them, then full tuning of
@@ -314,7 +329,8 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     t0 = time.perf_counter()
     try:
         stats.profile_device = profiler.device_name
-        found = _measure(first, program, [r.graph for r in order], first_end, clock)
+        found = _measure(first, program, [r.graph for r in order], first_end, clock,
+                         least=min_timed)
         if first is not profiler:
             us = {i: m.us for i, m in enumerate(found) if m.status == "ok" and m.us is not None}
             ids = list(us)
@@ -374,9 +390,11 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
 
 
 def _measure(profiler: Profiler, program: KernelGraph, graphs: list[KernelGraph],
-             deadline: float | None, clock: Callable[[], float]) -> list[Measurement]:
+             deadline: float | None, clock: Callable[[], float],
+             least: int = 0) -> list[Measurement]:
     """``graphs`` measured in order: in one call without a deadline, else one at a time until
-    ``clock()`` reaches it (the measurements of those done)."""
+    ``clock()`` reaches it, the first ``least`` whatever the clock (the measurements of those
+    done)."""
     if deadline is None:
         got = profiler.measure(program, graphs) if graphs else []
         if len(got) != len(graphs):
@@ -385,7 +403,7 @@ def _measure(profiler: Profiler, program: KernelGraph, graphs: list[KernelGraph]
         return list(got)
     found: list[Measurement] = []
     for h in graphs:
-        if clock() >= deadline:
+        if len(found) >= least and clock() >= deadline:
             break
         got = profiler.measure(program, [h])
         if len(got) != 1:
