@@ -26,9 +26,9 @@ from egraph_mirage.rank.forms import spread
 from egraph_mirage.rank.measured import (
     BY_COST_MODEL,
     BY_GPU,
+    PROFILE_MIN_TIMED,
     GpuProfiler,
     Measurement,
-    PROFILE_MIN_TIMED,
     cuda_available,
     profile_stage,
 )

@@ -45,7 +45,8 @@ def kernels(fn, xs) -> list[tuple[str, float]]:
     rows = []
     for i in range(per_call):
         same = events[i::per_call]
-        rows.append((same[0].name, sum(getattr(e, 'device_time', None) or e.cuda_time for e in same) / len(same)))
+        us = sum(getattr(e, "device_time", None) or e.cuda_time for e in same)
+        rows.append((same[0].name, us / len(same)))
     return rows
 
 
