@@ -87,7 +87,9 @@ def test_a_short_profile_budget_times_every_form_before_a_second_of_one(forms) -
     ranked = [_result(a1, 1e-6), _result(a2, 2e-6), _result(g, 3e-6)]
     prof = _Clocked({id(a1): 30.0, id(a2): 20.0, id(g): 10.0})
     stats = SearchStats()
-    out = profile_stage(ranked, g, stats, prof, deadline=2.0, clock=lambda: prof.now)
+    # no minimum of timed results (``PROFILE_MIN_TIMED``): the deadline alone stops it
+    out = profile_stage(ranked, g, stats, prof, deadline=2.0, clock=lambda: prof.now,
+                        min_timed=0)
     assert prof.seen == [id(a1), id(g)]
     assert [r.graph for r in out] == [g, a1, a2]  # measured by time, then the unmeasured
     assert out[0].measured_us == 10.0 and out[2].measured_us is None
