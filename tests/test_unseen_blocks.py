@@ -263,13 +263,38 @@ def test_neox_parallel_block_with_layer_norm(tmp_path: Path) -> None:
                                    "matmul add gelu_erf", "matmul add add"])
 
 
+#: the attention core as the report names it: scores, scale, softmax with its max, product
+ATTENTION = "matmul mul_scalar amax sub exp reduction div matmul"
+
+
+@both_dtypes
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_the_attention_core_of_a_decode_step_is_one_kernel(family: str, dtype: Any,
+                                                           tmp_path: Path) -> None:
+    """The attention piece of a decoder layer's decode step (SDPA over the static cache, its
+    shared K/V heads a broadcast, ``enable_gqa``), as the partition cuts it from the layer,
+    compiled alone: the search finds one kernel computing the whole of it (scores, scale,
+    softmax with its row max subtracted, the product with V), a block per KV head holding
+    its rows of queries. Its one-kernel forms of 8 operators come after the shorter ones and
+    the split forms of up to 5 (task 91 of 345 at these sizes), so the budget is 96 tasks;
+    the layer test below gives each piece 20."""
+    step = ub.hf_step(family, "sdpa", dtype)
+    parts = partition(step, step.example_inputs())
+    (piece,) = [p for p in parts.pieces if _signature(p)[0] == "sdpa"]
+    want, got, report = _compiled(piece.module, tuple(piece.example_inputs), tmp_path,
+                                  max_tasks=96)
+    _check(want, got, report, dtype, [ATTENTION])
+    assert [p.num_kernels for p in report.pieces] == [1]
+
+
 def test_a_decoder_layer_with_static_cache_sdpa(tmp_path: Path) -> None:
     """``LlamaDecoderLayer`` (fp16, SDPA), one decode step with a static cache, 20 tasks a
     piece (Qwen3 and bf16 are cut into the same pieces: the partition tests above). Replaced
     (at least): both RMSNorms (float32, eps, weight after the cast) as parts of their pieces,
     the output projection with the residual, the down projection with the residual (split-K,
     2 kernels). Not yet: an RMSNorm with the projections after it in one kernel, a projection
-    followed by RoPE, attention (20 of 345 tasks) and the MLP's gated pair (20 of 137): the
+    followed by RoPE, attention (20 of 345 tasks; at 96, one kernel: the test above) and the
+    MLP's gated pair (20 of 137): the
     search does not find them within 20 tasks, and the pieces are searched in parts (a
     projection apart from its RoPE at the second cut). The static cache's write runs as is."""
     family, dtype = "llama", torch.float16
