@@ -25,7 +25,7 @@ from egraph_mirage.fx import inductor_timing
 from egraph_mirage.fx.backend import NAME, Backend, egraph_mirage_backend
 from egraph_mirage.fx.decision import slower
 from egraph_mirage.fx.options import BackendError, BackendOptions, DynamicShapesError
-from egraph_mirage.fx.report import KEPT, RECENT, REPLACED, torch_report
+from egraph_mirage.fx.report import KEPT, RECENT, REPLACED, reports_of, torch_report
 from egraph_mirage.search.results import SearchResult, SearchResults, SearchStats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -930,3 +930,41 @@ def test_a_generated_winner_is_timed_launched_from_inductors_code_on_a_gpu(
     assert len(made) == 1 and made[0] is not None, backend.reports[0].text()
     (piece,) = backend.reports[0].pieces
     assert piece.ours_us is not None and piece.ours_plain_us is not None, piece.line()
+
+
+def test_a_compilation_in_another_mode_times_the_cached_search_without_searching(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece's decision is cached per ``torch.compile`` mode (its times were measured against
+    Inductor's code of that mode), its search once for every mode: compiled again with
+    ``mode="max-autotune-no-cudagraphs"``, the piece is timed against that mode's code but not
+    searched again, and its report says the search was cached."""
+    from egraph_mirage.fx import backend as be
+
+    timed: list[Any] = []
+
+    def timing(runner: Any, traced: Any, piece: Any, mode: Any, **kw: Any) -> dict[str, float]:
+        timed.append(mode)
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0,
+                "inductor_plain_us": 2.0}
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", timing)
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0})
+    search = StandIn()
+    reports = []
+    for mode in (None, "max-autotune-no-cudagraphs"):
+        torch._dynamo.reset()
+        backend = Backend(**options(tmp_path, search=search, profile=True, timing="graph",
+                                    launch="op"))
+        with torch.no_grad():
+            compiled = torch.compile(relu_mm, backend=backend, mode=mode, dynamic=False)
+            torch.testing.assert_close(compiled(*inputs()), relu_mm(*inputs()))
+        (report,) = reports_of(compiled)
+        reports.append(report)
+    assert search.calls == 1 and timed == [None, "max-autotune-no-cudagraphs"]
+    first, again = (r.pieces[0] for r in reports)
+    assert (first.cache, first.search_cache) == ("miss", "")
+    assert (again.cache, again.search_cache, again.search_seconds) == ("miss", "hit", None)
+    assert again.status == REPLACED and "search cached" in again.line()
+    assert reports[1].searches == 0

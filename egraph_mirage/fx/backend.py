@@ -439,40 +439,29 @@ class Backend:
         compile, check and (on a GPU) time. Returns the decision, the compiled runner when the
         decision is to replace, and whether the decision may be cached (not when the piece was
         refused or left unsearched before any search, nor after an unexpected failure)."""
-        from ..pipeline import superoptimize
         from ..rank.measured import keep_jax_off_the_gpu
 
         keep_jax_off_the_gpu()  # the verifier's JAX on the CPU, in this process and the workers
         o = self.options
         g = traced.graph
-        decision = PieceDecision()
-        workers = None if self._budget.spent() else self._search_workers(g)
-        share = self._budget.share()  # after the pool's start, which is not the search's time
-        if share is not None and share <= 0:
-            decision.reason = SPENT
-            LOG.info("egraph-mirage: %s: %s", piece.name, SPENT)
-            return decision, None, False
-        self.searches += 1
-        t0 = time.perf_counter()
+        skey = self._search_key(traced)
+        searched = self.cache.get(skey) if self.cache is not None and skey is not None else None
+        if searched is not None:  # this piece's search, run by a compilation of another mode
+            decision = PieceDecision.from_record(searched)
+            decision.search_seconds = None  # no search ran in this compilation
+            out.search_cache = "hit"
+            if not decision.mugraph:
+                return decision, None, True
+            winner, knobs = loads(decision.mugraph), decision.knobs
+        else:
+            decision, lasting = self._search(piece, traced, out)
+            if self.cache is not None and skey is not None and lasting:
+                self.cache.put(skey, decision.to_record())
+            if not decision.mugraph:
+                return decision, None, lasting
+            winner, knobs = loads(decision.mugraph), decision.knobs
         try:
-            results = (o.search or superoptimize)(
-                g, o.config, time_budget=share, workers=workers, max_tasks=o.max_tasks,
-                progress=o.verbose, profile=o.profiling(),
-                profiler=self._profiler(traced, piece))
-        except Exception as e:
-            decision.reason = f"the search failed: {type(e).__name__}: {e}"
-            LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
-            return decision, None, isinstance(e, EMError)
-        finally:
-            out.search_seconds = decision.search_seconds = time.perf_counter() - t0
-        best = results.best
-        if best is None:
-            why = results.stats.no_result_reasons or [results.stats.stopped_by or "none found"]
-            decision.reason = f"{rep.NOTHING_FOUND}: {why[0]}"
-            return decision, None, True
-        decision.set_winner(best.graph, best.knobs, best.num_kernels, best.estimated_seconds)
-        try:
-            runner = make_runner(traced, best.graph, best.knobs or {}, piece.example_inputs)
+            runner = make_runner(traced, winner, knobs or {}, piece.example_inputs)
             error = _check(runner, piece)
         except Exception as e:
             decision.reason = f"the winner failed to compile or run: {type(e).__name__}: {e}"
@@ -485,13 +474,60 @@ class Backend:
         if o.profiling() and _on_gpu():
             try:
                 decision.times = dict(timing.time_against_inductor(
-                    runner, traced, piece, mode, launch=self._timed_launch(traced, best, piece)))
+                    runner, traced, piece, mode,
+                    launch=self._timed_launch(traced, winner, knobs, piece)))
             except Exception as e:
                 decision.decision = KEEP
                 decision.reason = f"timing failed: {type(e).__name__}: {e}"
                 LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
                 return decision, None, False
         return decision, runner, True
+
+    def _search(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport
+                ) -> tuple[PieceDecision, bool]:
+        """The piece's search, with its share of the compilation's time budget (``fx.budget``):
+        a decision holding the winner (not yet checked) or why there is none, and whether that
+        outcome may be cached (not when no search ran for want of time, nor after the search
+        failed unexpectedly)."""
+        from ..pipeline import superoptimize
+
+        o = self.options
+        decision = PieceDecision()
+        workers = None if self._budget.spent() else self._search_workers(traced.graph)
+        share = self._budget.share()  # after the pool's start, which is not the search's time
+        if share is not None and share <= 0:
+            decision.reason = SPENT
+            LOG.info("egraph-mirage: %s: %s", piece.name, SPENT)
+            return decision, False
+        self.searches += 1
+        t0 = time.perf_counter()
+        try:
+            results = (o.search or superoptimize)(
+                traced.graph, o.config, time_budget=share, workers=workers,
+                max_tasks=o.max_tasks, progress=o.verbose, profile=o.profiling(),
+                profiler=self._profiler(traced, piece))
+        except Exception as e:
+            decision.reason = f"the search failed: {type(e).__name__}: {e}"
+            LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
+            return decision, isinstance(e, EMError)
+        finally:
+            out.search_seconds = decision.search_seconds = time.perf_counter() - t0
+        best = results.best
+        if best is None:
+            why = results.stats.no_result_reasons or [results.stats.stopped_by or "none found"]
+            decision.reason = f"{rep.NOTHING_FOUND}: {why[0]}"
+        else:
+            decision.set_winner(best.graph, best.knobs, best.num_kernels, best.estimated_seconds)
+        return decision, True
+
+    def _search_key(self, traced: TracedProgram) -> Any:
+        """The cache key of the piece's search alone (its winner, or why there is none), which
+        every ``torch.compile`` mode shares; None where the search's results are not cached
+        apart from the decision (no GPU timing: the decision's key is the same)."""
+        if not self.options.profiling():
+            return None
+        return piece_key(traced.graph, self.options.search_settings(),
+                         {"record": "search", "launch": self._launch()})
 
     def _profiler(self, traced: TracedProgram, piece: Piece) -> Any:
         """The search's GPU profiler for this piece: its results timed with the piece's inputs
@@ -509,16 +545,15 @@ class Backend:
         o = self.options
         return "inductor" if o.launch == "inductor" and o.rest == "inductor" else "op"
 
-    def _timed_launch(self, traced: TracedProgram, best: Any, piece: Piece
-                      ) -> Callable[..., Any] | None:
+    def _timed_launch(self, traced: TracedProgram, winner: KernelGraph,
+                      knobs: Mapping[str, Any] | None, piece: Piece) -> Callable[..., Any] | None:
         """The winner as Inductor would launch it (``make_inductor_launch``), for timing it the
         way the compiled graph runs it; None where it is launched by its op, or the lowering
         refuses that path (then the op is timed)."""
         if self._launch() != "inductor":
             return None
         try:
-            return make_inductor_launch(traced, best.graph, best.knobs or {},
-                                        piece.example_inputs)
+            return make_inductor_launch(traced, winner, knobs or {}, piece.example_inputs)
         except Exception as e:
             LOG.info("egraph-mirage: %s: timed through its op: %s", piece.name, e)
             return None

@@ -60,6 +60,9 @@ class PieceReport:
     inductor_plain_us: float | None = None
     #: "hit", "miss" or "off" (no cache)
     cache: str = "off"
+    #: "hit" where the decision missed but the piece's search was cached (a compilation in
+    #: another ``torch.compile`` mode ran it): only the timing against Inductor ran anew
+    search_cache: str = ""
     #: seconds the search took (None: no search ran, e.g. on a cache hit)
     search_seconds: float | None = None
     #: SHA-256 of the winner's μGraph JSON and knobs ("" when there is none): what the
@@ -85,6 +88,8 @@ class PieceReport:
         elif self.ours_us is not None or self.inductor_us is not None:
             parts.append(f"ours {_us(self.ours_us)}, Inductor {_us(self.inductor_us)}")
         cache = "no cache" if self.cache == "off" else f"cache {self.cache}"
+        if self.search_cache == "hit":
+            cache += ", search cached"
         if self.search_seconds is not None:
             cache += f", search {self.search_seconds:.1f} s"
         parts.append(cache)
