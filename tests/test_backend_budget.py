@@ -134,7 +134,7 @@ def test_every_piece_is_searched_whole_before_any_is_refined() -> None:
 def test_a_piece_reached_after_the_deadline_is_not_searched_nor_cached(tmp_path: Path) -> None:
     """A first search that overruns the whole budget leaves none for the other pieces: they
     are kept, unsearched, and not cached, so that the next compilation searches them; there the
-    piece found in the cache costs nothing and the others share the budget."""
+    piece found in the cache costs nothing and the others share the budget by weight."""
     budget = 2.0
     xs = block_inputs((32, 24, 16, 8))  # three pieces, three programs
     first = Spending(first=budget + 0.2)
@@ -154,7 +154,10 @@ def test_a_piece_reached_after_the_deadline_is_not_searched_nor_cached(tmp_path:
     assert [p.cache for p in backend.reports[0].pieces] == ["hit", "miss", "miss"]
     (second, third) = again.budgets
     assert second is not None and third is not None
-    assert 0 < second <= budget / 2 and second < third <= budget  # the hit took no share
+    # the hit took no share: the two searched share the whole budget by weight (``fx.budget``:
+    # the bytes each moves, plus a quarter of the mean), the larger piece more than half; the
+    # last gets what the first left, which ended at once
+    assert budget / 2 < second < third <= budget
 
 
 def test_without_a_budget_each_search_is_unbounded() -> None:
@@ -221,3 +224,27 @@ def test_the_pieces_that_move_the_most_bytes_are_searched_first() -> None:
     compile_timed(backend, block_inputs((8, 16, 32, 64)))
     assert [math.prod(d) for d in seen] == [32 * 64, 16 * 32, 8 * 16]
     assert [p.index for p in backend.reports[0].pieces] == [2, 1, 0]
+
+
+def test_a_search_gets_a_share_in_proportion_to_the_bytes_its_piece_moves() -> None:
+    """Pieces of different sizes: each search's share of the seconds left is its piece's
+    weight (bytes moved plus a quarter of the mean) over the weights not yet reached, so the
+    largest piece, searched first, gets the largest share, and a small one less than an equal
+    share would give it."""
+    from egraph_mirage.fx.budget import FLOOR_SHARE, CompileBudget
+
+    b = CompileBudget.start(100.0)
+    reserve = b.pieces([3000, 1000], reserve=True)
+    assert b.floor == FLOOR_SHARE * 2000 and reserve == 2000 + b.floor
+    first = b.share(b.weigh(3000))
+    # weights 3500 and 1500, and the reserve 2500
+    assert first is not None and 100 * 3500 / 7500 - 1 < first <= 100 * 3500 / 7500
+    b.reached(b.weigh(3000))
+    small = b.share(b.weigh(1000))
+    assert small is not None and small < (b.left() or 0) / 2  # less than an equal share
+    search = Spending()  # spends what it is given
+    backend = Backend(search=search, budget=2.0, rest="eager", cache=False, workers=1,
+                      refine=False)
+    compile_timed(backend, block_inputs((32, 24, 16, 8)))
+    budgets = [x for x in search.budgets if x is not None]
+    assert len(budgets) == 3 and budgets[0] > budgets[1] > 0

@@ -45,9 +45,10 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
 The time budget (``fx.budget``): the ``budget`` option bounds the searches of the whole
 compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts; every
 piece is searched whole before any is refined, those that move the most bytes first, each
-search getting the seconds left before it divided by the pieces not yet reached (itself
-included, and with ``refine`` one share more, kept for the parts); the refined pieces' parts
-then share what is left. A cache hit costs
+search getting the seconds left before it in proportion to its piece's weight (the bytes it
+moves, plus a quarter of the mean piece's) among the pieces not yet reached (itself included,
+and with ``refine`` one mean share more, kept for the parts); the refined pieces' parts then
+share what is left, by weight too. A cache hit costs
 nothing, and a piece reached once no time is left is not searched (kept: "the compilation's
 time budget was spent"; not cached).
 
@@ -178,25 +179,29 @@ class Backend:
         keys = ([self._key(t, mode).digest() if isinstance(t, TracedProgram) else f"refused {i}"
                  for i, t in enumerate(traced)] if self.cache is not None
                 else [str(i) for i in range(len(traced))])
-        # with ``refine``, one share more is kept for the parts of the pieces found nothing for,
-        # which are searched after every piece was searched whole (``fx.budget``)
-        self._budget.add(len(set(keys)) + (1 if self.options.refine else 0))
+        # each distinct piece weighs what it moves; with ``refine``, one share more is kept for
+        # the parts of the pieces found nothing for, which are searched after every piece was
+        # searched whole (``fx.budget``)
+        moved = [_moved(t) for t in traced]
+        distinct = {k: m for k, m in zip(keys, moved, strict=True)}
+        reserve = self._budget.pieces(list(distinct.values()), self.options.refine)
         reached: set[str] = set()
         unfound: list[tuple[int, Piece, rep.PieceReport]] = []
         # every piece whole first, those that move the most bytes first: where the time is
         for i in sorted(range(len(traced)), key=lambda k: -_moved(traced[k])):
             piece = parts.pieces[i]
-            piece_report, replacement = self._piece(i, piece, mode, traced[i])
+            weight = self._budget.weigh(moved[i])
+            piece_report, replacement = self._piece(i, piece, weight, mode, traced[i])
             if keys[i] not in reached:
                 reached.add(keys[i])
-                self._budget.reached()
+                self._budget.reached(weight)
             report.pieces.append(piece_report)
             if replacement is None and self.options.refine and piece_report.nothing_found():
                 unfound.append((i, piece, piece_report))
             if replacement is not None:
                 chosen[piece.name] = replacement
         if self.options.refine:
-            self._budget.reached()  # the reserved share joins what the parts share
+            self._budget.reached(reserve)  # the reserved share joins what the parts share
         for i, piece, piece_report in unfound:  # then the parts, with the time left
             replacement = self._refine(i, piece, piece_report, report, mode)
             if replacement is not None:
@@ -342,9 +347,10 @@ class Backend:
                  else None)
         return piece_key(traced.graph, self.options.search_settings(), timed)
 
-    def _piece(self, index: int, piece: Piece, mode: str | None = None,
+    def _piece(self, index: int, piece: Piece, weight: float, mode: str | None = None,
                traced: TracedProgram | EMError | None = None) -> tuple[rep.PieceReport, Any]:
-        """The piece's report, and its replacement module (None: it stays). ``mode``:
+        """The piece's report, and its replacement module (None: it stays). ``weight``: the
+        piece's weight in the compilation's time budget (``fx.budget``). ``mode``:
         ``torch.compile``'s, which Inductor's code for the piece is compiled with when the
         winner is timed against it (part of the cache key when timing). ``traced``: the piece
         already traced (``_trace``; None: traced here)."""
@@ -362,7 +368,7 @@ class Backend:
         out.cache = "off" if self.cache is None else ("miss" if record is None else "hit")
         runner = None
         if record is None:
-            decision, runner, lasting = self._decide(piece, traced, out, mode)
+            decision, runner, lasting = self._decide(piece, traced, out, weight, mode)
             if self.cache is not None and lasting:
                 self.cache.put(key, decision.to_record())
         else:
@@ -417,10 +423,12 @@ class Backend:
         last = f"{label}.{len(parts.pieces) - 1}"
         piece_report.reason += f"; searched in {len(parts.pieces)} parts ({label}.0–{last})"
         replaced = 0
-        self._budget.add(len(parts.pieces))  # the parts share what is left with the pieces
+        traced = [self._trace(part) for part in parts.pieces]
+        weights = [self._budget.weigh(_moved(t)) for t in traced]
+        self._budget.add(sum(weights))  # the parts share what is left with the pieces
         for j, part in enumerate(parts.pieces):
-            part_report, replacement = self._piece(index, part, mode)
-            self._budget.reached()
+            part_report, replacement = self._piece(index, part, weights[j], mode, traced[j])
+            self._budget.reached(weights[j])
             part_report.name = f"{piece.name}.{part.name}"
             part_report.part = f"{label.split('.', 1)[1]}.{j}" if "." in label else j
             report.pieces.append(part_report)
@@ -434,7 +442,8 @@ class Backend:
         return parts.module if replaced else None
 
     def _decide(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport,
-                mode: str | None = None) -> tuple[PieceDecision, Runner | None, bool]:
+                weight: float, mode: str | None = None
+                ) -> tuple[PieceDecision, Runner | None, bool]:
         """Search (with the piece's share of the compilation's time budget, ``fx.budget``),
         compile, check and (on a GPU) time. Returns the decision, the compiled runner when the
         decision is to replace, and whether the decision may be cached (not when the piece was
@@ -454,7 +463,7 @@ class Backend:
                 return decision, None, True
             winner, knobs = loads(decision.mugraph), decision.knobs
         else:
-            decision, lasting = self._search(piece, traced, out)
+            decision, lasting = self._search(piece, traced, out, weight)
             if self.cache is not None and skey is not None and lasting:
                 self.cache.put(skey, decision.to_record())
             if not decision.mugraph:
@@ -483,9 +492,10 @@ class Backend:
                 return decision, None, False
         return decision, runner, True
 
-    def _search(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport
-                ) -> tuple[PieceDecision, bool]:
-        """The piece's search, with its share of the compilation's time budget (``fx.budget``):
+    def _search(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport,
+                weight: float) -> tuple[PieceDecision, bool]:
+        """The piece's search, with its share of the compilation's time budget (``fx.budget``:
+        ``weight`` its weight there):
         a decision holding the winner (not yet checked) or why there is none, and whether that
         outcome may be cached (not when no search ran for want of time, nor after the search
         failed unexpectedly)."""
@@ -494,7 +504,7 @@ class Backend:
         o = self.options
         decision = PieceDecision()
         workers = None if self._budget.spent() else self._search_workers(traced.graph)
-        share = self._budget.share()  # after the pool's start, which is not the search's time
+        share = self._budget.share(weight)  # after the pool's start, which is not the search's time
         if share is not None and share <= 0:
             decision.reason = SPENT
             LOG.info("egraph-mirage: %s: %s", piece.name, SPENT)

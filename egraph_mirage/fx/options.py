@@ -5,7 +5,8 @@ Options (``torch.compile(..., options={...})`` or ``Backend(**options)``):
 - ``budget``: seconds for the searches of a whole compilation (one graph Dynamo hands the
   backend), ``refine`` included (default 60; None: no limit). One deadline is set when the
   compilation starts, and each search gets a share of the seconds left before it
-  (``fx.budget``: the seconds left divided by the pieces not yet reached, itself included; the
+  (``fx.budget``: the seconds left times the piece's weight, the bytes it moves plus a quarter
+  of the mean piece's, over the weights of the pieces not yet reached, itself included; the
   parts of a refined piece join those). A piece reached once no time is left is not searched:
   it is kept, "the compilation's time budget was spent". A cache hit costs nothing;
 - ``max_tasks``: search tasks per piece (None: all);
