@@ -30,11 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe_timing import host_us  # noqa: E402
+from probe_timing import host_us
 
-from egraph_mirage.fx.backend import Backend  # noqa: E402
-from egraph_mirage.fx.report import reports_of  # noqa: E402
-from egraph_mirage.gpu.timing import CudaTimer, TimingConfig  # noqa: E402
+from egraph_mirage.fx.backend import Backend
+from egraph_mirage.fx.report import reports_of
+from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
 
 
 def hf_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
