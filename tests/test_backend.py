@@ -968,3 +968,29 @@ def test_a_compilation_in_another_mode_times_the_cached_search_without_searching
     assert (again.cache, again.search_cache, again.search_seconds) == ("miss", "hit", None)
     assert again.status == REPLACED and "search cached" in again.line()
     assert reports[1].searches == 0
+
+
+def test_autotune_compiles_the_rest_with_max_autotune_where_the_mode_does_not_ask_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``autotune`` (on by default where CUDA is): Inductor compiles the rest, and the code each
+    winner is timed against, in the max-autotune counterpart of torch.compile's mode, so that
+    what is kept is Inductor's best code; the report names the mode."""
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx.options import AUTOTUNE_MODES
+
+    on = BackendOptions.of({"autotune": True})
+    assert on.inductor_mode(None) == "max-autotune-no-cudagraphs" == AUTOTUNE_MODES["default"]
+    assert on.inductor_mode("reduce-overhead") == "max-autotune"
+    assert on.inductor_mode("max-autotune") == "max-autotune"
+    assert BackendOptions.of({"autotune": False}).inductor_mode(None) is None
+    with pytest.raises(BackendError, match="autotune must be"):
+        BackendOptions.of({"autotune": "yes"})
+    modes: list[Any] = []
+    rest = be._rest
+    monkeypatch.setattr(be, "_rest", lambda module, xs, how, mode, *a: (
+        modes.append(mode), rest(module, xs, "eager", mode, *a))[1])
+    backend = Backend(**options(tmp_path, search=StandIn(), rest="inductor", autotune=True))
+    with torch.no_grad():
+        torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs())
+    assert modes and set(modes) == {"max-autotune-no-cudagraphs"}
+    assert "rest by inductor (max-autotune-no-cudagraphs)" in backend.reports[0].text()

@@ -18,7 +18,8 @@ size b and mode:
   backend (``fx.backend.Backend`` with the search options given: ``budget``, ``max_tasks``,
   ``workers``, ``cache_dir``), and ``egraph_mirage-max-autotune``, the same with
   ``mode="max-autotune-no-cudagraphs"`` (Inductor compiles the rest, and the code each winner is
-  timed against, in that mode);
+  timed against, in that mode; on a GPU the backend's ``autotune`` option, on by default, does
+  so for ``egraph_mirage`` too);
 * each compiled once (``compile_s``: the first call, which compiles and, for the backend,
   searches), checked against eager on the same inputs (``max_error``, the largest
   ``gpu.torch_eval.relative_error`` over the outputs; ``matches_eager`` within ``TOLERANCE``),

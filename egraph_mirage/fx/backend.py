@@ -134,8 +134,10 @@ class Backend:
                                "to torch.compile(options=...), when passing a Backend object")
         t0 = time.perf_counter()
         self._budget = CompileBudget.start(self.options.budget)
-        report = rep.CompileReport(next(self._graphs), len(example_inputs),
-                                   rest=self.options.rest)
+        mode = self.options.inductor_mode(mode)
+        rest = self.options.rest + (f" ({mode})" if self.options.rest == "inductor" and mode
+                                    not in (None, "default") else "")
+        report = rep.CompileReport(next(self._graphs), len(example_inputs), rest=rest)
         dynamic = _dynamic(example_inputs)
         if dynamic == "requested":
             raise DynamicShapesError(

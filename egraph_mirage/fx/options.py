@@ -18,6 +18,12 @@ Options (``torch.compile(..., options={...})`` or ``Backend(**options)``):
   write);
 - ``profile``: GPU timing against Inductor (default: on where CUDA is);
 - ``rest``: "inductor" (the default) or "eager" (for tests) runs what is not replaced;
+- ``autotune``: Inductor compiles the rest, and the code each winner is timed against, with
+  max-autotune (its GEMM templates autotuned) where ``torch.compile``'s mode does not ask for
+  it (``AUTOTUNE_MODES``: the default mode becomes "max-autotune-no-cudagraphs",
+  "reduce-overhead" becomes "max-autotune"), so that a piece is replaced only where it beats
+  Inductor's best code and what is kept is that code (None, the default: on a GPU; False: the
+  mode as given, which compiles faster);
 - ``max_matmuls`` / ``max_reductions``: the partitioner's caps per piece;
 - ``timing``: "both", "graph" or "plain": how a winner must beat Inductor's code;
 - ``launch``: "inductor" (on a GPU, Inductor launches the replaced pieces' kernels from its
@@ -42,6 +48,9 @@ from ..search.config import SearchConfig
 
 #: the ``timing`` option's values
 TIMINGS = ("both", "graph", "plain")
+#: with ``autotune``, the Inductor mode the rest is compiled in, per torch.compile's mode
+AUTOTUNE_MODES = {None: "max-autotune-no-cudagraphs", "default": "max-autotune-no-cudagraphs",
+                  "reduce-overhead": "max-autotune"}
 #: the ``budget`` option's default: seconds for a whole compilation's searches
 DEFAULT_BUDGET = DEFAULT_BUDGETS["torch backend"]
 
@@ -69,6 +78,9 @@ class BackendOptions:
     cache: bool = True
     profile: bool | None = None
     rest: str = "inductor"
+    #: Inductor's max-autotune for the rest where torch.compile's mode does not ask for it
+    #: (None: on a GPU)
+    autotune: bool | None = None
     max_matmuls: int = 2
     max_reductions: int = 4
     #: cut a piece the search found nothing for at its matmuls' inputs, and search the parts
@@ -120,6 +132,9 @@ class BackendOptions:
         except RequestError as e:
             name = {"time_budget": "budget"}.get(e.field, e.field)
             raise BackendError(f"egraph_mirage backend: {name} {e.detail}") from None
+        if options.get("autotune") not in (None, True, False):
+            raise BackendError(f"egraph_mirage backend: autotune must be True, False or None, "
+                               f"got {options['autotune']!r}")
         if options.get("search") is not None and not callable(options["search"]):
             raise BackendError(f"egraph_mirage backend: search must be a function, got "
                                f"{options['search']!r}")
@@ -133,10 +148,19 @@ class BackendOptions:
         return {"budget": self.budget, "max_tasks": self.max_tasks, "search": name,
                 "profile": self.profiling(), "config": repr(asdict(self.config))}
 
+    def inductor_mode(self, mode: str | None) -> str | None:
+        """The mode Inductor compiles the rest, and the code winners are timed against, in:
+        ``torch.compile``'s ``mode``, with ``autotune`` on (by default where CUDA is) its
+        max-autotune counterpart (``AUTOTUNE_MODES``)."""
+        autotune = (bool(torch.cuda.is_available()) if self.autotune is None
+                    else bool(self.autotune))
+        return AUTOTUNE_MODES.get(mode, mode) if autotune else mode
+
     def profiling(self) -> bool:
         """Whether winners are profiled (timed on the GPU): the ``profile`` option, by default
         where CUDA is."""
         return bool(torch.cuda.is_available()) if self.profile is None else bool(self.profile)
 
 
-__all__ = ["DEFAULT_BUDGET", "TIMINGS", "BackendError", "BackendOptions", "DynamicShapesError"]
+__all__ = ["AUTOTUNE_MODES", "DEFAULT_BUDGET", "TIMINGS", "BackendError", "BackendOptions",
+           "DynamicShapesError"]
