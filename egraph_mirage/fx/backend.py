@@ -672,6 +672,7 @@ def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | Non
         # Inductor's on-disk cache of compiled graphs would key on our ops by name only (and
         # cannot pickle their implementations): off for graphs that call them
         patches["fx_graph_cache"] = False
+        patches.update(timing.ours_launched_patches())  # their launches as cheap as Inductor's
     return compile_fx(module, list(example_inputs), config_patches=patches or None)
 
 

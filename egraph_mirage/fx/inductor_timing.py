@@ -39,7 +39,8 @@ PLAIN_TIMING = f"back to back and after an L2 flush, alternated, fastest of {PLA
 #: how ours is launched when timed, per the backend's ``launch`` option: "inductor", as the
 #: compiled graph launches a replaced piece's kernels (from Inductor's code, no operator call on
 #: the host), where that compiles; "op", through the piece's custom operator
-OURS_LAUNCHED = {"inductor": "from Inductor's code (wrap_triton), else by its op",
+OURS_LAUNCHED = {"inductor": "from Inductor's code (wrap_triton, its static launcher), else by "
+                             "its op",
                  "op": "by its op"}
 
 
@@ -117,6 +118,20 @@ def time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
     return time_pair(ours, lambda *a: theirs(*a), xs, ("graph", "plain"))
 
 
+def ours_launched_patches() -> dict[str, Any]:
+    """Inductor's settings for a graph that launches the pieces' kernels (``wrap_triton``
+    calls): each launched by Inductor's static CUDA launcher, as its own kernels are, where
+    this torch has the setting (off by default for kernels it did not generate: each launch
+    then goes through Triton's own launcher, about 4 µs more host time per kernel on an H200
+    host, ``scripts/gpu_probes/piece_host.py``); a kernel the static launcher cannot take is
+    launched by Triton's as before."""
+    from torch._inductor import config
+
+    if hasattr(config, "static_launch_user_defined_triton_kernels"):
+        return {"static_launch_user_defined_triton_kernels": True}
+    return {}
+
+
 def _launched_by_inductor(launch: Callable[..., Any], xs: list[Any]
                           ) -> Callable[..., Any] | None:
     """``launch`` traced (``make_fx``: its kernels stay ``wrap_triton`` calls) and compiled by
@@ -126,7 +141,8 @@ def _launched_by_inductor(launch: Callable[..., Any], xs: list[Any]
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
-        compiled = compile_fx(make_fx(launch)(*xs), xs)
+        compiled = compile_fx(make_fx(launch)(*xs), xs,
+                              config_patches=ours_launched_patches() or None)
         compiled(*xs)  # compiles its kernels now, not inside the first timed call
     except Exception as e:
         import logging
