@@ -5,10 +5,11 @@ In `bench torch` (hf-static, 8B sizes, b = 1, H200) a one-kernel RMSNorm winner 
 under CUDA-graph replay against Inductor's 1.8, but 26.7 µs with plain launches against 22.3,
 so it was kept. This compiles small functions (transformers' float32 RMSNorm at 1 x 4096, the
 output projection with its residual add) through the backend (``timing="graph"``, so that a
-winner faster under replay replaces its piece; ``launch="inductor"``) and through
-``torch.compile``, then for each: the host's µs to issue a call (300 back to back), plain
-launches back to back, graph replay, and cProfile's top functions of 2,000 calls. Inductor's
-output code is written by the caller with TORCH_LOGS=output_code.
+winner faster under replay replaces its piece; ``launch="inductor"``; the rest autotuned) and
+through ``torch.compile(mode="max-autotune-no-cudagraphs")``, then for each: the host's µs to
+issue a call (300 back to back), plain launches back to back, graph replay, and cProfile's top
+functions of 2,000 calls. Inductor's output code is written by the caller with
+TORCH_LOGS=output_code.
 
 Usage, on the GPU machine from the repository root (JAX on the CPU, egglog on the path):
   TORCH_LOGS=output_code python3 scripts/gpu_probes/piece_host.py OUT [BUDGET] \
@@ -84,7 +85,7 @@ def main() -> None:
         print(report.text(), flush=True)
         torch._dynamo.reset()
         with torch.no_grad():
-            inductor = torch.compile(fn, dynamic=False)
+            inductor = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
             inductor(*xs)
         err = float((got.float() - want.float()).abs().max())
         for who, f in (("ours", ours), ("inductor", inductor)):
