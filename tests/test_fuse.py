@@ -142,18 +142,29 @@ def test_fused_split_k_matches_the_program(tiles: hw.Tiles) -> None:
 
 
 def test_the_traced_launch_of_a_fused_combine_matches_its_launch() -> None:
-    """``launch_traced`` (what Inductor traces to launch the kernels itself) gives each call a
-    fresh zeroed counter buffer instead of the shared one: the same outputs as ``launch``."""
+    """``launch_traced`` (what Inductor traces to launch the kernels itself) takes the
+    caller's persistent counter buffer (``COUNTERS`` zeros, which ``PieceCall`` holds as a
+    buffer, so that Inductor mutates it in place with no kernel zeroing it per call) and leaves
+    it zeroed, call after call; without one, a fresh zeroed buffer per call: the same outputs
+    as ``launch`` either way. A buffer too small or not int32 is refused by name."""
     g = _split_k_program()
     fn = em.compile(hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4)))
+    (c,) = _combines(hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4)))
+    assert fn.module.COUNTERS == c.groups  # one counter per group of the combine
     rng = np.random.default_rng(1)
     xs = [torch.tensor(0.1 * rng.standard_normal(t.dims), dtype=torch.float16, device=DEVICE)
           for t in g.inputs]
+    counters = torch.zeros(fn.module.COUNTERS, dtype=torch.int32, device=DEVICE)
     with np.errstate(all="ignore"):
         (want,) = fn.module.launch(*xs)
         for _ in range(2):
             (got,) = fn.module.launch_traced(*xs)
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+            (got,) = fn.module.launch_traced(*xs, counters=counters)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            assert not counters.any()  # left zeroed for the next call
+        with pytest.raises(ValueError, match="counters: expected an int32 buffer of at least"):
+            fn.module.launch_traced(*xs, counters=counters[:-1])
 
 
 def test_fused_split_kv_attention_matches_the_program() -> None:

@@ -396,7 +396,9 @@ class Backend:
                                               decision.knobs or {}, piece.example_inputs)
             except Exception as e:  # e.g. a layout the lowering refuses: the op launches it
                 LOG.info("egraph-mirage: %s: launched by its op: %s", piece.name, e)
-        return out, PieceCall(define_piece_op(runner, traced, piece.name), launch)
+        device = next((x.device for x in piece.example_inputs if isinstance(x, torch.Tensor)),
+                      None)
+        return out, PieceCall(define_piece_op(runner, traced, piece.name), launch, device)
 
     def _refine(self, index: int, piece: Piece, piece_report: rep.PieceReport,
                 report: rep.CompileReport, mode: str | None = None, depth: int = 0,

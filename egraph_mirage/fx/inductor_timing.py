@@ -39,8 +39,8 @@ PLAIN_TIMING = f"back to back and after an L2 flush, alternated, fastest of {PLA
 #: how ours is launched when timed, per the backend's ``launch`` option: "inductor", as the
 #: compiled graph launches a replaced piece's kernels (from Inductor's code, no operator call on
 #: the host), where that compiles; "op", through the piece's custom operator
-OURS_LAUNCHED = {"inductor": "from Inductor's code (wrap_triton, its static launcher), else by "
-                             "its op",
+OURS_LAUNCHED = {"inductor": "from Inductor's code (wrap_triton, its static launcher, the fused "
+                             "combines' counters a persistent input), else by its op",
                  "op": "by its op"}
 
 
@@ -136,20 +136,30 @@ def _launched_by_inductor(launch: Callable[..., Any], xs: list[Any]
                           ) -> Callable[..., Any] | None:
     """``launch`` traced (``make_fx``: its kernels stay ``wrap_triton`` calls) and compiled by
     Inductor, which launches the kernels from its own code; None where either step fails
-    (the caller then times the piece's op)."""
+    (the caller then times the piece's op). A launch whose fused combines need counters
+    (``runtime.make_inductor_launch``) gets a persistent zeroed buffer as one more input of the
+    traced graph, as ``PieceCall`` passes its own in the compiled graph."""
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    fn, args = launch, list(xs)
+    n = getattr(launch, "counters", 0)
+    if n:  # the fused combines' counters: a persistent input, mutated in place (as in the graph)
+        counters = torch.zeros(n, dtype=torch.int32, device=xs[0].device)
+        fn = lambda *a: launch(*a[:-1], counters=a[-1])  # noqa: E731
+        args.append(counters)
     try:
-        compiled = compile_fx(make_fx(launch)(*xs), xs,
+        compiled = compile_fx(make_fx(fn)(*args), args,
                               config_patches=ours_launched_patches() or None)
-        compiled(*xs)  # compiles its kernels now, not inside the first timed call
+        compiled(*args)  # compiles its kernels now, not inside the first timed call
     except Exception as e:
         import logging
 
         logging.getLogger("egraph_mirage").info(
             "egraph-mirage: ours timed through its op: Inductor's launch failed: %s", e)
         return None
+    if n:
+        return lambda *a: compiled(*a, counters)
     return lambda *a: compiled(*a)
 
 

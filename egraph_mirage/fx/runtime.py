@@ -129,7 +129,13 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
     (which ``wrap_triton`` does not pass on). Views read in place as in ``make_runner``; where
     the lowering refuses that layout, the views are copied. Raises ``LowerError`` where the
     lowering refuses the knobs; only a CUDA device can trace it (Triton's interpreter runs
-    kernels as Python)."""
+    kernels as Python).
+
+    The function's ``counters`` attribute is how many int32 completion counters its fused
+    combines need (0: none); ``counters=`` passes a persistent buffer of that many zeros, which
+    every call leaves zeroed, as an input of the traced graph (``PieceCall`` holds one as a
+    buffer): Inductor then mutates it in place, where a buffer made in the function would be
+    zeroed by a kernel of its own at every call."""
     fn, strides = _compiled(mugraph, {**dict(knobs), "pdl": False},
                             _view_strides(traced, example_inputs))
     launch = fn.module.launch_traced
@@ -138,14 +144,15 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
     attributes = traced.attributes
     outs = [(o.index, o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
 
-    def run(*xs: Any) -> tuple[Any, ...]:
+    def run(*xs: Any, counters: Any = None) -> tuple[Any, ...]:
         ins = []
         for p, source, steps, read in views:
             ins.append(laid_out(apply_steps(xs[p] if p >= 0 else attributes[source], steps),
                                 read))
-        results = launch(*ins)
+        results = launch(*ins, counters=counters)
         return tuple(results[index].reshape(shape).to(dtype) for index, shape, dtype in outs)
 
+    run.counters = getattr(fn.module, "COUNTERS", 0)  # type: ignore[attr-defined]
     return run
 
 
@@ -246,16 +253,23 @@ class PieceCall(torch.nn.Module):
     With ``inductor_launch`` (``make_inductor_launch``) and ``by_inductor`` set, it calls that
     instead, so that Inductor, tracing it, launches the kernels itself."""
 
-    def __init__(self, op: PieceOp, inductor_launch: Callable[..., tuple[Any, ...]] | None = None
-                 ) -> None:
+    def __init__(self, op: PieceOp, inductor_launch: Callable[..., tuple[Any, ...]] | None = None,
+                 device: Any = None) -> None:
         super().__init__()
         self.piece_op = op  # keeps the operator's registration alive
         self.op = op.op
         self.inductor_launch = inductor_launch
         self.by_inductor = False
+        n = getattr(inductor_launch, "counters", 0)
+        # the fused combines' completion counters, zero between calls: a buffer, so that
+        # Inductor takes it as an input it mutates in place (``make_inductor_launch``)
+        self.register_buffer("counters", torch.zeros(n, dtype=torch.int32, device=device)
+                             if n else None, persistent=False)
 
     def forward(self, *args: Any) -> tuple[Any, ...]:
         if self.by_inductor and self.inductor_launch is not None:
+            if self.counters is not None:
+                return self.inductor_launch(*args, counters=self.counters)
             return self.inductor_launch(*args)
         return tuple(self.op(list(args)))
 

@@ -189,7 +189,7 @@ class Emitted:
     #: the same body for ``launch_traced``: each graph-defined kernel called through
     #: ``torch.library.wrap_triton`` (a call torch's tracing records, so that Inductor launches
     #: the kernel itself), without programmatic dependent launch, a fused combine's counters
-    #: a fresh zeroed buffer per call
+    #: the caller's buffer (``counters=``), else a fresh zeroed one per call
     traced: list[str] = field(default_factory=list)
 
 
@@ -284,8 +284,8 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         device = names[t.operands[0].index]
         at = plan.position(kernel)
         name = launched_name(kernel, c, at)
-        # a fused combine's completion counters: the shared buffer (``launch``), or a fresh
-        # zeroed one per call (``launch_traced``)
+        # a fused combine's completion counters: the shared buffer (``launch``), or the
+        # caller's persistent buffer, else a fresh zeroed one per call (``launch_traced``)
         counters: list[str] = []
         fresh_counters: list[str] = []
         if c is not None:
@@ -294,8 +294,7 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
                      if k is None]
             args += [names[u.index] for u in b_outs]
             counters = [f"_counters({device}.device, {c.groups})"]
-            fresh_counters = [f"torch.zeros(({c.groups},), dtype=torch.int32, "
-                              f"device={device}.device)"]
+            fresh_counters = [f"_traced_counters(counters, {c.groups}, {device}.device)"]
             outs += b_outs
         private = {outputs[id(c.producer)][k].index for k in c.private} if c else set()
         for u in outs:
@@ -367,7 +366,9 @@ STAGES: tuple[tuple[str, Callable[[KernelGraph, LowerOptions, dict[str, Any]], A
     ("plan", lambda g, o, done: plan_launches(g, o)),
     ("emit", lambda g, o, done: emit(g, done["plan"], o)),
     ("program", lambda g, o, done: _file(g, done["plan"].names, o, done["emit"].kernel_sources,
-                                         done["emit"].body, bool(done["plan"].combines),
+                                         done["emit"].body, max(
+                                             (c.groups for c in done["plan"].combines.values()),
+                                             default=0),
                                          done["plan"].pdl, done["emit"].traced)),
 )
 
@@ -467,6 +468,15 @@ def _counters(device, n):
     if buf is None or buf.numel() < n:
         buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
     return buf
+
+
+def _traced_counters(counters, n, device):  # ``launch_traced``'s: the caller's, or fresh zeros
+    if counters is None:
+        return torch.zeros((n,), dtype=torch.int32, device=device)
+    if counters.dtype != torch.int32 or counters.numel() < n:
+        raise ValueError(f"counters: expected an int32 buffer of at least {n} zeros, got "
+                         f"{counters.dtype} of {counters.numel()}")
+    return counters
 """
 
 
@@ -482,8 +492,10 @@ PDL_SWITCH = [
 
 
 def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
-          kernel_sources: list[str], body: list[str], counters: bool, pdl: bool,
+          kernel_sources: list[str], body: list[str], counters: int, pdl: bool,
           traced: Sequence[str] = ()) -> str:
+    """The program's source; ``counters``: the int32 completion counters its fused combines
+    need at most (0: none)."""
     ins = [names[t.index] for t in graph.inputs]
     outs = [names[t.index] for t in graph.outputs]
     signature = ", ".join(ins)
@@ -514,6 +526,8 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
         f"NUM_WARPS = {options.num_warps}",
         f"NUM_STAGES = {options.num_stages}",
         f"INPUTS = [{specs}]",
+        "# int32 completion counters the fused combines need (``launch_traced(counters=)``)",
+        f"COUNTERS = {counters}",
         *PDL_SWITCH * pdl,
         "",
     ]
@@ -534,10 +548,13 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
         f"    return [{', '.join(outs)}]",
         "",
         "",
-        f"def launch_traced({signature}, *, num_warps=NUM_WARPS, num_stages=NUM_STAGES):",
+        f"def launch_traced({signature}, *, counters=None, num_warps=NUM_WARPS,",
+        "                  num_stages=NUM_STAGES):",
         '    """``launch`` for torch\'s tracing (``torch.compile``\'s Inductor then launches the',
         '    kernels itself): each kernel through ``torch.library.wrap_triton``, no programmatic',
-        '    dependent launch."""',
+        '    dependent launch. ``counters``: an int32 buffer of at least COUNTERS zeros, which',
+        '    every call leaves zeroed (a persistent buffer: no kernel zeroes it per call); None:',
+        '    a fresh one per call."""',
         *[f"    {line}" for line in traced],
         f"    return [{', '.join(outs)}]",
         "",
