@@ -196,3 +196,35 @@ def test_direct_launches_match_and_misaligned_inputs_take_tritons_path() -> None
     shifted.copy_(X)
     assert shifted.data_ptr() % 16 != 0
     assert torch.allclose(fn(shifted, W)[0].float(), first.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+def test_inductor_launches_a_fused_combine_with_its_persistent_counters() -> None:
+    """Traced and compiled by Inductor (as the backend's ``launch="inductor"`` path does), a
+    fused split-K program whose counters are a persistent input runs as one kernel: Inductor
+    mutates the buffer in place (no kernel of its own zeroes or copies it), the buffer is zero
+    after every call, and the outputs match the direct launch, call after call."""
+    from torch._inductor.utils import run_and_get_code
+
+    from egraph_mirage.fx import inductor_timing
+
+    g = em.benchmarks.get("rmsnorm_linear")
+    fn = em.compile(hw.rmsnorm_linear_split_k(g))
+    assert fn.module.COUNTERS > 0
+
+    def launch(*xs: torch.Tensor, counters: torch.Tensor | None = None) -> list[torch.Tensor]:
+        return fn.module.launch_traced(*xs, counters=counters)
+
+    launch.counters = fn.module.COUNTERS  # type: ignore[attr-defined]
+    rng = np.random.default_rng(0)
+    xs = [torch.tensor(0.1 * rng.standard_normal(t.dims), dtype=torch.float16, device="cuda")
+          for t in g.inputs]
+    (want,) = fn.module.launch(*xs)
+    compiled, codes = run_and_get_code(lambda: inductor_timing._launched_by_inductor(launch, xs))
+    assert compiled is not None
+    call = "\n".join(codes)
+    call = call[call.index("def call("):]
+    assert call.count(".run(") == 1, call  # our kernel alone: no zeroing, no copy, no clone
+    for _ in range(3):
+        (got,) = compiled(*xs)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
