@@ -8,6 +8,7 @@ a tiny space (``tests/search_space.TINY``), and the Llama layer runs it with one
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -994,3 +995,58 @@ def test_autotune_compiles_the_rest_with_max_autotune_where_the_mode_does_not_as
         torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs())
     assert modes and set(modes) == {"max-autotune-no-cudagraphs"}
     assert "rest by inductor (max-autotune-no-cudagraphs)" in backend.reports[0].text()
+
+
+def test_a_winner_that_loses_its_plain_launches_unfused_is_timed_with_its_combines_fused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's tuner ranks knobs by the kernels' time, in which a launch costs nothing, so
+    a split-K winner may come with its combine unfused (two launches). Where that loses with
+    plain launches, the backend checks and times the same μGraph with its combine fused (one
+    launch) and keeps that where it is used."""
+    from egraph_mirage.bench import handwritten_fixtures as hw
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx.decision import REPLACE, PieceDecision
+
+    made: list[dict[str, Any]] = []
+    real = be.make_runner
+
+    def make_runner(traced: Any, mugraph: Any, knobs: Any, xs: Any) -> Any:
+        made.append(dict(knobs))
+        runner = real(traced, mugraph, knobs, xs)
+        runner.knobs = dict(knobs)  # type: ignore[attr-defined]
+        return runner
+
+    def timed(runner: Any, *a: Any, **k: Any) -> dict[str, float]:
+        plain = 1.0 if runner.knobs.get("fuse_combines") else 3.0  # unfused: a launch more
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": plain,
+                "inductor_plain_us": 2.0, "ours_flushed_us": plain, "inductor_flushed_us": 2.0}
+
+    def split_k(g: em.KernelGraph) -> em.KernelGraph:
+        return hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4))
+
+    class Unfused(StandIn):
+        def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+            self.calls += 1
+            return SearchResults([SearchResult(split_k(g), 2, 1e-6, 0.0, 2, 0.0, 0.0,
+                                               knobs={"fuse_combines": False})], SearchStats())
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(be, "make_runner", make_runner)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", timed)
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
+        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 256, generator=gen).half()
+    w = (torch.randn(256, 48, generator=gen) / 16).half()
+    backend = Backend(**options(tmp_path, search=Unfused(), profile=True, launch="op"))
+    with torch.no_grad():
+        got = torch.compile(rms_mm, backend=backend, dynamic=False)(x, w)
+    torch.testing.assert_close(got.float(), rms_mm(x, w).float(), rtol=2e-2, atol=2e-2)
+    (piece,) = backend.reports[0].pieces
+    assert piece.status == REPLACED and piece.ours_plain_us == 1.0
+    assert made[:2] == [{"fuse_combines": False}, {"fuse_combines": True}]
+    (record,) = [e["record"] for e in (json.loads(p.read_text())
+                                       for p in (tmp_path / "fx").rglob("*.json"))
+                 if e["record"].get("decision") == REPLACE]
+    assert PieceDecision.from_record(record).knobs == {"fuse_combines": True}  # as cached

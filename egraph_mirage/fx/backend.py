@@ -80,6 +80,7 @@ from .. import processes
 from ..errors import EMError
 from ..gpu.floor import io_bytes
 from ..graph import KernelGraph
+from ..lower import graph_knobs
 from ..mugraph.serialize import loads
 from ..pipeline.scaled import scaled_program
 from ..verify import checks_that_fit
@@ -489,12 +490,40 @@ class Backend:
                 decision.times = dict(timing.time_against_inductor(
                     runner, traced, piece, mode,
                     launch=self._timed_launch(traced, winner, knobs, piece)))
+                runner = self._fewer_launches(piece, traced, winner, decision, runner, mode)
             except Exception as e:
                 decision.decision = KEEP
                 decision.reason = f"timing failed: {type(e).__name__}: {e}"
                 LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
                 return decision, None, False
         return decision, runner, True
+
+    def _fewer_launches(self, piece: Piece, traced: TracedProgram, winner: KernelGraph,
+                        decision: PieceDecision, runner: Runner, mode: str | None) -> Runner:
+        """Where the winner, timed, is not used for its plain launches and its knobs leave a
+        combine unfused (the search's tuner ranks knobs by the kernels' time, in which a launch
+        costs nothing), the same μGraph with its combines fused, one launch fewer each, is
+        checked and timed too; it takes the winner's place in ``decision`` (knobs, times) where
+        it is used and the first is not. Returns the runner of the knobs kept."""
+        knobs = dict(decision.knobs or {})
+        if (knobs.get("fuse_combines", True) or "fuse_combines" not in graph_knobs(winner)
+                or not slower(decision.times, self.options.timing)):
+            return runner
+        fused = {**knobs, "fuse_combines": True}
+        try:
+            fused_runner = make_runner(traced, winner, fused, piece.example_inputs)
+            if _check(fused_runner, piece) > _tolerance(traced.graph):
+                return runner
+        except Exception as e:  # the fused form does not lower or run: the winner stays
+            LOG.info("egraph-mirage: %s: its combines fused: %s", piece.name, e)
+            return runner
+        times = dict(timing.time_against_inductor(
+            fused_runner, traced, piece, mode,
+            launch=self._timed_launch(traced, winner, fused, piece)))
+        if slower(times, self.options.timing):
+            return runner
+        decision.knobs, decision.times = fused, times
+        return fused_runner
 
     def _search(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport,
                 weight: float) -> tuple[PieceDecision, bool]:
