@@ -1050,3 +1050,31 @@ def test_a_winner_that_loses_its_plain_launches_unfused_is_timed_with_its_combin
                                        for p in (tmp_path / "fx").rglob("*.json"))
                  if e["record"].get("decision") == REPLACE]
     assert PieceDecision.from_record(record).knobs == {"fuse_combines": True}  # as cached
+
+
+def test_a_piece_call_holds_its_fused_combines_counters_as_a_buffer() -> None:
+    """A replaced piece whose kernels Inductor launches (``PieceCall.by_inductor``) passes its
+    launch a persistent int32 buffer of the counters its fused combines need: a buffer of the
+    module, so that Inductor, compiling the graph, takes it as an input it mutates in place
+    (``runtime.make_inductor_launch``); a launch that needs none gets none."""
+    from egraph_mirage.fx.runtime import PieceCall
+
+    seen: list[Any] = []
+
+    def launch(*xs: Any, counters: Any = None) -> tuple[Any, ...]:
+        seen.append(counters)
+        return (xs[0] * 2,)
+
+    class Op:  # stands in for a PieceOp
+        op = staticmethod(lambda xs: [xs[0] * 3])
+
+    launch.counters = 16  # type: ignore[attr-defined]
+    call = PieceCall(Op(), launch, device="cpu")  # type: ignore[arg-type]
+    assert dict(call.named_buffers())["counters"].tolist() == [0] * 16
+    assert call.counters.dtype == torch.int32
+    x = torch.ones(2)
+    assert torch.equal(call(x)[0], x * 3)  # its op, until Inductor launches it
+    call.by_inductor = True
+    assert torch.equal(call(x)[0], x * 2) and seen == [call.counters]
+    plain = PieceCall(Op(), lambda *xs: (xs[0] * 2,))  # type: ignore[arg-type]
+    assert dict(plain.named_buffers()) == {}
