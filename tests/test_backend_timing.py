@@ -1,0 +1,544 @@
+"""How the ``torch.compile`` backend decides with times and how Inductor launches the replaced
+pieces (``fx.backend``, ``fx.inductor_timing``, ``fx.runtime``): a winner replaces its piece only
+where it is faster under the ``timing`` option, the whole graph is never slower than
+Inductor's, plain launches are timed in alternation, a winner is timed as the compiled graph
+launches it, a search is cached across Inductor modes, the rest is autotuned, a split-K
+winner is retried with its combine fused, and a fused combine's counters are a persistent
+buffer. GPU timings are stand-ins (``monkeypatch``) except in the tests marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from backend_stand_ins import (
+    StandIn,
+    inputs,
+    ops_called,
+    options,
+    relu_mm,
+    rms_mm,
+)
+
+import egraph_mirage as em
+from egraph_mirage.fx import inductor_timing
+from egraph_mirage.fx.backend import Backend
+from egraph_mirage.fx.decision import slower
+from egraph_mirage.fx.options import BackendError, BackendOptions
+from egraph_mirage.fx.report import KEPT, REPLACED, reports_of
+from egraph_mirage.search.results import SearchResult, SearchResults, SearchStats
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+@pytest.mark.parametrize("timing, replaced", [("graph", True), ("plain", False),
+                                              ("both", False)])
+def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timing: str, replaced: bool) -> None:
+    """On a GPU each winner is timed against Inductor's code for its piece, under CUDA-graph
+    replay and with plain launches (here a stand-in timing: faster replayed, slower launched
+    plainly, as a piece whose host overhead outweighs its kernels' gain). ``timing`` says
+    which must be faster; the times are cached, the decision is made from them on each
+    compile, so another ``timing`` needs no search."""
+    from egraph_mirage.fx import backend as be
+
+    times = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 40.0,
+             "inductor_plain_us": 20.0, "ours_flushed_us": 40.0, "inductor_flushed_us": 20.0}
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: dict(times))
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {  # the whole graph: faster
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
+        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
+    search = StandIn()
+    for rerun in (False, True):  # the second compile decides from the cached times
+        torch._dynamo.reset()
+        backend = Backend(**options(tmp_path, search=search, profile=True, timing=timing))
+        with torch.no_grad():
+            got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False),
+                                  *inputs())
+        torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+        (piece,) = backend.reports[0].pieces
+        assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
+        assert piece.cache == ("hit" if rerun else "miss") and search.calls == 1
+        assert (piece.ours_plain_us, piece.inductor_plain_us) == (40.0, 20.0)
+        assert "ours 5.0 µs / 40.0 µs, Inductor 6.0 µs / 20.0 µs" in piece.line()
+        if not replaced:
+            assert piece.reason == "not faster than Inductor's code (plain launches)"
+
+
+@pytest.mark.parametrize("whole, replaced", [((1.0, 2.0), True), ((3.0, 2.0), False)])
+def test_the_whole_graph_is_never_slower_than_inductors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: tuple[float, float],
+        replaced: bool) -> None:
+    """Pieces faster alone can make the graph slower (each call's host time, where Inductor's
+    code for the piece is fused into the graph's): the graph with its pieces replaced is timed
+    against Inductor's code for Dynamo's graph, and where it is slower every piece is kept and
+    Inductor's code runs, with a note saying why. The times are cached: a second compile of
+    the same graph times nothing and decides the same."""
+    from egraph_mirage.fx import backend as be
+
+    faster = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
+              "inductor_plain_us": 20.0, "ours_flushed_us": 10.0, "inductor_flushed_us": 20.0}
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: dict(faster))
+    ours, theirs = whole
+    timed: list[int] = []
+
+    def time_graphs(*args: Any, **kwargs: Any) -> dict[str, float]:
+        timed.append(1)
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours,
+                "inductor_plain_us": theirs, "ours_flushed_us": ours, "inductor_flushed_us": theirs}
+
+    monkeypatch.setattr(inductor_timing, "time_graphs", time_graphs)
+    for rerun in (False, True):
+        torch._dynamo.reset()
+        backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
+        with torch.no_grad():
+            got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False),
+                                  *inputs())
+        torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+        report = backend.reports[0]
+        (piece,) = report.pieces
+        assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
+        assert len(timed) == 1, "the second compile decides from the cached times"
+        assert report.whole_cache == ("hit" if rerun else "miss")
+        assert (f"  whole graph: ours 1.0 / {ours} / {ours} µs, Inductor 2.0 / {theirs} / "
+                f"{theirs} µs (graph replay / plain launches / plain, L2 flushed) | cache "
+                f"{report.whole_cache}") in report.text()
+        if not replaced:
+            assert piece.reason == "the whole graph was slower with it replaced"
+            assert report.note == ("the graph with 1 piece(s) replaced: not faster than "
+                                   "Inductor's code (plain launches): ours 1.0 / 3.0 / 3.0 µs, "
+                                   "Inductor 2.0 / 2.0 / 2.0 µs (graph replay / plain launches "
+                                   "/ plain, L2 flushed); every piece kept")
+    # another graph (here: other shapes) is timed again
+    torch._dynamo.reset()
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
+    with torch.no_grad():
+        torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs(rows=4))
+    assert backend.reports[0].whole_cache == "miss" and len(timed) == 2
+
+
+def test_where_the_whole_graph_is_slower_the_piece_that_gains_least_is_kept_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decisions for the whole graph: two pieces each faster alone, the graph with both slower
+    with plain launches. The piece that gains least alone under the kind of timing the graph
+    lost by (here: 2 against 10 µs with plain launches) is kept and the graph with the other
+    one is timed; it is faster, so that one stays replaced. Every set's times are cached: the
+    second compile times nothing and decides the same."""
+    from egraph_mirage.fx import backend as be
+
+    def two_layers(x: torch.Tensor, w: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w) @ w2
+
+    gains = {"egm_0": 10.0, "egm_1": 2.0}  # µs each piece saves alone, plain launches
+
+    def alone(runner: Any, traced: Any, piece: Any, *args: Any, **kwargs: Any) -> dict:
+        plain = 20.0 - gains[piece.name]
+        return {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": plain,
+                "inductor_plain_us": 20.0, "ours_flushed_us": plain, "inductor_flushed_us": 20.0}
+
+    timed: list[int] = []
+
+    def time_graphs(*args: Any, **kwargs: Any) -> dict[str, float]:
+        timed.append(1)
+        ours = 30.0 if len(timed) == 1 else 15.0  # both pieces replaced: slower; one: faster
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours,
+                "inductor_plain_us": 20.0, "ours_flushed_us": ours, "inductor_flushed_us": 20.0}
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", alone)
+    monkeypatch.setattr(inductor_timing, "time_graphs", time_graphs)
+    gen = torch.Generator().manual_seed(0)
+    xs = (torch.randn(2, 64, generator=gen).half(), torch.randn(64, 96, generator=gen).half(),
+          torch.randn(96, 32, generator=gen).half())
+    for rerun in (False, True):
+        torch._dynamo.reset()
+        backend = Backend(**options(tmp_path, search=StandIn(), profile=True, max_matmuls=1))
+        with torch.no_grad():
+            got, ops = ops_called(torch.compile(two_layers, backend=backend, dynamic=False), *xs)
+        torch.testing.assert_close(got, two_layers(*xs), rtol=2e-2, atol=2e-2)
+        report = backend.reports[0]
+        status = {p.name: p.status for p in report.pieces}
+        assert status == {"egm_0": REPLACED, "egm_1": KEPT} and len(ops) == 1
+        assert len(timed) == 2, "the second compile decides from the cached times"
+        assert report.note.startswith("the graph with 2 piece(s) replaced: not faster than "
+                                      "Inductor's code (plain launches)")
+        assert report.note.endswith("; egm_0 replaced, the others kept")
+        assert "ours 1.0 / 15.0 / 15.0 µs" in report.text()  # the graph that runs
+
+
+def test_the_timing_criterion() -> None:
+    timed = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
+             "inductor_plain_us": 20.0, "ours_flushed_us": 11.0, "inductor_flushed_us": 21.0}
+    assert slower(timed, "both") == slower(timed, "graph") == slower(timed, "plain") == ""
+    slow_replay = dict(timed, ours_us=7.0)
+    assert slower(slow_replay, "both") == "not faster than Inductor's code (CUDA-graph replay)"
+    assert slower(slow_replay, "plain") == ""
+    assert slower({}, "both") == ""  # not timed: no GPU
+    assert "earlier version" in slower({"ours_us": 5.0, "inductor_us": 6.0}, "both")
+    # a winner whose CUDA graph could not be captured is not used where replay counts
+    uncaptured = dict(timed, ours_us=None)
+    assert slower(uncaptured, "graph") == "could not be timed under CUDA-graph replay"
+    assert slower(uncaptured, "plain") == ""
+    with pytest.raises(BackendError, match="timing must be one of"):
+        BackendOptions.of({"timing": "fast"})
+
+
+
+def _launch_by(fn: Any) -> Any:
+    """A stand-in for ``make_inductor_launch``: the piece as ``fn(*args)``."""
+    def make(traced: Any, mugraph: Any, knobs: Any, example_inputs: Any) -> Any:
+        return lambda *xs: fn(*xs)
+    return make
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_inductor_launches_the_replaced_pieces_where_its_outputs_match(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right: bool) -> None:
+    """On a GPU the replaced pieces are traced into Inductor's graph (``launch="inductor"``:
+    Inductor launches their kernels itself, no custom-op call per piece), but only where the
+    graph so compiled matches Dynamo's graph on the example inputs; otherwise each piece stays
+    a call of its custom op. Here a stand-in of the traced launch (torch operators; on a GPU it
+    is the generated program's ``launch_traced``), right or wrong."""
+    from egraph_mirage.fx import backend as be
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    fn = ((lambda x, w: (torch.relu(x @ w) * 2,)) if right
+          else (lambda x, w: (torch.zeros(x.shape[0], w.shape[1], dtype=x.dtype),)))
+    monkeypatch.setattr(be, "make_inductor_launch", _launch_by(fn))
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=False, rest="inductor"))
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False), *inputs())
+    torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+    report = backend.reports[0]
+    (piece,) = report.pieces
+    assert piece.status == REPLACED
+    assert report.launch == ("inductor" if right else "op")
+    assert len(ops) == (0 if right else 1), "launched by Inductor: no call of the custom op"
+    if not right:
+        assert "outputs differ from Dynamo's graph" in report.launch_note
+        assert "kernels launched by: op (launched by their ops: Inductor's" in report.text()
+
+
+def test_inductor_launch_needs_a_gpu_and_a_valid_option(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU (Triton's interpreter) the kernels stay launched by the custom ops."""
+    from egraph_mirage.fx import backend as be
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: False)
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=False, rest="inductor"))
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False), *inputs())
+    torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+    assert backend.reports[0].launch == "op" and len(ops) == 1
+    with pytest.raises(BackendError, match="launch must be 'inductor' or 'op'"):
+        BackendOptions.of({"launch": "triton"})
+
+
+@pytest.mark.gpu
+def test_inductor_launches_the_generated_kernels_on_a_gpu(tmp_path: Path) -> None:
+    """The generated program's ``launch_traced`` (the fused RMSNorm + Linear kernel through
+    ``wrap_triton``) traced into Inductor's graph: the output matches eager and no custom op
+    runs."""
+    from egraph_mirage.bench.handwritten_fixtures import rmsnorm_linear
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    backend = Backend(**options(tmp_path, search=StandIn(winner=rmsnorm_linear), profile=False,
+                                rest="inductor"))
+    x, w = (t.cuda() for t in inputs())
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(rms_mm, backend=backend, dynamic=False), x, w)
+    torch.testing.assert_close(got, rms_mm(x, w), rtol=2e-3, atol=2e-3)
+    report = backend.reports[0]
+    assert report.pieces[0].status == REPLACED
+    assert report.launch == "inductor" and ops == [], report.text()
+
+
+def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host-bound plain launch measures slower whenever the host is busy: ours and
+    Inductor's code are timed one after the other, ``PLAIN_ROUNDS`` times, and each side's
+    fastest round counts, so that a slow spell of the host falls on both sides."""
+    from egraph_mirage.gpu import timing
+
+    calls: list[str] = []
+    slow = iter([False, False, True, True] + [False] * 100)  # a busy host in round 2
+
+    class Timer:
+        def __init__(self, config: Any = None) -> None:
+            pass
+
+        def graph(self, fn: Any, sets: Any) -> float:
+            return fn()
+
+        def back_to_back(self, fn: Any, sets: Any, repeats: int = 7) -> float:
+            calls.append(fn.__name__)
+            return fn() + (500.0 if next(slow) else 0.0)
+
+        def plain(self, fn: Any, sets: Any) -> float:  # after an L2 flush: the flush's cost
+            return fn() + 3.0
+
+    def ours() -> float:
+        return 10.0
+
+    def inductor() -> float:
+        return 12.0
+
+    monkeypatch.setattr(timing, "CudaTimer", Timer)
+    times = inductor_timing.time_pair(ours, inductor, [], ("graph", "plain"))
+    assert calls == ["ours", "inductor"] * inductor_timing.PLAIN_ROUNDS
+    assert times == {"ours_us": 10.0, "inductor_us": 12.0, "ours_plain_us": 10.0,
+                     "inductor_plain_us": 12.0, "ours_flushed_us": 13.0,
+                     "inductor_flushed_us": 15.0}
+
+
+def test_plain_launches_must_be_faster_back_to_back_and_after_an_l2_flush() -> None:
+    """Plain launches are timed back to back and each after an L2 flush (as ``bench torch``
+    reports them); a replacement faster one way and slower the other is not used."""
+    faster = {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 10.0,
+              "inductor_plain_us": 12.0}
+    assert slower({**faster, "ours_flushed_us": 9.0, "inductor_flushed_us": 11.0}, "both") == ""
+    slow = {**faster, "ours_flushed_us": 13.0, "inductor_flushed_us": 11.0}
+    assert slower(slow, "both") == ("not faster than Inductor's code (plain launches, each after "
+                                    "an L2 flush)")
+    assert slower(slow, "plain") and not slower(slow, "graph")
+    assert "plain, L2 flushed" in inductor_timing.fmt_times(slow)
+
+
+@pytest.mark.parametrize("launch, rest, timed_by_inductor", [
+    ("inductor", "inductor", True), ("op", "inductor", False), ("inductor", "eager", False)])
+def test_a_winner_is_timed_as_the_compiled_graph_will_launch_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launch: str, rest: str,
+        timed_by_inductor: bool) -> None:
+    """Plain launches of a piece cost host time: through its custom op, tens of µs more than
+    Inductor's own launch of the same kernels. Where the compiled graph will launch the
+    winner's kernels from Inductor's code (``launch="inductor"`` with ``rest="inductor"``),
+    the winner is timed that way (``time_against_inductor(launch=...)``), and the cache key
+    says so: times measured through the op miss."""
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx.cache import piece_key
+
+    stand_in = _launch_by(lambda x, w: (torch.relu(x @ w) * 2,))
+    seen: list[Any] = []
+
+    def timed(*args: Any, launch: Any = None, **kw: Any) -> dict[str, float]:
+        seen.append(launch)
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0,
+                "inductor_plain_us": 2.0}
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(be, "make_inductor_launch", stand_in)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", timed)
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0})
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=True, timing="graph",
+                                launch=launch, rest=rest))
+    with torch.no_grad():
+        torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs())
+    assert len(seen) == 1 and (seen[0] is not None) == timed_by_inductor
+    if timed_by_inductor:  # the function timed is the piece as Inductor launches it
+        x, w = inputs()
+        torch.testing.assert_close(seen[0](x, w)[0], relu_mm(x, w))
+    g = em.benchmarks.get("rmsnorm_linear", small=True)
+    keys = {piece_key(g, {}, inductor_timing.key_settings(None, how)).digest()
+            for how in ("inductor", "op")}
+    assert len(keys) == 2
+
+
+def test_inductor_compiles_the_launch_it_is_timed_by_or_the_op_is_timed() -> None:
+    """``_launched_by_inductor``: the launch function traced and compiled by Inductor computes
+    what it computes; a launch that cannot be traced gives None (the op is timed instead)."""
+    x, w = inputs(torch.float32)
+    compiled = inductor_timing._launched_by_inductor(
+        lambda x, w: (torch.relu(x @ w) * 2,), [x, w])
+    assert compiled is not None
+    torch.testing.assert_close(compiled(x, w)[0], relu_mm(x, w))
+
+    def untraceable(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        if float(x.sum()) > 0:  # data-dependent control flow: make_fx cannot trace it
+            return (x @ w,)
+        return (w,)
+
+    assert inductor_timing._launched_by_inductor(untraceable, [x, w]) is None
+
+
+@pytest.mark.gpu
+def test_a_generated_winner_is_timed_launched_from_inductors_code_on_a_gpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the winner (the fused RMSNorm + Linear kernel) is timed through the code
+    Inductor compiles for its ``wrap_triton`` launch, not through its op: that compiles, and
+    both kinds of timing are measured."""
+    from egraph_mirage.bench.handwritten_fixtures import rmsnorm_linear
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    made: list[Any] = []
+    real = inductor_timing._launched_by_inductor
+
+    def spy(launch: Any, xs: list[Any]) -> Any:
+        made.append(real(launch, xs))
+        return made[-1]
+
+    monkeypatch.setattr(inductor_timing, "_launched_by_inductor", spy)
+    backend = Backend(**options(tmp_path, search=StandIn(winner=rmsnorm_linear), profile=True,
+                                rest="inductor", timing="graph"))
+    x, w = (t.cuda() for t in inputs())
+    with torch.no_grad():
+        got = torch.compile(rms_mm, backend=backend, dynamic=False)(x, w)
+    torch.testing.assert_close(got, rms_mm(x, w), rtol=2e-3, atol=2e-3)
+    assert len(made) == 1 and made[0] is not None, backend.reports[0].text()
+    (piece,) = backend.reports[0].pieces
+    assert piece.ours_us is not None and piece.ours_plain_us is not None, piece.line()
+
+
+def test_a_compilation_in_another_mode_times_the_cached_search_without_searching(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece's decision is cached per ``torch.compile`` mode (its times were measured against
+    Inductor's code of that mode), its search once for every mode: compiled again with
+    ``mode="max-autotune-no-cudagraphs"``, the piece is timed against that mode's code but not
+    searched again, and its report says the search was cached."""
+    from egraph_mirage.fx import backend as be
+
+    timed: list[Any] = []
+
+    def timing(runner: Any, traced: Any, piece: Any, mode: Any, **kw: Any) -> dict[str, float]:
+        timed.append(mode)
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0,
+                "inductor_plain_us": 2.0}
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", timing)
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0})
+    search = StandIn()
+    reports = []
+    for mode in (None, "max-autotune-no-cudagraphs"):
+        torch._dynamo.reset()
+        backend = Backend(**options(tmp_path, search=search, profile=True, timing="graph",
+                                    launch="op"))
+        with torch.no_grad():
+            compiled = torch.compile(relu_mm, backend=backend, mode=mode, dynamic=False)
+            torch.testing.assert_close(compiled(*inputs()), relu_mm(*inputs()))
+        (report,) = reports_of(compiled)
+        reports.append(report)
+    assert search.calls == 1 and timed == [None, "max-autotune-no-cudagraphs"]
+    first, again = (r.pieces[0] for r in reports)
+    assert (first.cache, first.search_cache) == ("miss", "")
+    assert (again.cache, again.search_cache, again.search_seconds) == ("miss", "hit", None)
+    assert again.status == REPLACED and "search cached" in again.line()
+    assert reports[1].searches == 0
+
+
+def test_autotune_compiles_the_rest_with_max_autotune_where_the_mode_does_not_ask_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``autotune`` (on by default where CUDA is): Inductor compiles the rest, and the code each
+    winner is timed against, in the max-autotune counterpart of torch.compile's mode, so that
+    what is kept is Inductor's best code; the report names the mode."""
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx.options import AUTOTUNE_MODES
+
+    on = BackendOptions.of({"autotune": True})
+    assert on.inductor_mode(None) == "max-autotune-no-cudagraphs" == AUTOTUNE_MODES["default"]
+    assert on.inductor_mode("reduce-overhead") == "max-autotune"
+    assert on.inductor_mode("max-autotune") == "max-autotune"
+    assert BackendOptions.of({"autotune": False}).inductor_mode(None) is None
+    with pytest.raises(BackendError, match="autotune must be"):
+        BackendOptions.of({"autotune": "yes"})
+    modes: list[Any] = []
+    rest = be._rest
+    monkeypatch.setattr(be, "_rest", lambda module, xs, how, mode, *a: (
+        modes.append(mode), rest(module, xs, "eager", mode, *a))[1])
+    backend = Backend(**options(tmp_path, search=StandIn(), rest="inductor", autotune=True))
+    with torch.no_grad():
+        torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs())
+    assert modes and set(modes) == {"max-autotune-no-cudagraphs"}
+    assert "rest by inductor (max-autotune-no-cudagraphs)" in backend.reports[0].text()
+
+
+def test_a_winner_that_loses_its_plain_launches_unfused_is_timed_with_its_combines_fused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's tuner ranks knobs by the kernels' time, in which a launch costs nothing, so
+    a split-K winner may come with its combine unfused (two launches). Where that loses with
+    plain launches, the backend checks and times the same μGraph with its combine fused (one
+    launch) and keeps that where it is used."""
+    from egraph_mirage.bench import handwritten_fixtures as hw
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx.decision import REPLACE, PieceDecision
+
+    made: list[dict[str, Any]] = []
+    real = be.make_runner
+
+    def make_runner(traced: Any, mugraph: Any, knobs: Any, xs: Any) -> Any:
+        made.append(dict(knobs))
+        runner = real(traced, mugraph, knobs, xs)
+        runner.knobs = dict(knobs)  # type: ignore[attr-defined]
+        return runner
+
+    def timed(runner: Any, *a: Any, **k: Any) -> dict[str, float]:
+        plain = 1.0 if runner.knobs.get("fuse_combines") else 3.0  # unfused: a launch more
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": plain,
+                "inductor_plain_us": 2.0, "ours_flushed_us": plain, "inductor_flushed_us": 2.0}
+
+    def split_k(g: em.KernelGraph) -> em.KernelGraph:
+        return hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4))
+
+    class Unfused(StandIn):
+        def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+            self.calls += 1
+            return SearchResults([SearchResult(split_k(g), 2, 1e-6, 0.0, 2, 0.0, 0.0,
+                                               knobs={"fuse_combines": False})], SearchStats())
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(be, "make_runner", make_runner)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", timed)
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
+        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 256, generator=gen).half()
+    w = (torch.randn(256, 48, generator=gen) / 16).half()
+    backend = Backend(**options(tmp_path, search=Unfused(), profile=True, launch="op"))
+    with torch.no_grad():
+        got = torch.compile(rms_mm, backend=backend, dynamic=False)(x, w)
+    torch.testing.assert_close(got.float(), rms_mm(x, w).float(), rtol=2e-2, atol=2e-2)
+    (piece,) = backend.reports[0].pieces
+    assert piece.status == REPLACED and piece.ours_plain_us == 1.0
+    assert made[:2] == [{"fuse_combines": False}, {"fuse_combines": True}]
+    (record,) = [e["record"] for e in (json.loads(p.read_text())
+                                       for p in (tmp_path / "fx").rglob("*.json"))
+                 if e["record"].get("decision") == REPLACE]
+    assert PieceDecision.from_record(record).knobs == {"fuse_combines": True}  # as cached
+
+
+def test_a_piece_call_holds_its_fused_combines_counters_as_a_buffer() -> None:
+    """A replaced piece whose kernels Inductor launches (``PieceCall.by_inductor``) passes its
+    launch a persistent int32 buffer of the counters its fused combines need: a buffer of the
+    module, so that Inductor, compiling the graph, takes it as an input it mutates in place
+    (``runtime.make_inductor_launch``); a launch that needs none gets none."""
+    from egraph_mirage.fx.runtime import PieceCall
+
+    seen: list[Any] = []
+
+    def launch(*xs: Any, counters: Any = None) -> tuple[Any, ...]:
+        seen.append(counters)
+        return (xs[0] * 2,)
+
+    class Op:  # stands in for a PieceOp
+        op = staticmethod(lambda xs: [xs[0] * 3])
+
+    launch.counters = 16  # type: ignore[attr-defined]
+    call = PieceCall(Op(), launch, device="cpu")  # type: ignore[arg-type]
+    assert dict(call.named_buffers())["counters"].tolist() == [0] * 16
+    assert call.counters.dtype == torch.int32
+    x = torch.ones(2)
+    assert torch.equal(call(x)[0], x * 3)  # its op, until Inductor launches it
+    call.by_inductor = True
+    assert torch.equal(call(x)[0], x * 2) and seen == [call.counters]
+    plain = PieceCall(Op(), lambda *xs: (xs[0] * 2,))  # type: ignore[arg-type]
+    assert dict(plain.named_buffers()) == {}
