@@ -14,7 +14,7 @@ import torch
 import egraph_mirage as em
 from egraph_mirage.fx.backend import Backend
 from egraph_mirage.fx.mutation import written
-from egraph_mirage.search.results import SearchResults, SearchStats
+from egraph_mirage.search.results import SearchResult, SearchResults, SearchStats
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -104,3 +104,57 @@ def test_inductor_is_told_which_inputs_have_static_addresses(monkeypatch: Any) -
               if n.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]
     assert any("cache" in name for name in static)  # and the parameter and the counter
     assert len(static) == len(places) - 2  # x and pos are not static
+
+
+def test_a_replaced_pieces_counters_are_named_to_inductor_as_static_inputs(
+        monkeypatch: Any) -> None:
+    """Where Inductor launches a replaced piece's kernels, the piece's module holds its fused
+    combines' counters as a buffer (``PieceCall.counters``), which Inductor lifts as an input.
+    The graph handed to Inductor names a source for it (``ConstantSource``) beside Dynamo's
+    own, so that Inductor still takes Dynamo's metadata (the static cache's static address)
+    and the counters as a static input, and the piece's launch is passed the buffer."""
+    import torch._inductor.compile_fx as inductor
+
+    from egraph_mirage.fx import backend as be
+
+    handed: list[torch.fx.GraphModule] = []
+    passed: list[Any] = []
+
+    def compile_fx(gm: torch.fx.GraphModule, example_inputs: Any, **kw: Any) -> Any:
+        handed.append(gm)
+        return gm
+
+    def make_inductor_launch(traced: Any, mugraph: Any, knobs: Any, xs: Any) -> Any:
+        def launch(*args: Any, counters: Any = None) -> tuple[Any, ...]:
+            passed.append(counters)
+            return tuple(o.to(args[0].dtype) for o in traced.reference(*args))
+
+        launch.counters = 8  # type: ignore[attr-defined]
+        return launch
+
+    monkeypatch.setattr(inductor, "compile_fx", compile_fx)
+    monkeypatch.setattr(be, "make_inductor_launch", make_inductor_launch)
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    class Written(Step):  # the cache written at a position (a step that runs twice alike)
+        def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            self.cache.index_copy_(0, pos, x)
+            return torch.nn.functional.rms_norm(self.cache, (16,), eps=1e-6) @ self.w
+
+    model = Written()
+    torch._dynamo.mark_static_address(model.cache)
+    backend = Backend(budget=None, rest="inductor", cache=False, workers=1, profile=False,
+                      search=lambda g, config, **o: SearchResults(
+                          [SearchResult(g, 1, 1e-6, 0.0, 2, 0.0, 0.0)], SearchStats()))
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=False)(torch.randn(1, 16),
+                                                             torch.tensor([0]))
+    assert backend.reports[0].launch == "inductor"
+    gm = handed[-1]  # the graph with the piece launched by Inductor
+    (name,) = [n for n, _ in gm.named_buffers() if n.endswith(".counters")]
+    assert passed and all(c is dict(gm.named_buffers())[name] for c in passed)
+    source = gm._param_name_to_source[name]
+    assert source.name == f"egraph_mirage:{name}"
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert all(hasattr(n, "_dynamo_source") for n in places)
+    static = [n for n in places if n.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]
+    assert len(static) == len(places) - 2  # the cache and the weight; x and pos are not static

@@ -514,12 +514,12 @@ class Backend:
             fused_runner = make_runner(traced, winner, fused, piece.example_inputs)
             if _check(fused_runner, piece) > _tolerance(traced.graph):
                 return runner
-        except Exception as e:  # the fused form does not lower or run: the winner stays
+            times = dict(timing.time_against_inductor(
+                fused_runner, traced, piece, mode,
+                launch=self._timed_launch(traced, winner, fused, piece)))
+        except Exception as e:  # the fused form does not lower, run or time: the winner stays
             LOG.info("egraph-mirage: %s: its combines fused: %s", piece.name, e)
             return runner
-        times = dict(timing.time_against_inductor(
-            fused_runner, traced, piece, mode,
-            launch=self._timed_launch(traced, winner, fused, piece)))
         if slower(times, self.options.timing):
             return runner
         decision.knobs, decision.times = fused, times
@@ -713,7 +713,11 @@ def _as_dynamo_s(module: Any, dynamo: Any) -> Any:
     position), where both have as many inputs. From these Inductor reads which inputs have
     static addresses (parameters, and buffers marked so, as transformers' static cache is):
     without them a graph that writes such an input in place runs without CUDA graphs under
-    ``mode="reduce-overhead"`` ("skipping cudagraphs due to mutated inputs")."""
+    ``mode="reduce-overhead"`` ("skipping cudagraphs due to mutated inputs"). The pieces' own
+    buffers (``PieceCall.counters``, which no source of Dynamo's names) get a source each
+    (``ConstantSource``), so that Inductor takes them as the static inputs they are."""
+    from torch._dynamo.source import ConstantSource
+
     ours = [n for n in module.graph.nodes if n.op == "placeholder"]
     theirs = [n for n in dynamo.graph.nodes if n.op == "placeholder"]
     if len(ours) != len(theirs):
@@ -721,9 +725,12 @@ def _as_dynamo_s(module: Any, dynamo: Any) -> Any:
     for key, value in dynamo.meta.items():
         module.meta.setdefault(key, value)
     sources = getattr(dynamo, "_param_name_to_source", None)
+    pieces = {f"{name}.counters" for name, m in module.named_modules()
+              if isinstance(m, PieceCall) and m.counters is not None}
     held = itertools.chain(module.named_parameters(), module.named_buffers())
-    if sources is not None and all(name in sources for name, _ in held):
-        module._param_name_to_source = sources
+    if sources is not None and all(name in sources or name in pieces for name, _ in held):
+        module._param_name_to_source = {
+            **sources, **{name: ConstantSource(f"egraph_mirage:{name}") for name in pieces}}
     for a, b in zip(theirs, ours):
         if hasattr(a, "_dynamo_source"):
             b._dynamo_source = a._dynamo_source
