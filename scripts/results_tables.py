@@ -10,9 +10,10 @@ stem) and a view:
 Rows files are JSON lists, one row per measurement as the command wrote it (plus provenance:
 ``origin``, ``recorded_in``, ``recorded_on``, ``commit`` where known). Their stem's prefix is
 their family: ``gpu_*`` (``bench gpu --json``; views ``table`` and ``speedups``), ``torch_*``
-(``bench torch --json``; view ``table``), ``generate_*`` (``bench generate``'s JSON lines;
-view ``table``) and ``cpu_*`` (printed tables of the CPU benchmarks;
-the view is the row's ``name``). Each file holds one row per key (``KEYS``).
+(``bench torch --json``; views ``table`` and ``transformers``, its rows of the static-cache
+``hf*`` models), ``generate_*`` (``bench generate``'s JSON lines; view ``table``) and
+``cpu_*`` (printed tables of the CPU benchmarks; the view is the row's ``name``). Each file
+holds one row per key (``KEYS``).
 
 Usage, from the repository root:
   python3 scripts/results_tables.py           # rewrite every table in place
@@ -111,6 +112,13 @@ def gpu_speedups(rows: list[Row]) -> str:
     return markdown(["program", "dtype", "b = 1 / 8 / 16", "target (b = 1)"], lines)
 
 
+def transformers_table(rows: list[Row]) -> str:
+    """``torch_table`` of ``transformers``' own decoder layers with a static cache only (models
+    ``hf-static``, ``hf-qwen3-static``), the README's."""
+    return torch_table([r for r in rows if str(r["model"]).startswith("hf")
+                        and str(r["model"]).endswith("-static")])
+
+
 def torch_table(rows: list[Row]) -> str:
     """One line per model, batch, dtype and backend timing: each mode's plain / graph µs, the
     backend's speedup over the best other mode and every mode's fraction of the copy floor under
@@ -178,7 +186,8 @@ def cpu_output(rows: list[Row], name: str) -> str:
 
 
 VIEWS: dict[str, dict[str, Callable[[list[Row]], str]]] = {
-    "gpu": {"table": gpu_table, "speedups": gpu_speedups}, "torch": {"table": torch_table},
+    "gpu": {"table": gpu_table, "speedups": gpu_speedups},
+    "torch": {"table": torch_table, "transformers": transformers_table},
     "generate": {"table": generate_table}}
 
 

@@ -127,3 +127,16 @@ def test_a_torch_table_gives_every_mode_s_fraction_of_the_floor(made_up: Path) -
                           "| abc1234 |")
     assert without == ("| llama | 8 | fp16 | `both` | 50.0 / 30.0 | – | 22.0 / 14.0 | 25.0 / 12.0 "
                        "| 0.90× / 1.25× | – | 5/14 | abc1234 |")
+
+
+def test_the_transformers_view_keeps_the_transformers_layers_only(made_up: Path) -> None:
+    """The README's view of ``bench torch`` rows: the lines of transformers' own decoder layers
+    with a static cache (``hf-static``, ``hf-qwen3-static``), as ``table`` renders them."""
+    base = {"batch": 1, "dtype": "float16", "backend_timing": "both", "commit": "abc1234",
+            "mode": "compile", "plain_us": 18.0, "graph_us": 10.0}
+    rows = [{**base, "model": "llama"}, {**base, "model": "hf"}, {**base, "model": "hf-static"},
+            {**base, "model": "hf-qwen3-static", "dtype": "bfloat16"}]
+    (made_up / "torch_fake.json").write_text(json.dumps(rows))
+    lines = rt.render("torch_fake:transformers").splitlines()[2:]
+    assert [line.split(" | ")[0] for line in lines] == ["| hf-static", "| hf-qwen3-static"]
+    assert lines == rt.render("torch_fake:table").splitlines()[4:]
