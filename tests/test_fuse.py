@@ -202,8 +202,9 @@ def test_direct_launches_match_and_misaligned_inputs_take_tritons_path() -> None
 def test_inductor_launches_a_fused_combine_with_its_persistent_counters() -> None:
     """Traced and compiled by Inductor (as the backend's ``launch="inductor"`` path does), a
     fused split-K program whose counters are a persistent input runs as one kernel: Inductor
-    mutates the buffer in place (no kernel of its own zeroes or copies it), the buffer is zero
-    after every call, and the outputs match the direct launch, call after call."""
+    mutates the buffer in place (no kernel of its own zeroes or copies it), and the outputs
+    match the direct launch call after call (a counter the kernel did not leave at zero would
+    make a later call's combine run early, or never)."""
     from torch._inductor.utils import run_and_get_code
 
     from egraph_mirage.fx import inductor_timing

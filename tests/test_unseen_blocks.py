@@ -294,9 +294,9 @@ def test_a_decoder_layer_with_static_cache_sdpa(tmp_path: Path) -> None:
     the output projection with the residual, the down projection with the residual (split-K,
     2 kernels). Not yet: an RMSNorm with the projections after it in one kernel, a projection
     followed by RoPE, attention (20 of 345 tasks; at 96, one kernel: the test above) and the
-    MLP's gated pair (20 of 137): the
-    search does not find them within 20 tasks, and the pieces are searched in parts (a
-    projection apart from its RoPE at the second cut). The static cache's write runs as is."""
+    MLP's gated pair (20 of 137): the search does not find them within 20 tasks, and the
+    pieces are searched in parts (a projection apart from its RoPE at the second cut). The
+    static cache's write runs as is."""
     family, dtype = "llama", torch.float16
     step = ub.hf_step(family, "sdpa", dtype)
     want, got, report = _compiled(step, step.example_inputs(), tmp_path, max_tasks=20)
