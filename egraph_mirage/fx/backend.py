@@ -191,7 +191,7 @@ class Backend:
         reached: set[str] = set()
         unfound: list[tuple[int, Piece, rep.PieceReport]] = []
         # every piece whole first, those that move the most bytes first: where the time is
-        for i in sorted(range(len(traced)), key=lambda k: -_moved(traced[k])):
+        for i in sorted(range(len(traced)), key=lambda k: -moved[k]):
             piece = parts.pieces[i]
             weight = self._budget.weigh(moved[i])
             piece_report, replacement = self._piece(i, piece, weight, mode, traced[i])
@@ -464,16 +464,14 @@ class Backend:
             decision = PieceDecision.from_record(searched)
             decision.search_seconds = None  # no search ran in this compilation
             out.search_cache = "hit"
-            if not decision.mugraph:
-                return decision, None, True
-            winner, knobs = loads(decision.mugraph), decision.knobs
+            lasting = True
         else:
             decision, lasting = self._search(piece, traced, out, weight)
             if self.cache is not None and skey is not None and lasting:
                 self.cache.put(skey, decision.to_record())
-            if not decision.mugraph:
-                return decision, None, lasting
-            winner, knobs = loads(decision.mugraph), decision.knobs
+        if not decision.mugraph:
+            return decision, None, lasting
+        winner, knobs = loads(decision.mugraph), decision.knobs
         try:
             runner = make_runner(traced, winner, knobs or {}, piece.example_inputs)
             error = _check(runner, piece)
