@@ -244,9 +244,13 @@ def test_a_search_gets_a_share_in_proportion_to_the_bytes_its_piece_moves() -> N
     b.reached(b.weigh(3000))
     small = b.share(b.weigh(1000))
     assert small is not None and small < (b.left() or 0) / 2  # less than an equal share
-    search = Spending()  # spends what it is given
-    backend = Backend(search=search, budget=2.0, rest="eager", cache=False, workers=1,
+    # in a compilation of three pieces the largest, searched first, gets more than an equal
+    # share would give it (about 53 % of what is left; it is searched at once, so that only
+    # the tracing before it, not seconds of a busy host between searches, is spent)
+    search = Spending(cap=0.0)
+    budget = 20.0
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1,
                       refine=False)
     compile_timed(backend, block_inputs((32, 24, 16, 8)))
-    budgets = [x for x in search.budgets if x is not None]
-    assert len(budgets) == 3 and budgets[0] > budgets[1] > 0
+    assert len(search.budgets) == 3 and search.budgets[0] is not None
+    assert search.budgets[0] > budget / 3
