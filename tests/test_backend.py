@@ -94,13 +94,13 @@ def test_with_nothing_replaced_the_rest_is_dynamos_own_graph(tmp_path: Path,
     import egraph_mirage.fx.backend as backend_module
 
     given: list[Any] = []
-    real = backend_module._rest
+    real = backend_module.compile_rest
 
     def spy(module: Any, example_inputs: Any, rest: str, mode: Any, dynamo: Any = None) -> Any:
         given.append(module)
         return real(module, example_inputs, rest, mode, dynamo)
 
-    monkeypatch.setattr(backend_module, "_rest", spy)
+    monkeypatch.setattr(backend_module, "compile_rest", spy)
     x, w = inputs()
     with torch.no_grad():
         torch.compile(relu_mm, backend=Backend(**options(

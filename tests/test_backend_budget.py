@@ -254,3 +254,45 @@ def test_a_search_gets_a_share_in_proportion_to_the_bytes_its_piece_moves() -> N
     compile_timed(backend, block_inputs((32, 24, 16, 8)))
     assert len(search.budgets) == 3 and search.budgets[0] is not None
     assert search.budgets[0] > budget / 3
+
+
+def test_on_a_gpu_a_search_is_weighed_by_its_room_above_the_floor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the backend times on a GPU (stand-in timings here), Inductor's code for each piece
+    is timed before any search, against its copy floor (its bytes over the copy bandwidth):
+    the piece Inductor already runs at its floor is not searched at all, though it moves the
+    most bytes, and of the other two the one with more room above its floor gets the larger
+    share, though it moves fewer bytes."""
+    import egraph_mirage.fx.backend as be
+    from egraph_mirage.fx import inductor_timing
+    from egraph_mirage.fx.budget import AT_FLOOR_REASON
+    from egraph_mirage.gpu.floor import io_bytes
+
+    # Inductor's µs over its floor's, by the piece's weight shape: 32 -> 24 at the floor
+    over = {(32, 24): 1.0, (24, 16): 1.5, (16, 8): 5.0}
+    timed: list[tuple[int, int]] = []
+
+    def time_inductor(piece: Any, mode: Any = None) -> float:
+        (w,) = [tuple(x.shape) for x in piece.example_inputs if tuple(x.shape) in over]
+        timed.append(w)
+        return io_bytes(Backend._trace(piece).graph) * over[w]  # 1 B/µs: a floor of 1 µs a byte
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(Backend, "_bandwidth", lambda self: 1e6)
+    monkeypatch.setattr(inductor_timing, "time_inductor", time_inductor)
+    search = Spending(cap=0.0)
+    budget = 20.0
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1,
+                      refine=False, profile=True)
+    compile_timed(backend, block_inputs((32, 24, 16, 8)))
+    assert sorted(timed) == sorted(over)  # each piece timed once, before the searches
+    report = backend.reports[0]
+    at_floor = [p for p in report.pieces if p.reason.startswith(AT_FLOOR_REASON)]
+    assert [p.index for p in at_floor] == [0] and at_floor[0].search_seconds is None
+    assert at_floor[0].status == KEPT and "floor" in report.text()
+    assert len(search.budgets) == 2  # 24 -> 16 (more bytes) first, then 16 -> 8
+    first, second = search.budgets
+    assert first is not None and second is not None
+    # rooms 0.5 and 4 times the floors (928 and 2,816 µs), plus a quarter of their mean: the
+    # first gets 1,240 / 4,368 of what is left, not half
+    assert first < 0.3 * budget and second > 2 * first

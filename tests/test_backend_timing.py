@@ -451,8 +451,8 @@ def test_autotune_compiles_the_rest_with_max_autotune_where_the_mode_does_not_as
     with pytest.raises(BackendError, match="autotune must be"):
         BackendOptions.of({"autotune": "yes"})
     modes: list[Any] = []
-    rest = be._rest
-    monkeypatch.setattr(be, "_rest", lambda module, xs, how, mode, *a: (
+    rest = be.compile_rest
+    monkeypatch.setattr(be, "compile_rest", lambda module, xs, how, mode, *a: (
         modes.append(mode), rest(module, xs, "eager", mode, *a))[1])
     backend = Backend(**options(tmp_path, search=StandIn(), rest="inductor", autotune=True))
     with torch.no_grad():

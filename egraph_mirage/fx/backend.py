@@ -45,12 +45,13 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
 The time budget (``fx.budget``): the ``budget`` option bounds the searches of the whole
 compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts; every
 piece is searched whole before any is refined, those that move the most bytes first, each
-search getting the seconds left before it in proportion to its piece's weight (the bytes it
-moves, plus a quarter of the mean piece's) among the pieces not yet reached (itself included,
-and with ``refine`` one mean share more, kept for the parts); the refined pieces' parts then
-share what is left, by weight too. A cache hit costs
-nothing, and a piece reached once no time is left is not searched (kept: "the compilation's
-time budget was spent"; not cached).
+search getting the seconds left before it in proportion to its piece's weight (what it can
+gain: on a GPU its room, Inductor's µs timed before the search less its copy floor's, else the
+bytes it moves; plus a quarter of the mean piece's) among the pieces not yet reached (itself
+included, and with ``refine`` one mean share more, kept for the parts); the refined pieces'
+parts then share what is left, by weight too. A piece whose Inductor code already runs at its
+floor is not searched; a cache hit costs nothing, and a piece reached once no time is left is
+not searched (kept: "the compilation's time budget was spent"; not cached).
 
 Options: ``torch.compile(..., options={...})`` or ``Backend(**options)``, listed and checked in
 ``fx.options`` (``BackendOptions``). Every compilation is logged at INFO on the
@@ -86,12 +87,13 @@ from ..pipeline.scaled import scaled_program
 from ..verify import checks_that_fit
 from . import inductor_timing as timing
 from . import report as rep
-from .budget import SPENT, CompileBudget
+from .budget import SPENT, CompileBudget, Room
 from .cache import SearchCache, piece_key, whole_key
 from .decision import KEEP, REPLACE, PieceDecision, least_gain, slower
 from .mutation import preserved
 from .options import BackendError, BackendOptions, DynamicShapesError
 from .pieces import EPILOGUES, Piece, partition
+from .rest import compile_rest
 from .runtime import (
     PieceCall,
     Runner,
@@ -125,6 +127,8 @@ class Backend:
         self._pool: cf.ProcessPoolExecutor | None = None
         #: the time budget of the compilation under way (``fx.budget``)
         self._budget = CompileBudget()
+        #: the GPU's copy bandwidth, bytes/s, once measured (``_bandwidth``)
+        self._copy_bandwidth: float | None = None
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any], mode: str | None = None,
                  options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -154,7 +158,7 @@ class Backend:
                            "graph runs in the rest (call the model under torch.no_grad())")
         if report.note:
             LOG.warning("egraph-mirage: %s", report.note)
-            compiled = _rest(gm, example_inputs, self.options.rest, mode)
+            compiled = compile_rest(gm, example_inputs, self.options.rest, mode)
         else:
             try:
                 # the model's state among the inputs (a static cache, a step counter) as the
@@ -174,7 +178,7 @@ class Backend:
         except EMError as e:
             report.note = f"the graph could not be partitioned ({e}); it runs in the rest"
             LOG.warning("egraph-mirage: %s", report.note)
-            return _rest(gm, example_inputs, self.options.rest, mode)
+            return compile_rest(gm, example_inputs, self.options.rest, mode)
         chosen: dict[str, Any] = {}  # piece name -> its replacement
         traced = [self._trace(piece) for piece in parts.pieces]
         # with a cache, a piece equal to an earlier one (a model's identical layers) is a hit:
@@ -182,31 +186,34 @@ class Backend:
         keys = ([self._key(t, mode).digest() if isinstance(t, TracedProgram) else f"refused {i}"
                  for i, t in enumerate(traced)] if self.cache is not None
                 else [str(i) for i in range(len(traced))])
-        # each distinct piece weighs what it moves; with ``refine``, one share more is kept for
-        # the parts of the pieces found nothing for, which are searched after every piece was
-        # searched whole (``fx.budget``)
+        # each distinct piece weighs what its search can gain: its room above the floor where
+        # Inductor's code is timed first (a GPU), else the bytes it moves; with ``refine``, one
+        # share more is kept for the parts of the pieces found nothing for, which are searched
+        # after every piece was searched whole (``fx.budget``)
         moved = [_moved(t) for t in traced]
-        distinct = {k: m for k, m in zip(keys, moved, strict=True)}
+        gains, rooms = self._gains(parts.pieces, traced, keys, mode)
+        distinct = {k: m for k, m in zip(keys, gains, strict=True)}
         reserve = self._budget.pieces(list(distinct.values()), self.options.refine)
         reached: set[str] = set()
         unfound: list[tuple[int, Piece, rep.PieceReport]] = []
         # every piece whole first, those that move the most bytes first: where the time is
         for i in sorted(range(len(traced)), key=lambda k: -moved[k]):
             piece = parts.pieces[i]
-            weight = self._budget.weigh(moved[i])
-            piece_report, replacement = self._piece(i, piece, weight, mode, traced[i])
+            weight = self._budget.weigh(gains[i])
+            piece_report, replacement = self._piece(i, piece, weight, mode, traced[i],
+                                                    rooms.get(i))
             if keys[i] not in reached:
                 reached.add(keys[i])
                 self._budget.reached(weight)
             report.pieces.append(piece_report)
             if replacement is None and self.options.refine and piece_report.nothing_found():
-                unfound.append((i, piece, piece_report))
+                unfound.append((i, piece, piece_report, gains[i] / max(moved[i], 1)))
             if replacement is not None:
                 chosen[piece.name] = replacement
         if self.options.refine:
             self._budget.reached(reserve)  # the reserved share joins what the parts share
-        for i, piece, piece_report in unfound:  # then the parts, with the time left
-            replacement = self._refine(i, piece, piece_report, report, mode)
+        for i, piece, piece_report, per_byte in unfound:  # then the parts, with the time left
+            replacement = self._refine(i, piece, piece_report, report, mode, per_byte)
             if replacement is not None:
                 chosen[piece.name] = replacement
         report.searches = sum(p.search_seconds is not None for p in report.pieces)
@@ -220,7 +227,7 @@ class Backend:
                 setattr(parts.module, p.name, chosen[p.name] if p.name in names else p.module)
             compiled = (self._launched_by_inductor(parts.module, gm, example_inputs, report, mode)
                         if names else None)
-            return compiled if compiled is not None else _rest(
+            return compiled if compiled is not None else compile_rest(
                 parts.module if names else gm, example_inputs, self.options.rest, mode, gm)
 
         compiled = build(list(chosen))
@@ -243,7 +250,7 @@ class Backend:
         for c in calls:
             c.by_inductor = True
         try:
-            ours = _rest(module, example_inputs, self.options.rest, mode, gm)
+            ours = compile_rest(module, example_inputs, self.options.rest, mode, gm)
             with torch.no_grad():
                 got, want = ours(*example_inputs), gm(*example_inputs)
             error = _outputs_error(got, want)
@@ -303,7 +310,7 @@ class Backend:
             report.note = f"the graph {'; '.join(tried)}; {kept}"
         if names:
             return compiled
-        return inductor if inductor is not None else _rest(gm, example_inputs,
+        return inductor if inductor is not None else compile_rest(gm, example_inputs,
                                                            self.options.rest, mode)
 
     def _whole_times(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
@@ -324,7 +331,7 @@ class Backend:
         if record is not None:
             return record, inductor
         if inductor is None:
-            inductor = _rest(gm, example_inputs, self.options.rest, mode)
+            inductor = compile_rest(gm, example_inputs, self.options.rest, mode)
         try:
             record = timing.time_graphs(compiled, inductor, example_inputs)
         except Exception as e:  # not measurable: Inductor's code, which is never slower
@@ -334,6 +341,59 @@ class Backend:
         if self.cache is not None:
             self.cache.put(key, record)
         return record, inductor
+
+    def _gains(self, pieces: Sequence[Piece], traced: Sequence[TracedProgram | EMError],
+               keys: Sequence[str], mode: str | None) -> tuple[list[float], dict[int, Room]]:
+        """What each piece's search can gain, which its share of the time budget is weighed by
+        (``fx.budget``), and the rooms measured. Where the backend times on a GPU under a
+        budget: each distinct piece not decided by the cache has Inductor's code timed now
+        (``time_inductor``, in ``mode``) against its copy floor, and gains its room (its floor's
+        µs where Inductor's code cannot be timed; 0 for a cached or refused piece, which is not
+        searched). Elsewhere, or where the copy bandwidth cannot be measured: the bytes each
+        piece moves."""
+        moved = [_moved(t) for t in traced]
+        bandwidth = None
+        if self.options.profiling() and _on_gpu() and self._budget.deadline is not None:
+            try:
+                bandwidth = self._bandwidth()
+            except Exception as e:  # no copy to time: the bytes weigh
+                LOG.info("egraph-mirage: the copy bandwidth not measured: %s", e)
+        if bandwidth is None:
+            return [float(m) for m in moved], {}
+        gains: list[float] = []
+        rooms: dict[int, Room] = {}
+        first: dict[str, int] = {}
+        for i, (piece, t) in enumerate(zip(pieces, traced, strict=True)):
+            j = first.setdefault(keys[i], i)
+            if j != i:  # the same program as piece j: searched once
+                gains.append(gains[j])
+                if j in rooms:
+                    rooms[i] = rooms[j]
+                continue
+            if not isinstance(t, TracedProgram) or (
+                    self.cache is not None and self.cache.path(self._key(t, mode)).exists()):
+                gains.append(0.0)
+                continue
+            floor_us = io_bytes(t.graph) / bandwidth * 1e6
+            try:
+                us = timing.time_inductor(piece, mode)
+            except Exception as e:  # Inductor's code does not compile or run alone
+                LOG.info("egraph-mirage: %s: Inductor's code not timed: %s", piece.name, e)
+                us = None
+            if us is None:
+                gains.append(floor_us)
+            else:
+                rooms[i] = Room(us, floor_us)
+                gains.append(rooms[i].us)
+        return gains, rooms
+
+    def _bandwidth(self) -> float:
+        """The GPU's copy bandwidth in bytes/s (``gpu.floor``), measured once per backend."""
+        if self._copy_bandwidth is None:
+            from ..gpu.floor import measure_copy_bandwidth
+
+            self._copy_bandwidth = measure_copy_bandwidth()
+        return self._copy_bandwidth
 
     @staticmethod
     def _trace(piece: Piece) -> TracedProgram | EMError:
@@ -351,12 +411,14 @@ class Backend:
         return piece_key(traced.graph, self.options.search_settings(), timed)
 
     def _piece(self, index: int, piece: Piece, weight: float, mode: str | None = None,
-               traced: TracedProgram | EMError | None = None) -> tuple[rep.PieceReport, Any]:
+               traced: TracedProgram | EMError | None = None, room: Room | None = None
+               ) -> tuple[rep.PieceReport, Any]:
         """The piece's report, and its replacement module (None: it stays). ``weight``: the
         piece's weight in the compilation's time budget (``fx.budget``). ``mode``:
         ``torch.compile``'s, which Inductor's code for the piece is compiled with when the
         winner is timed against it (part of the cache key when timing). ``traced``: the piece
-        already traced (``_trace``; None: traced here)."""
+        already traced (``_trace``; None: traced here). ``room``: Inductor's time for it and
+        its floor, where timed before the search (``_rooms``)."""
         out = rep.PieceReport(index, piece.name)
         traced = self._trace(piece) if traced is None else traced
         if isinstance(traced, EMError):
@@ -371,7 +433,7 @@ class Backend:
         out.cache = "off" if self.cache is None else ("miss" if record is None else "hit")
         runner = None
         if record is None:
-            decision, runner, lasting = self._decide(piece, traced, out, weight, mode)
+            decision, runner, lasting = self._decide(piece, traced, out, weight, mode, room)
             if self.cache is not None and lasting:
                 self.cache.put(key, decision.to_record())
         else:
@@ -402,15 +464,16 @@ class Backend:
         return out, PieceCall(define_piece_op(runner, traced, piece.name), launch, device)
 
     def _refine(self, index: int, piece: Piece, piece_report: rep.PieceReport,
-                report: rep.CompileReport, mode: str | None = None, depth: int = 0,
-                label: str | None = None) -> Any:
+                report: rep.CompileReport, mode: str | None = None, per_byte: float = 1.0,
+                depth: int = 0, label: str | None = None) -> Any:
         """Piece ``index``, which the search found nothing for, cut at its matmuls' inputs
         (``partition(..., levels=True)``) into parts decided one by one (``_piece``; their
         reports follow the piece's in ``report``); a part the search finds nothing for either
         is cut once more, each matmul also from what follows it (``levels=EPILOGUES``: a
         projection apart from its RoPE rotation), as is a piece of one level of matmuls.
         Returns the piece's module with the chosen parts replaced, or None (fewer than two
-        parts, or none replaced)."""
+        parts, or none replaced). ``per_byte``: the piece's weight per byte it moves (1 where
+        weights are bytes), which its parts are weighed by."""
         parts = None
         for levels in ((True, EPILOGUES) if depth == 0 else (EPILOGUES,)):
             try:
@@ -429,7 +492,7 @@ class Backend:
         piece_report.reason += f"; searched in {len(parts.pieces)} parts ({label}.0–{last})"
         replaced = 0
         traced = [self._trace(part) for part in parts.pieces]
-        weights = [self._budget.weigh(_moved(t)) for t in traced]
+        weights = [self._budget.weigh(_moved(t) * per_byte) for t in traced]
         self._budget.add(sum(weights))  # the parts share what is left with the pieces
         for j, part in enumerate(parts.pieces):
             part_report, replacement = self._piece(index, part, weights[j], mode, traced[j])
@@ -439,20 +502,21 @@ class Backend:
             report.pieces.append(part_report)
             if replacement is None and depth == 0 and part_report.nothing_found():
                 part_piece = replace(part, name=part_report.name)
-                replacement = self._refine(index, part_piece, part_report, report, mode, 1,
-                                           f"{label}.{j}")
+                replacement = self._refine(index, part_piece, part_report, report, mode,
+                                           per_byte, 1, f"{label}.{j}")
             if replacement is not None:
                 setattr(parts.module, part.name, replacement)
                 replaced += 1
         return parts.module if replaced else None
 
     def _decide(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport,
-                weight: float, mode: str | None = None
+                weight: float, mode: str | None = None, room: Room | None = None
                 ) -> tuple[PieceDecision, Runner | None, bool]:
-        """Search (with the piece's share of the compilation's time budget, ``fx.budget``),
-        compile, check and (on a GPU) time. Returns the decision, the compiled runner when the
-        decision is to replace, and whether the decision may be cached (not when the piece was
-        refused or left unsearched before any search, nor after an unexpected failure)."""
+        """Search (with the piece's share of the compilation's time budget, ``fx.budget``;
+        not where ``room`` says Inductor's code is at the floor), compile, check and (on a GPU)
+        time. Returns the decision, the compiled runner when the decision is to replace, and
+        whether the decision may be cached (not when the piece was refused or left unsearched
+        before any search, nor after an unexpected failure)."""
         from ..rank.measured import keep_jax_off_the_gpu
 
         keep_jax_off_the_gpu()  # the verifier's JAX on the CPU, in this process and the workers
@@ -465,6 +529,10 @@ class Backend:
             decision.search_seconds = None  # no search ran in this compilation
             out.search_cache = "hit"
             lasting = True
+        elif room is not None and room.at_floor():  # no form can gain: nothing to search
+            decision = PieceDecision(reason=room.reason())
+            decision.times = {"inductor_us": room.inductor_us}
+            return decision, None, True
         else:
             decision, lasting = self._search(piece, traced, out, weight)
             if self.cache is not None and skey is not None and lasting:
@@ -680,61 +748,6 @@ def _moved(traced: TracedProgram | EMError) -> int:
     ``gpu.floor.io_bytes``; 0 for a piece that does not trace): the order pieces are decided
     in, the largest first, so that the time budget goes first where the layer's time is."""
     return io_bytes(traced.graph) if isinstance(traced, TracedProgram) else 0
-
-
-def _rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None,
-          dynamo: Any = None) -> Callable[..., Any]:
-    """``module`` compiled by Inductor, or as is for ``rest="eager"``. ``dynamo``: the graph
-    Dynamo handed the backend, when ``module`` is another over the same inputs (its pieces
-    replaced), whose metadata Inductor is given (``_as_dynamo_s``)."""
-    if rest == "eager":
-        return module
-    source = module if dynamo is None else dynamo
-    # a plain GraphModule: torch.export's module carries a lambda that Inductor's cache of
-    # compiled graphs cannot pickle
-    module = _as_dynamo_s(torch.fx.GraphModule(module, module.graph), source)
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
-
-    patches = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
-    if any(isinstance(m, PieceCall) for m in module.modules()):
-        # Inductor's on-disk cache of compiled graphs would key on our ops by name only (and
-        # cannot pickle their implementations): off for graphs that call them
-        patches["fx_graph_cache"] = False
-        patches.update(timing.ours_launched_patches())  # their launches as cheap as Inductor's
-    return compile_fx(module, list(example_inputs), config_patches=patches or None)
-
-
-def _as_dynamo_s(module: Any, dynamo: Any) -> Any:
-    """``module`` with the metadata by which Inductor knows a graph of Dynamo's (``dynamo``'s
-    ``meta``, its parameters' sources, each input's source and recorded tensor attributes, by
-    position), where both have as many inputs. From these Inductor reads which inputs have
-    static addresses (parameters, and buffers marked so, as transformers' static cache is):
-    without them a graph that writes such an input in place runs without CUDA graphs under
-    ``mode="reduce-overhead"`` ("skipping cudagraphs due to mutated inputs"). The pieces' own
-    buffers (``PieceCall.counters``, which no source of Dynamo's names) get a source each
-    (``ConstantSource``), so that Inductor takes them as the static inputs they are."""
-    from torch._dynamo.source import ConstantSource
-
-    ours = [n for n in module.graph.nodes if n.op == "placeholder"]
-    theirs = [n for n in dynamo.graph.nodes if n.op == "placeholder"]
-    if len(ours) != len(theirs):
-        return module
-    for key, value in dynamo.meta.items():
-        module.meta.setdefault(key, value)
-    sources = getattr(dynamo, "_param_name_to_source", None)
-    pieces = {f"{name}.counters" for name, m in module.named_modules()
-              if isinstance(m, PieceCall) and m.counters is not None}
-    held = itertools.chain(module.named_parameters(), module.named_buffers())
-    if sources is not None and all(name in sources or name in pieces for name, _ in held):
-        module._param_name_to_source = {
-            **sources, **{name: ConstantSource(f"egraph_mirage:{name}") for name in pieces}}
-    for a, b in zip(theirs, ours):
-        if hasattr(a, "_dynamo_source"):
-            b._dynamo_source = a._dynamo_source
-        if "tensor_dict" in a.meta:
-            b.meta.setdefault("tensor_dict", a.meta["tensor_dict"])
-    return module
 
 
 def _check(runner: Runner, piece: Piece) -> float:

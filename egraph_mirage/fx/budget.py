@@ -8,12 +8,21 @@ seconds away. The rule, one line:
     weights of the pieces not yet reached (itself included); a piece refined into parts adds
     its parts' weights to those.
 
-A piece's weight is the bytes it moves (its inputs read and outputs written once,
-``gpu.floor.io_bytes``: at small batch what its kernels' time is bound by, so what a faster
-form of it can gain) plus a quarter of the mean of the compilation's distinct pieces' bytes
-(``FLOOR_SHARE``: a small piece still gets some time). So a 16 KB RMSNorm cut from a layer's
-MLP is not searched for as long as the 117 MB down projection; pieces of equal sizes get
-equal shares.
+A piece's weight is what a faster form of it can gain, plus a quarter of the mean of the
+compilation's distinct pieces' (``FLOOR_SHARE``: a small piece still gets some time):
+
+- **where the backend times on a GPU, its room** (``Room``): Inductor's µs for the piece
+  (CUDA-graph replay, timed before any search) less its copy floor's (the bytes it moves over
+  the copy bandwidth, ``gpu.floor``). A piece whose Inductor code already runs within
+  ``AT_FLOOR`` of its floor is not searched at all (``AT_FLOOR_REASON``): no kernel can gain
+  there, and its share goes to the pieces that can. So an MLP's GEMV pair that Inductor runs at
+  the floor leaves its time to the attention projections above it;
+- **elsewhere, the bytes it moves** (its inputs read and outputs written once,
+  ``gpu.floor.io_bytes``: at small batch what its kernels' time is bound by). So a 16 KB
+  RMSNorm cut from a layer's MLP is not searched for as long as the 117 MB down projection;
+  pieces of equal sizes get equal shares.
+
+The parts of a refined piece share its weight in proportion to the bytes each moves.
 
 Every piece is searched whole before any piece is refined (a whole block fused is worth more
 than its parts), those that move the most bytes first (where the layer's time is), and with
@@ -44,8 +53,35 @@ from dataclasses import dataclass
 
 #: the reason a piece reached once the compilation's time budget was spent is kept
 SPENT = "not searched: the compilation's time budget was spent"
-#: every piece's weight has this share of the mean distinct piece's bytes added
+#: every piece's weight has this share of the mean distinct piece's weight added
 FLOOR_SHARE = 0.25
+#: a piece whose Inductor code runs in at most this many times its copy floor's µs is not
+#: searched (on a GPU host, where timing Inductor's code before the search says so)
+AT_FLOOR = 1.05
+#: the reason such a piece is kept
+AT_FLOOR_REASON = "not searched: Inductor's code runs at the copy floor"
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a piece's search can gain on a GPU: Inductor's µs for the piece (CUDA-graph replay)
+    and the µs of its copy floor (its bytes over the copy bandwidth)."""
+
+    inductor_us: float
+    floor_us: float
+
+    @property
+    def us(self) -> float:
+        """µs above the floor (0 where Inductor's code is at or below it)."""
+        return max(self.inductor_us - self.floor_us, 0.0)
+
+    def at_floor(self) -> bool:
+        """Whether no search is worth its time: Inductor's code within ``AT_FLOOR``."""
+        return self.inductor_us <= AT_FLOOR * self.floor_us
+
+    def reason(self) -> str:
+        return (f"{AT_FLOOR_REASON} ({self.inductor_us:.1f} µs, floor {self.floor_us:.1f} µs, "
+                "graph replay)")
 
 
 @dataclass
@@ -64,21 +100,21 @@ class CompileBudget:
         """A deadline ``seconds`` from now (None: none)."""
         return cls(None if seconds is None else time.monotonic() + seconds)
 
-    def pieces(self, moved: list[int], reserve: bool) -> float:
-        """The compilation's distinct pieces, which move ``moved`` bytes each, added, and with
-        ``reserve`` one share more for the parts of refined pieces; returns the mean piece's
-        weight (the reserve's)."""
-        mean = sum(moved) / max(len(moved), 1)
-        self.floor = max(FLOOR_SHARE * mean, 1.0)
-        self.add(sum(self.weigh(m) for m in moved))
-        mean_weight = self.weigh(int(mean))
+    def pieces(self, gains: list[float], reserve: bool) -> float:
+        """The compilation's distinct pieces, whose searches can gain ``gains`` each (bytes
+        moved, or µs of room: one unit for all), added, and with ``reserve`` one share more for
+        the parts of refined pieces; returns the mean piece's weight (the reserve's)."""
+        mean = sum(gains) / max(len(gains), 1)
+        self.floor = max(FLOOR_SHARE * mean, 1e-9)
+        self.add(sum(self.weigh(m) for m in gains))
+        mean_weight = self.weigh(mean)
         if reserve:
             self.add(mean_weight)
         return mean_weight
 
-    def weigh(self, moved: int) -> float:
-        """The weight of a piece or part that moves ``moved`` bytes."""
-        return moved + self.floor
+    def weigh(self, gain: float) -> float:
+        """The weight of a piece or part whose search can gain ``gain`` (``pieces``' unit)."""
+        return gain + self.floor
 
     def add(self, weight: float) -> None:
         """More to decide: the partition's pieces, or the parts of a refined piece."""
@@ -104,4 +140,4 @@ class CompileBudget:
         return None if left is None else left * weight / max(self.weight, weight)
 
 
-__all__ = ["FLOOR_SHARE", "SPENT", "CompileBudget"]
+__all__ = ["AT_FLOOR", "AT_FLOOR_REASON", "FLOOR_SHARE", "SPENT", "CompileBudget", "Room"]

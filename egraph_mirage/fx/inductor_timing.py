@@ -102,20 +102,41 @@ def time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
     Inductor compiles for that function, where it compiles; otherwise through the custom op
     the piece would become, whose call costs host time Inductor's launch does not. Inductor
     compiles the piece in ``torch.compile``'s ``mode``."""
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
-
     xs = list(piece.example_inputs)
-    # outside Dynamo's tracing context: compiling the piece must not add guards (on symbols
-    # of its own) to the shape environment of the graph being compiled
+    theirs = _inductor_compiled(piece, mode)
     with torch._guards.tracing(None):
-        theirs = compile_fx(piece.module, xs, config_patches=dict(
-            list_mode_options(mode)) if mode not in (None, "default") else None)
         ours = _launched_by_inductor(launch, xs) if launch is not None else None
     if ours is None:
         op = define_piece_op(runner, traced, f"{piece.name}_timed")
         ours = lambda *a: op.op(list(a))  # noqa: E731
     return time_pair(ours, lambda *a: theirs(*a), xs, ("graph", "plain"))
+
+
+def time_inductor(piece: Piece, mode: str | None = None) -> float | None:
+    """Inductor's µs per call of the piece on its example inputs under CUDA-graph replay, its
+    code compiled in ``torch.compile``'s ``mode`` (None where a graph cannot be captured): what
+    the backend weighs a piece's search by before searching (``fx.budget.Room``)."""
+    from ..gpu.timing import CudaTimer, TimingConfig
+
+    xs = list(piece.example_inputs)
+    theirs = _inductor_compiled(piece, mode)
+    timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
+    try:
+        return timer.graph(lambda *a: theirs(*a), [xs])
+    except Exception:  # not capturable
+        return None
+
+
+def _inductor_compiled(piece: Piece, mode: str | None) -> Callable[..., Any]:
+    """The piece's module compiled by Inductor in ``torch.compile``'s ``mode``."""
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    # outside Dynamo's tracing context: compiling the piece must not add guards (on symbols
+    # of its own) to the shape environment of the graph being compiled
+    with torch._guards.tracing(None):
+        return compile_fx(piece.module, list(piece.example_inputs), config_patches=dict(
+            list_mode_options(mode)) if mode not in (None, "default") else None)
 
 
 def ours_launched_patches() -> dict[str, Any]:
@@ -184,4 +205,5 @@ def fmt_times(times: Mapping[str, float | None]) -> str:
 
 
 __all__ = ["PLAIN_ROUNDS", "PLAIN_TIMING", "TIMED", "TIMES", "TIME_FIELDS", "fmt_times",
-           "key_settings", "kinds", "time_against_inductor", "time_graphs", "time_pair"]
+           "key_settings", "kinds", "time_against_inductor", "time_graphs", "time_inductor",
+           "time_pair"]

@@ -1,0 +1,71 @@
+"""The rest of a graph: what the backend hands Inductor (or runs as is), the replaced pieces
+among it, with the metadata Dynamo gave the graph carried over."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import inductor_timing as timing
+from .runtime import PieceCall
+
+
+def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None,
+          dynamo: Any = None) -> Callable[..., Any]:
+    """``module`` compiled by Inductor, or as is for ``rest="eager"``. ``dynamo``: the graph
+    Dynamo handed the backend, when ``module`` is another over the same inputs (its pieces
+    replaced), whose metadata Inductor is given (``as_dynamo_s``)."""
+    if rest == "eager":
+        return module
+    source = module if dynamo is None else dynamo
+    # a plain GraphModule: torch.export's module carries a lambda that Inductor's cache of
+    # compiled graphs cannot pickle
+    module = as_dynamo_s(torch.fx.GraphModule(module, module.graph), source)
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    patches = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
+    if any(isinstance(m, PieceCall) for m in module.modules()):
+        # Inductor's on-disk cache of compiled graphs would key on our ops by name only (and
+        # cannot pickle their implementations): off for graphs that call them
+        patches["fx_graph_cache"] = False
+        patches.update(timing.ours_launched_patches())  # their launches as cheap as Inductor's
+    return compile_fx(module, list(example_inputs), config_patches=patches or None)
+
+
+def as_dynamo_s(module: Any, dynamo: Any) -> Any:
+    """``module`` with the metadata by which Inductor knows a graph of Dynamo's (``dynamo``'s
+    ``meta``, its parameters' sources, each input's source and recorded tensor attributes, by
+    position), where both have as many inputs. From these Inductor reads which inputs have
+    static addresses (parameters, and buffers marked so, as transformers' static cache is):
+    without them a graph that writes such an input in place runs without CUDA graphs under
+    ``mode="reduce-overhead"`` ("skipping cudagraphs due to mutated inputs"). The pieces' own
+    buffers (``PieceCall.counters``, which no source of Dynamo's names) get a source each
+    (``ConstantSource``), so that Inductor takes them as the static inputs they are."""
+    from torch._dynamo.source import ConstantSource
+
+    ours = [n for n in module.graph.nodes if n.op == "placeholder"]
+    theirs = [n for n in dynamo.graph.nodes if n.op == "placeholder"]
+    if len(ours) != len(theirs):
+        return module
+    for key, value in dynamo.meta.items():
+        module.meta.setdefault(key, value)
+    sources = getattr(dynamo, "_param_name_to_source", None)
+    pieces = {f"{name}.counters" for name, m in module.named_modules()
+              if isinstance(m, PieceCall) and m.counters is not None}
+    held = itertools.chain(module.named_parameters(), module.named_buffers())
+    if sources is not None and all(name in sources or name in pieces for name, _ in held):
+        module._param_name_to_source = {
+            **sources, **{name: ConstantSource(f"egraph_mirage:{name}") for name in pieces}}
+    for a, b in zip(theirs, ours):
+        if hasattr(a, "_dynamo_source"):
+            b._dynamo_source = a._dynamo_source
+        if "tensor_dict" in a.meta:
+            b.meta.setdefault("tensor_dict", a.meta["tensor_dict"])
+    return module
+
+
+__all__ = ["as_dynamo_s", "compile_rest"]
