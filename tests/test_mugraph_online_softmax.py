@@ -88,8 +88,9 @@ def test_online_softmax_mistakes_are_rejected(name: str, wrong: dict) -> None:
 
 
 def test_running_max_and_rescale_semantics() -> None:
-    """A rescaled plain accumulator is sum_i x_i exp(m_i - m_last); the running max is
-    cumulative; both evaluators agree, also for a rescale tile that is not a max."""
+    """A rescaled plain accumulator is sum_i x_i exp(m_i - max m), which for a running max is
+    exp(m_i - m_last); the running max is cumulative; both evaluators agree, also for a rescale
+    tile that is not a running max (its weights relative to its own largest value)."""
     g = em.new_kernel_graph()
     X = g.new_input((4, 32))
     tb = em.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4, reduction_dimx=4)
@@ -97,7 +98,7 @@ def test_running_max_and_rescale_semantics() -> None:
     m = tb.forloop_max(x)
     assert m.side == "loop" and m.dims == (2, 1)
     tb.new_output(tb.forloop_accum(x, "sum", rescale=m), (0, -1, -1))
-    tb.new_output(tb.forloop_accum(x, rescale=x), (0, -1, -1))  # weights exp(x_i - x_last)
+    tb.new_output(tb.forloop_accum(x, rescale=x), (0, -1, -1))  # weights exp(x_i - max x)
     tb.new_output(tb.forloop_accum(x, "sum_todimx", rescale=m), (0, -1, -1))
     outs = g.customized([X], tb)
     for o in outs:
@@ -107,7 +108,7 @@ def test_running_max_and_rescale_semantics() -> None:
     run = np.maximum.accumulate(x4.max(-1), axis=1)  # (rows, iteration)
     w = np.exp(run - run[:, -1:])
     assert np.allclose(g.evaluate(xs)[0][:, 0], (x4.sum(-1) * w).sum(1))
-    assert np.allclose(g.evaluate(xs)[1], (x4 * np.exp(x4 - x4[:, -1:])).sum(1))
+    assert np.allclose(g.evaluate(xs)[1], (x4 * np.exp(x4 - x4.max(1, keepdims=True))).sum(1))
     for a, b in zip(em.run_reference(g, xs), g.evaluate(xs)):
         assert np.allclose(a, b, rtol=1e-12)
     assert em.verify(g, g).equivalent

@@ -37,12 +37,12 @@ def running_max(x: torch.Tensor) -> torch.Tensor:
     return accs.running_max_in(accs.torch_ops(), x)
 
 
-def rescale(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+def rescale(x: torch.Tensor, m: torch.Tensor, running: bool = True) -> torch.Tensor:
     """The terms ``x_i * w_i`` of ``forloop_accum_rescale`` (``m`` with every iteration on the
     loop axis): ``w_i = exp(m_i - m_last)``, 1 for the last iteration, NaN where a later factor
     ``exp(m_(j-1) - m_j)`` is NaN, so that the sum is the per-block recurrence's total
     (``mugraph.accumulators.rescale_in``)."""
-    return accs.rescale_in(accs.torch_ops(), x, m)
+    return accs.rescale_in(accs.torch_ops(), x, m, running)
 
 
 def _customized(xs: Sequence[torch.Tensor], p: Params, hold: torch.dtype | None = None

@@ -341,8 +341,11 @@ class KernelWriter:
             self.pre.append(f"{name} = tl.zeros({self.layout.shape(padded)}, tl.float32)")
             operands = [x]
             if len(t.operands) == 2:
-                operands.append(self._rescale_factor(t.operands[1], dims.get(1, [])))
-                self.loop.append(f"{name} = {name} * {operands[1].name} + {step}")
+                factor, weight = self._rescale_factor(t.operands[1], dims.get(1, []))
+                operands.append(factor)
+                if weight is not None:  # a rescale tile that is not a running max
+                    step = f"({step}) * {weight.name}"
+                self.loop.append(f"{name} = {name} * {factor.name} + {step}")
             else:
                 self.loop.append(f"{name} += {step}")
             natural, zero = self._natural(t, rel, operands, len(t.operands) == 1)
@@ -352,23 +355,44 @@ class KernelWriter:
         if done != name:
             self.post.append(f"{name} = {done}")
 
-    def _rescale_factor(self, tile: BlockTensor, dims: Sequence[int]) -> Val:
+    def _rescale_factor(self, tile: BlockTensor, dims: Sequence[int]) -> tuple[Val, Val | None]:
         """The factor ``exp(m_prev - m)`` of rescale tile ``tile`` (``m``) in this iteration,
         0 in the first (whose total is just its step, as in the reference interpreter, also
-        for an infinite ``m``), with block dimensions ``dims`` brought down to 1. One variable
-        per distinct factor, shared by the accumulators that use it."""
+        for an infinite ``m``), with block dimensions ``dims`` brought down to 1; and None, or
+        for a tile that is not a running max, the weight of this iteration's term: then
+        ``m_prev`` and ``m`` in the factor are the tile's running max before and after this
+        iteration (``b<i>_top``), and the weight is ``exp(m_i - b<i>_top)``. One variable per
+        distinct factor or weight, shared by the accumulators that use it."""
         m = self.vals[tile.index]
+        running = tile.op == "forloop_max"
+        top = m.f32 if running else f"b{tile.index}_top"
         if tile.index not in self._prev:  # m of the previous iteration, fp32 (loop-carried)
             self._prev[tile.index] = prev = f"b{tile.index}_prev"
-            self.pre.append(f"{prev} = tl.zeros({self.layout.shape(m.padded)}, tl.float32)")
-            self.loop_tail.append(f"{prev} = {m.f32}")
-        factor = triton_exp(f"{self._prev[tile.index]} - {m.f32}")
-        full = Val(f"tl.where(i > 0, {factor}, 0.0)",
-                   m.real, m.padded, "tl.float32", zero_pad=False)
+            shape = self.layout.shape(m.padded)
+            if running:
+                self.pre.append(f"{prev} = tl.zeros({shape}, tl.float32)")
+            else:  # the tile's own running max, before and after this iteration
+                self.pre.append(f"{prev} = tl.full({shape}, float('-inf'), tl.float32)")
+                self.loop.append(f"{top} = tl.maximum({prev}, {m.f32})")
+            self.loop_tail.append(f"{prev} = {top}")
+        factor = triton_exp(f"{self._prev[tile.index]} - {top}")
+        scale = self._per_iteration(tile, Val(f"tl.where(i > 0, {factor}, 0.0)", m.real,
+                                              m.padded, "tl.float32", zero_pad=False),
+                                    dims, "scale")
+        if running:
+            return scale, None
+        weight = Val(triton_exp(f"{m.f32} - {top}"), m.real, m.padded, "tl.float32",
+                     zero_pad=False)
+        return scale, self._per_iteration(tile, weight, dims, "weight")
+
+    def _per_iteration(self, tile: BlockTensor, full: Val, dims: Sequence[int],
+                       hint: str) -> Val:
+        """``full`` with block dimensions ``dims`` brought down to 1, bound in the loop to a
+        variable of its own (one per distinct expression)."""
         small = shrink(full, dims, self.layout)
         if small.name not in self._factors:
             self._fresh += 1
-            self._factors[small.name] = f"b{tile.index}_scale{self._fresh}"
+            self._factors[small.name] = f"b{tile.index}_{hint}{self._fresh}"
             self.loop.append(f"{self._factors[small.name]} = {small.name}")
         return replace(small, name=self._factors[small.name])
 

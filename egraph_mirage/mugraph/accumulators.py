@@ -372,19 +372,35 @@ def running_max_expr(t: Term, tile: Dims, count: int) -> Term:
     return app("Max", count, t) if count > 1 else t
 
 
+def shifted(term: Term, m: Term) -> Term:
+    """The abstract expression of an accumulator rescaled by a tile that is not a running max,
+    from the plain accumulator's (``term``) and the rescale tile's (``m``): its sum ``(Sum n a)``
+    becomes ``(SumShift n a m)``, each term weighted by ``exp(m - the max of m)`` (inside a
+    mean's quotient too); a loop of one term is unweighted (``exp(m - m)``)."""
+    if term.op == "Sum":
+        n, a = term.args
+        return app("SumShift", n, a, m)
+    if term.op == "Div" and isinstance(term.args[0], Term) and term.args[0].op == "Sum":
+        return app("Div", shifted(term.args[0], m), term.args[1])
+    return term
+
+
 def running_max_in(o: ArrayOps, x: Any) -> Any:
     """Running max on the vectorised layout: the row max, then the maximum over the iterations
     so far (NaN propagates)."""
     return o.cummax(o.xp.amax(x, axis=-1, keepdims=True), LOOP)
 
 
-def rescale_in(o: ArrayOps, x: Any, m: Any) -> Any:
+def rescale_in(o: ArrayOps, x: Any, m: Any, running: bool = True) -> Any:
     """``x_i * w_i``: the terms of a rescaled accumulator, ``m`` with every iteration on the loop
-    axis. ``w_i = exp(m_i - m_last)`` (1 for the last iteration), which is what the per-block
+    axis. ``w_i = exp(m_i - max_j m_j)``. For a running max (``running``, m never falls) that
+    is ``exp(m_i - m_last)`` (1 for the last iteration), which is what the per-block
     recurrence multiplies term i by, ``prod_(j > i) exp(m_(j-1) - m_j)``, also for infinite
     values: a factor ``exp(m_(j-1) - m_j)`` that is NaN (both infinite alike, e.g. two tiles of
     -inf scores) makes every earlier term NaN, as it does in the recurrence."""
     xp, last = o.xp, m.shape[LOOP] - 1
+    if not running:  # any tile: weights relative to its largest value over the loop
+        return x * xp.exp(m - xp.amax(m, axis=LOOP, keepdims=True))
     w = xp.exp(m - o.part(m, last, None, LOOP))
     bad = xp.isnan(o.part(m, 1, None, LOOP) - o.part(m, 0, last, LOOP))  # factor j at j - 1
     later = xp.sum(bad, axis=LOOP, keepdims=True) - xp.cumsum(bad, axis=LOOP) + bad > 0
@@ -397,9 +413,9 @@ def running_max_ref(x: np.ndarray) -> np.ndarray:
     return running_max_in(NUMPY, x)
 
 
-def rescale_ref(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+def rescale_ref(x: np.ndarray, m: np.ndarray, running: bool = True) -> np.ndarray:
     """Float terms of a rescaled accumulator (``rescale_in`` with numpy)."""
-    return rescale_in(NUMPY, x, m)
+    return rescale_in(NUMPY, x, m, running)
 
 
 def running_max_ff(f: Any, x: Any) -> Any:
@@ -413,14 +429,21 @@ def running_max_ff(f: Any, x: Any) -> Any:
     return f.apply_table("max", h)
 
 
-def rescale_ff(f: Any, x: Any, m: Any) -> Any:
-    """``x_i * exp(m_i - m_last)`` over Z_p x Z_q (exp of the q-parts: needs m's q-part)."""
-    last = f.arrays.take(m, -1, LOOP)
+def rescale_ff(f: Any, x: Any, m: Any, running: bool = True) -> Any:
+    """``x_i * exp(m_i - max_j m_j)`` over Z_p x Z_q (exp of the q-parts: needs m's q-part).
+    For a running max, ``max_j m_j`` is ``m_last``; for any other tile it is the max over the
+    loop of its values, uninterpreted as every max is (``running_max_ff``): exp being a
+    homomorphism, a program whose result does not depend on it (a ratio of sums rescaled
+    alike) agrees whatever value it takes."""
+    top = running_max_ff(f, m) if not running else m
+    last = f.arrays.take(top, -1, LOOP)
     return f.mul(x, f.exp(f.add(m, f.mul(last, f.constant(-1, last)))))
 
 
 def rescale_step(total: np.ndarray | None, step: np.ndarray, m_prev: np.ndarray | None,
                  m: np.ndarray) -> np.ndarray:
     """One iteration of a rescaled accumulator in the per-block interpreter: the running total
-    is multiplied by ``exp(m_prev - m)`` before this iteration's term is added."""
+    is multiplied by ``exp(m_prev - m)`` before this iteration's term is added. For a rescale
+    tile that is not a running max, ``m_prev`` and ``m`` are its running max before and after
+    this iteration, and the caller weights ``step`` by ``exp(m_i - m)`` first."""
     return step if total is None else total * np.exp(m_prev - m) + step

@@ -62,12 +62,15 @@ class GraphDefinedKernel:
             if t.op == "input":
                 terms[t.index] = input_terms[t.params["position"]]
             elif t.op in ("forloop_accum", "forloop_accum_rescale"):
-                # rescaled: exp(m_i - m_last) is 1 once indices are abstracted away, so the
-                # expression is the plain accumulator's (docs/mugraph.md, section 6)
+                # rescaled by a running max: exp(m_i - m_last) is 1 once indices are abstracted
+                # away, so the expression is the plain accumulator's; by any other tile, each
+                # term weighted by exp(m_i - max m) (docs/mugraph.md, section 6)
                 a = t.operands[0]
                 acc = lookup_accumulator(t.params["acc"])
                 terms[t.index] = acc.expr(terms[a.index], a.dims, tb.forloop_range,
                                           tb.reduction_dimx)
+                if t.op == "forloop_accum_rescale" and t.operands[1].op != "forloop_max":
+                    terms[t.index] = accs.shifted(terms[t.index], terms[t.operands[1].index])
             elif t.op == "forloop_max":
                 (a,) = t.operands
                 count = a.dims[-1] * (tb.forloop_range if a.side == LOOP_SIDE else 1)
@@ -135,13 +138,16 @@ class GraphDefinedKernel:
                                                tb.reduction_dimx)
                 elif t.op == "forloop_accum_rescale":  # m with every iteration, also if invariant
                     m = xp.broadcast_to(args[1], _with_loop(args[1].shape, tb.forloop_range))
-                    vals[t.index] = accumulate(t.params["acc"], rescale(args[0], m),
+                    running = t.operands[1].op == "forloop_max"
+                    vals[t.index] = accumulate(t.params["acc"], rescale(args[0], m, running),
                                                tb.forloop_range, tb.reduction_dimx)
                 elif t.op == "forloop_max":
                     vals[t.index] = running_max(args[0])
                 else:
                     vals[t.index] = apply_op(t.op, args, t.params)
-            return [vals[t.index] for t, _ in tb.outputs]
+            # a running max written as an output: its value after the loop
+            return [_last(xp, vals[t.index]) if t.op == "forloop_max" and t.side == LOOP_SIDE
+                    else vals[t.index] for t, _ in tb.outputs]
 
         raw = {t.index: inputs[t.params["position"]] for t in tb.inputs if t.index in needed}
         saved = split(body, raw) if split else body(raw, tb.grid_dim, {})
@@ -197,10 +203,16 @@ class GraphDefinedKernel:
                     elif t.op == "forloop_accum_rescale":
                         x, m = (vals[o.index] for o in t.operands)
                         step = lookup_accumulator(t.params["acc"]).step(x, tb.reduction_dimx)
+                        if t.operands[1].op != "forloop_max":  # m's own running max, and
+                            # each term weighted by exp(m_i - it)
+                            top = m if it == 0 else np.maximum(prev[t.index], m)
+                            step, m = step * np.exp(m - top), top
                         sums[t.index] = accs.rescale_step(sums.get(t.index), step,
                                                           prev.get(t.index), m)
                         prev[t.index] = m
-            vals = {i: v for i, v in vals.items() if tb.tensors[i].side == INVARIANT}
+            # the invariant tiles, and a running max's last value (any tile, without a loop)
+            vals = {i: v for i, v in vals.items() if tb.tensors[i].side == INVARIANT
+                    or tb.tensors[i].op == "forloop_max" or tb.forloop_range == 1}
             for t in tb.tensors:
                 if t.side != EPILOGUE:
                     continue
@@ -217,6 +229,14 @@ class GraphDefinedKernel:
                               for d in range(len(t.dims)))
                 outs[i][index] = vals[t.index]
         return outs
+
+
+def _last(xp: Any, x: Any) -> Any:
+    """The last iteration of a loop-side value on the vectorised layout (kept with size 1);
+    values that cannot be sliced (the field's pairs) through ``xp.take``."""
+    if not hasattr(x, "__getitem__"):
+        return xp.take(x, -1, accs.LOOP)
+    return x[(slice(None),) * accs.LOOP + (slice(x.shape[accs.LOOP] - 1, None),)]
 
 
 def _with_loop(shape: Sequence[int], iters: int) -> list[int]:

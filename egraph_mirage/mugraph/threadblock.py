@@ -9,7 +9,8 @@
     (O,) = g.customized([X, W], tb)
 
 Operators before a ``forloop_accum`` run every iteration; operators after it run once, after the
-loop (the epilogue). Every output passes through an accumulator. For online softmax,
+loop (the epilogue). Every output passes through an accumulator, or is a running max (its value
+after the loop). For online softmax,
 ``tb.forloop_max(s)`` is the running max of ``s`` (a loop-side tile) and
 ``tb.forloop_accum(x, rescale=m)`` rescales earlier iterations' sums by ``exp(m_old - m_new)``.
 """
@@ -163,9 +164,13 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
                       rescale: BlockTensor | None = None) -> BlockTensor:
         """Combine ``A`` across the loop's iterations; the result lives after the loop.
 
-        ``rescale=m`` (a loop-side tile, usually ``forloop_max``'s) weights iteration i's term by
-        ``exp(m_i - m_last)``: each step multiplies the running total by ``exp(m_prev - m_i)``
-        before adding (linear kinds only: plain, sum, mean, sum_todimx)."""
+        ``rescale=m`` (a loop-side tile) weights iteration i's term by ``exp(m_i - max m)``, the
+        max over the loop (linear kinds only: plain, sum, mean, sum_todimx). For a running max
+        (``forloop_max``, FlashAttention's form) that is ``exp(m_i - m_last)``: each step
+        multiplies the running total by ``exp(m_prev - m_i)`` before adding. For any other tile
+        (the maxima of split-KV partials, loaded by the kernel combining them) the block keeps
+        its running max ``r`` too: the total is multiplied by ``exp(r_prev - r_i)`` and the
+        term by ``exp(m_i - r_i)``, factors of at most 1 both."""
         what = "forloop_accum"
         self._check_tile(what, A)
         if acc is not None and not isinstance(acc, str):
@@ -207,10 +212,12 @@ class ThreadBlockGraph(OpShorthands[BlockTensor]):
             raise BlockGraphError(f"{what}: operand is not a tile of this block graph")
 
     def new_output(self, A: BlockTensor, output_map: Sequence[int]) -> None:
-        """Save ``A`` (after an accumulator); blocks are placed by ``output_map``."""
+        """Save ``A`` (after an accumulator, or a running max: its value after the loop, the
+        max over every iteration; without a loop, ``forloop_range`` 1, any tile);
+        blocks are placed by ``output_map``."""
         if not isinstance(A, BlockTensor) or A.graph is not self:
             raise BlockGraphError("new_output: operand is not a tile of this block graph")
-        if A.side != EPILOGUE:
+        if A.side != EPILOGUE and A.op != "forloop_max" and self.forloop_range > 1:
             raise BlockGraphError(f"new_output: b{A.index} ({A.op}) has not passed through a "
                                   "forloop_accum; every output needs one")
         self._check_open("new_output")

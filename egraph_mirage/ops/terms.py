@@ -63,6 +63,13 @@ def exponential(kids: Sequence[Degree]) -> Degree:
     return (kids[0][0], _exps(kids) + 1)
 
 
+def rescaled_sum(kids: Sequence[Degree]) -> Degree:
+    """A sum of terms each weighted by an exp (``SumShift``): the terms' degree plus the
+    weight's, one more exp on the weight's path."""
+    (a, ea), (m, em) = kids
+    return (a + m, max(ea, em + 1))
+
+
 def opaque(kids: Sequence[Degree]) -> Degree:
     """A function without an algebraic model (a random function in the verifier): degree 1."""
     return (1, _exps(kids))
@@ -120,6 +127,10 @@ CORE_TERMS: tuple[Constructor, ...] = (
     Constructor("Rms", ("i64", "Expr"), "root mean square of n elements", 6.0, opaque),
     Constructor("Max", ("i64", "Expr"), "the max of n elements (amax, online softmax's running "
                 "max)", 4.0, opaque),
+    Constructor("SumShift", ("i64", "Expr", "Expr"), "the sum of n instances of a, each times "
+                "exp(m - the max of the n instances of m): an accumulator rescaled by a tile "
+                "that is not a running max (split-KV's partials, each with its own max)", 2.0,
+                rescaled_sum),
 )
 
 

@@ -2,8 +2,9 @@
 
 Every term denotes a vector of ``L`` values, each a pair ``(x mod P, x mod Q)`` with
 ``P = 2Q + 1`` prime; element-wise constructors mean what their op-table entry's finite-field
-semantics (``OpSpec.ff``) says, ``Sum``/``Rms``/``Concat`` are index-free, and anything else is
-a random function. ``check`` evaluates both sides of a ``Claim`` on random instances.
+semantics (``OpSpec.ff``) says, ``Sum``/``Rms``/``Concat``/``Max``/``SumShift`` are index-free,
+and anything else is a random function. ``check`` evaluates both sides of a ``Claim`` on random
+instances.
 """
 
 from __future__ import annotations
@@ -256,6 +257,15 @@ class Model:
             mean = self.arith.div(self.sum(n, tuple(self.arith.mul(x, x) for x in a[1])),
                                   (n % P, n % Q))
             return (self.arith.apply_table("sqrt", mean),) * L  # sqrt: the Sqrt entry's table
+        if op == "Max":
+            return (self.max(a[0], a[1]),) * L
+        if op == "SumShift":  # sum over i < n of a[i] * exp(m[i] - max of m[0..n-1])
+            n, x, m = a
+            top = self.max(n, m)
+            exp = self.semantics["Exp"]
+            shifted = tuple(self.arith.mul(v, exp(self.arith, [self.arith.add(
+                w, self.arith.mul(top, (P - 1, Q - 1)))], {})) for v, w in zip(x, m))
+            return (self.sum(n, shifted),) * L
         if op == "Concat":
             k1, k2, x, y = a
             if min(k1, k2) < 1:
@@ -269,6 +279,14 @@ class Model:
                 # Max and any constructor without an entry: a random function, pointwise
                 done[row] = self.fn(op, *row) if ff is None else ff(self.arith, list(row), {})
         return tuple(done[row] for row in zip(*cols))
+
+    def max(self, n: int, x: Vec) -> Pair:
+        """The largest of x[0..n-1] (by the value mod P, its representative in 0..P-1; the
+        pair as it is): a max of equal values is that value. A size below 1 is outside the
+        model."""
+        if n < 1:
+            raise Reject
+        return max(x[: min(n, L)], key=lambda v: v[0])
 
     def sum(self, n: int, x: Vec) -> Pair:
         """x[0] + ... + x[n-1]; a size below 1 is outside the model."""

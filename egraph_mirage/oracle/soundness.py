@@ -25,8 +25,9 @@ by the one dimension a ``Sum`` or ``Concat`` runs over, and each value is a pair
   new entry gets its meaning from its ``ff`` with no edit here.
 * ``Sum n x`` is the constant ``x[0] + ... + x[n-1]`` (positions past ``L`` repeat the last one),
   ``Rms n x`` is ``sqrt(Sum(n, x*x) / n)`` with the same random sqrt, ``Concat k1 k2 a b`` holds
-  ``a[0..k1-1]`` then ``b[0..]``; ``Max`` and constructors declared in rule files are random
-  functions.
+  ``a[0..k1-1]`` then ``b[0..]``; ``Max n x`` is the largest of ``x[0..n-1]`` (by the value
+  mod P: a max of equal values is that value), ``SumShift n a m`` is ``Sum`` of
+  ``a[i] * Exp(m[i] - Max n m)``; constructors declared in rule files are random functions.
 * ``(rewrite L R)`` and ``(birewrite L R)`` claim L = R; ``(rule facts actions)`` claims e = R for
   each action ``(union e R)``. Facts ``(= v (op ...))`` with an i64 primitive compute v;
   comparisons and ``(SplitBy n d)`` (1 < d < n, d | n) are conditions: instances that fail one

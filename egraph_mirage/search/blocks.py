@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import EMError
 from ..expr import Term
-from ..mugraph.accumulators import ACCUMULATORS, running_max_expr, running_max_shape
+from ..mugraph.accumulators import ACCUMULATORS, running_max_expr, running_max_shape, shifted
 from ..mugraph.threadblock import EPILOGUE, INVARIANT, LOOP_SIDE
 from ..ops import BLOCK, OPS
 from .config import SearchConfig, SearchError
@@ -165,12 +165,19 @@ class BlockSearch:
     def _output_sets(self, tiles: list[Tile], sinks: list[int], consumed: set[int]
                      ) -> Iterator[list[int]]:
         """The sinks, and with ``consumed_outputs`` the sinks and one consumed accumulated tile
-        while there is room for another output."""
+        while there is room for another output, or a row max the sinks are relative to
+        (``_row_max``: a later kernel combining them rescales them by it; not counted against
+        ``max_outputs``)."""
         yield sinks
-        if self.consumed_outputs and len(sinks) < self.max_outputs:
+        if not self.consumed_outputs:
+            return
+        if len(sinks) < self.max_outputs:
             for i in sorted(consumed):
                 if tiles[i].op == "accum" and tiles[i].side == EPILOGUE:
                     yield sorted([*sinks, i])
+        for i in sorted(consumed):
+            if _row_max(tiles, i, sinks, self.shape.frange):
+                yield sorted([*sinks, i])
 
     def _needs(self, tiles: list[Tile], consumed: set[int]) -> int:
         """A lower bound on the operators still needed to complete this state.
@@ -297,7 +304,9 @@ class BlockSearch:
             yield from self._accumulations(tiles, k)
 
     def _accumulations(self, tiles: list[Tile], k: int) -> Iterator[Tile]:
-        """The accumulators (and running max) of loop-side or invariant tile ``k``."""
+        """The accumulators (and running max) of loop-side or invariant tile ``k``; a
+        loop-side tile is also accumulated rescaled by each other loaded row tile (the maxima
+        of partials a split kernel wrote beside them: ``_shifted``)."""
         t = tiles[k]
         if t.shift is not None:  # online softmax: accumulate rescaled by the running max
             m = next(i for i, u in enumerate(tiles) if u.key == t.shift)
@@ -311,6 +320,12 @@ class BlockSearch:
             tile = self._accumulate(k, t, acc)
             if tile is not None:
                 yield tile
+            if acc.linear and t.side == LOOP_SIDE and self.shape.frange > 1:
+                for j, m in enumerate(tiles):
+                    if j != k and m.op == "input" and m.side == LOOP_SIDE and m.dims[-1] == 1:
+                        tile = self._shifted(k, t, acc, j, m)
+                        if tile is not None:
+                            yield tile
         if t.side == LOOP_SIDE and self.shape.frange > 1:
             tile = self._running_max(k, t)
             if tile is not None:
@@ -426,6 +441,34 @@ class BlockSearch:
                     EPILOGUE, hit.dcls, "accum", (i, rescale[0]),
                     (*hit.params, ("rescale", True)))
 
+    def _shifted(self, i: int, t: Tile, acc: Any, j: int, m: Tile) -> Tile | None:
+        """The accumulator ``acc`` of tile ``i`` (``t``) rescaled by loaded tile ``j`` (``m``),
+        which is not a running max: each term weighted by ``exp(m_i - max m)``, abstractly
+        ``SumShift`` (``accumulators.shifted``)."""
+        memo_key = ("shifted", acc.name, t.key, t.dcls, m.key, self.shape.frange, self._dimx(t))
+        if memo_key not in self.memo:
+            self.memo[memo_key] = None
+            try:
+                dims = tuple(acc.shape(t.dims, self._dimx(t)))
+            except EMError:
+                return None
+            if (acc.name != "plain" and dims == t.dims) or any(
+                    len(m.dims) != len(d) or any(x not in (1, y) for x, y in zip(m.dims, d))
+                    for d in (t.dims, dims)):
+                return None  # m does not broadcast to the operand and the result
+            term = shifted(acc.expr(_leaf(t), t.dims, self.shape.frange, self._dimx(t)),
+                           _leaf(m))
+            cls, ident = self._classify(term, "shifted:" + acc.name, [t, m], {})
+            if cls is None and self.config.use_oracle:
+                self.counters.pruned_oracle += 1
+                return None
+            dcls = t.dcls if dims == t.dims else (*t.dcls[:-1], None)
+            self.memo[memo_key] = Tile((ident, EPILOGUE, dims, dcls), cls, dims, t.itemsize,
+                                       EPILOGUE, dcls, "accum", (),
+                                       (("acc", acc.name), ("rescale", True)))
+        hit = self.memo[memo_key]
+        return None if hit is None else replace(hit, args=(i, j))
+
     def _running_max(self, i: int, t: Tile) -> Tile | None:
         """The running max of loop-side tile ``i`` (``forloop_max``): the max over its last
         dimension and the iterations so far; tiles made from it move with it."""
@@ -498,6 +541,16 @@ def loads_read(tiles: Sequence[Tile], sinks: Sequence[int]) -> frozenset[int]:
     """The loader positions of the input tiles that ``sinks`` are computed from."""
     return frozenset(dict(tiles[i].params)["position"] for i in used_tiles(tiles, sinks)
                      if tiles[i].op == "input")
+
+
+def _row_max(tiles: Sequence[Tile], i: int, sinks: Sequence[int], frange: int) -> bool:
+    """Whether tile ``i`` is a row max the sinks were computed relative to, which a first
+    kernel writes beside them for the kernel that combines them: a running max that rescaled
+    a sink, or, in a kernel without a loop, an ``amax``."""
+    t = tiles[i]
+    if t.op == "max":
+        return any(tiles[s].args[1:] == (i,) for s in sinks)
+    return frange == 1 and t.op == "amax"
 
 
 def _identity(t: Tile) -> bool:

@@ -487,7 +487,10 @@ class _Run:
             return partial(t) or (beside and aside(t))
 
         def accept(tiles: list[Tile], sinks: list[int]) -> bool:
-            if not (len(sinks) <= self.config.max_block_outputs
+            # a row max written beside the partials (``BlockSearch._output_sets``) is not
+            # counted against max_block_outputs
+            counted = sum(1 for i in sinks if tiles[i].op not in ("max", "amax"))
+            if not (counted <= self.config.max_block_outputs
                     and all(unseen(tiles[i]) for i in sinks)):
                 return False
             if partials is None:

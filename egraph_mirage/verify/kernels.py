@@ -27,7 +27,7 @@ def kernel_output(f: Any, xs: Sequence[Any], p: Params) -> Any:
             list(xs), xp=f.arrays, apply_op=lambda op, ys, q: field_op(f, op, ys, q),
             accumulate=lambda acc, x, n, dimx: accs.lookup_accumulator(acc).ff(f, x, n, dimx),
             running_max=lambda x: accs.running_max_ff(f, x),
-            rescale=lambda x, m: accs.rescale_ff(f, x, m),
+            rescale=lambda x, m, running: accs.rescale_ff(f, x, m, running),
             matmul_loop_sum=lambda a, b: f.matmul_sum(a, b, accs.LOOP),
             split=splitter(f, kernel.tb),
         ))
