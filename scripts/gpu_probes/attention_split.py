@@ -63,11 +63,17 @@ def main() -> None:
           f"tasks {st.tasks_done}/{st.tasks_total}, first at {st.seconds_to_first}", flush=True)
     print(f"  stages (s): {dict((k, round(v, 1)) for k, v in st.seconds.items())}")
     print(f"  profile: {st.profile_note}; reasons {st.no_result_reasons[:2]}")
+    print(f"  searched sizes {st.searched_sizes}, resize unfit {st.resize_unfit}, rejected "
+          f"{st.resize_rejected}, stopped by {st.stopped_by}")
     for r in list(res)[:12]:
         sz = sizes_of(r.graph)
         us = "-" if r.measured_us is None else f"{r.measured_us:.1f}"
         print(f"  {us:>6} µs kernels {r.num_kernels} blocks {[math.prod(k.grid) for k in sz]} "
               f"loop {[k.frange for k in sz]} knobs {r.knobs}", flush=True)
+        ops = {b.op for op in r.graph.operators if op.op == "customized"
+               for b in op.params["kernel"].tb.tensors}
+        print(f"         max: {'amax' in ops or 'forloop_max' in ops}, rescaled: "
+              f"{'forloop_accum_rescale' in ops}")
     timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
     cuda = [x.cuda() for x in xs]
     rows = [("SDPA eager", sdpa)]
