@@ -64,6 +64,12 @@ BESIDE_LAG = 2
 #: split tasks start at first kernels of this many operators (one operator only accumulates an
 #: input: those plans are searched with the other two-kernel plans)
 SPLIT_MIN = 2
+#: the first split shapes walking their piece with the loop (``Context.early_splits``, in the
+#: shape heuristic's order) whose split tasks of every size run right after the one-kernel
+#: tasks of ``SHALLOW`` operators: a split whose pieces each compute the whole program (split-KV
+#: of a softmax with its max subtracted: 8 operators a piece) is then reached before the deep
+#: one-kernel and split tasks of every other shape
+SPLIT_LEAD = 1
 #: the second kernel of a split task combines the pieces: it is searched with at most this many
 #: operators (accumulating two partial results and finishing them takes 3 to 5)
 SPLIT_COMBINE = 5
@@ -241,10 +247,12 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     (``SearchConfig.grid_splits``: split-K, split-KV), has exactly ``k`` operators and writes
     only partial results; its second kernel only combines them (``_Run.finals`` with ``after``).
     It runs right after the one-kernel tasks of ``k + SPLIT_LAG`` operators for the split shapes
-    whose blocks walk their piece with the loop (``Context.early_splits``); the others follow the
-    one-kernel tasks. A *beside* task is a split task whose first kernel also writes a result
-    beside its partials; it runs after the one-kernel tasks of ``k + BESIDE_LAG`` (early split
-    shapes) or after the split tasks (the others). Library operators and the other two-kernel
+    whose blocks walk their piece with the loop (``Context.early_splits``), except that the
+    first ``SPLIT_LEAD`` of them have their split tasks of every size run after the one-kernel
+    tasks of ``SHALLOW`` operators; the others follow the one-kernel tasks. A *beside* task is
+    a split task whose first kernel also writes a result beside its partials; it runs after
+    the one-kernel tasks of ``k + BESIDE_LAG`` (early split shapes) or after the split tasks
+    (the others). Library operators and the other two-kernel
     plans follow. The list depends only on the payload (``ctx``, its context, is built when not
     given).
     """
@@ -255,12 +263,15 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     sizes = range(SPLIT_MIN, most + 1) if two else range(0)
     early = ctx.early_splits
     late = sorted(ctx.split_set - frozenset(early))
+    lead = early[:SPLIT_LEAD]
     tasks = []
     for k in range(1, most + max(SPLIT_LAG, BESIDE_LAG) + 1):
         if k <= most:
             tasks += [Task(FINAL, i, (k, k)) for i in range(len(ctx.final_shapes))]
+        if k == shallow:
+            tasks += [Task(SPLIT, i, (j, j)) for i in lead for j in sizes]
         if k - SPLIT_LAG in sizes:
-            tasks += [Task(SPLIT, i, (k - SPLIT_LAG,) * 2) for i in early]
+            tasks += [Task(SPLIT, i, (k - SPLIT_LAG,) * 2) for i in early if i not in lead]
         if k - BESIDE_LAG in sizes:
             tasks += [Task(BESIDE, i, (k - BESIDE_LAG,) * 2) for i in early]
     tasks += [Task(SPLIT, i, (k, k)) for k in sizes for i in late]
