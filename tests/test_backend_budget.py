@@ -296,3 +296,36 @@ def test_on_a_gpu_a_search_is_weighed_by_its_room_above_the_floor(
     # rooms 0.5 and 4 times the floors (928 and 2,816 µs), plus a quarter of their mean: the
     # first gets 1,240 / 4,368 of what is left, not half
     assert first < 0.3 * budget and second > 2 * first
+
+
+def test_on_a_gpu_each_part_of_a_refined_piece_is_timed_and_one_at_its_floor_is_not_searched(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece the search finds nothing for is cut into parts (an RMSNorm, then the matmul
+    after it); on a GPU each part's Inductor code is timed too before the parts are searched:
+    the matmul parts, which Inductor runs at their floor (stand-in timings), are kept unsearched,
+    so the parts' time goes to the norms."""
+    import egraph_mirage.fx.backend as be
+    from egraph_mirage.fx import inductor_timing
+    from egraph_mirage.fx.budget import AT_FLOOR_REASON
+    from egraph_mirage.gpu.floor import io_bytes
+
+    def time_inductor(piece: Any, mode: Any = None) -> float:
+        g = Backend._trace(piece).graph
+        ops = {t.op for t in g.operators}
+        at_floor = ops == {"matmul", "relu"} or ops == {"matmul"}
+        return io_bytes(g) * (1.0 if at_floor else 3.0)  # 1 B/µs: a floor of 1 µs a byte
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(Backend, "_bandwidth", lambda self: 1e6)
+    monkeypatch.setattr(inductor_timing, "time_inductor", time_inductor)
+    search = Spending(cap=0.0)
+    backend = Backend(search=search, budget=20.0, rest="eager", cache=False, workers=1,
+                      profile=True)
+    compile_timed(backend, block_inputs((32, 24, 16, 8)))
+    parts = [p for p in backend.reports[0].pieces if p.part is not None]
+    assert len(parts) == 6  # two parts of each of the three pieces
+    at_floor = [p for p in parts if p.reason.startswith(AT_FLOOR_REASON)]
+    searched = [p for p in parts if p.search_seconds is not None]
+    assert len(at_floor) == 3 and all("matmul" in p.operators for p in at_floor)
+    assert len(searched) == 3 and not any("matmul" in p.operators for p in searched)
+    assert len(search.budgets) == 3 + 3  # the pieces whole, then the norm parts

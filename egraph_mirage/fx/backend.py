@@ -344,13 +344,11 @@ class Backend:
 
     def _gains(self, pieces: Sequence[Piece], traced: Sequence[TracedProgram | EMError],
                keys: Sequence[str], mode: str | None) -> tuple[list[float], dict[int, Room]]:
-        """What each piece's search can gain, which its share of the time budget is weighed by
-        (``fx.budget``), and the rooms measured. Where the backend times on a GPU under a
-        budget: each distinct piece not decided by the cache has Inductor's code timed now
-        (``time_inductor``, in ``mode``) against its copy floor, and gains its room (its floor's
-        µs where Inductor's code cannot be timed; 0 for a cached or refused piece, which is not
-        searched). Elsewhere, or where the copy bandwidth cannot be measured: the bytes each
-        piece moves."""
+        """What each piece's search can gain (its weight in the budget, ``fx.budget``) and the
+        rooms measured. On a GPU under a budget, each distinct piece the cache does not decide
+        has Inductor's code timed now (``time_inductor``, in ``mode``) against its copy floor
+        and gains its room (its floor's µs if Inductor's code cannot be timed; 0 for a cached
+        or refused piece). Elsewhere (or no copy bandwidth measured): the bytes it moves."""
         moved = [_moved(t) for t in traced]
         bandwidth = None
         if self.options.profiling() and _on_gpu() and self._budget.deadline is not None:
@@ -472,8 +470,9 @@ class Backend:
         is cut once more, each matmul also from what follows it (``levels=EPILOGUES``: a
         projection apart from its RoPE rotation), as is a piece of one level of matmuls.
         Returns the piece's module with the chosen parts replaced, or None (fewer than two
-        parts, or none replaced). ``per_byte``: the piece's weight per byte it moves (1 where
-        weights are bytes), which its parts are weighed by."""
+        parts, or none replaced). Where the backend times on a GPU each part is weighed by its
+        own room (``_gains``); elsewhere by the bytes it moves times ``per_byte``, the piece's
+        weight per byte it moves (1 where weights are bytes)."""
         parts = None
         for levels in ((True, EPILOGUES) if depth == 0 else (EPILOGUES,)):
             try:
@@ -492,10 +491,16 @@ class Backend:
         piece_report.reason += f"; searched in {len(parts.pieces)} parts ({label}.0–{last})"
         replaced = 0
         traced = [self._trace(part) for part in parts.pieces]
-        weights = [self._budget.weigh(_moved(t) * per_byte) for t in traced]
+        # on a GPU each part is weighed by its own room, Inductor's code for it timed (one at
+        # its floor is not searched); elsewhere by its share of the piece's weight
+        gains, rooms = self._gains(parts.pieces, traced, [str(j) for j in range(len(traced))],
+                                   mode)
+        weights = [self._budget.weigh(g if rooms else _moved(t) * per_byte)
+                   for g, t in zip(gains, traced, strict=True)]
         self._budget.add(sum(weights))  # the parts share what is left with the pieces
         for j, part in enumerate(parts.pieces):
-            part_report, replacement = self._piece(index, part, weights[j], mode, traced[j])
+            part_report, replacement = self._piece(index, part, weights[j], mode, traced[j],
+                                                   rooms.get(j))
             self._budget.reached(weights[j])
             part_report.name = f"{piece.name}.{part.name}"
             part_report.part = f"{label.split('.', 1)[1]}.{j}" if "." in label else j
