@@ -298,6 +298,46 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
                      "inductor_flushed_us": 15.0}
 
 
+@pytest.mark.parametrize("ours_captures", [True, False])
+def test_graphs_that_record_their_own_cuda_graphs_are_timed_by_their_calls(
+        monkeypatch: pytest.MonkeyPatch, ours_captures: bool) -> None:
+    """Code compiled in a mode with CUDA graphs (``reduce-overhead``, ``max-autotune``, as a
+    decode loop is compiled) records and replays its own graphs, which the timer's capture
+    cannot hold: where neither side can be captured, a call of each (a replay of its own
+    graph) is timed instead; where only one can, the graph time is unknown (None), so that
+    no decision compares a replay with a plain launch. A piece's Inductor code is compiled for
+    timing without CUDA graphs (``_inductor_compiled``), so both of its sides capture."""
+    from egraph_mirage.gpu import timing
+
+    class Timer:
+        def __init__(self, config: Any = None) -> None:
+            pass
+
+        def graph(self, fn: Any, sets: Any) -> float:
+            if fn.__name__ == "inductor" or not ours_captures:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return fn()
+
+        def back_to_back(self, fn: Any, sets: Any, repeats: int = 7) -> float:
+            return fn() + 1.0
+
+        def plain(self, fn: Any, sets: Any) -> float:
+            return fn() + 3.0
+
+    def ours() -> float:
+        return 10.0
+
+    def inductor() -> float:
+        return 12.0
+
+    monkeypatch.setattr(timing, "CudaTimer", Timer)
+    times = inductor_timing.time_pair(ours, inductor, [], ("graph",))
+    if ours_captures:
+        assert times == {"ours_us": 10.0, "inductor_us": None}
+    else:
+        assert times == {"ours_us": 11.0, "inductor_us": 13.0}
+
+
 def test_plain_launches_must_be_faster_back_to_back_and_after_an_l2_flush() -> None:
     """Plain launches are timed back to back and each after an L2 flush (as ``bench torch``
     reports them); a replacement faster one way and slower the other is not used."""

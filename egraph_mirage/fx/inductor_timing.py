@@ -62,7 +62,8 @@ def key_settings(mode: str | None, launch: str = "op") -> dict[str, str]:
 def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[Any],
               which: Sequence[str]) -> dict[str, float | None]:
     """Ours and Inductor's µs per call on inputs ``xs`` under each kind of timing in ``which``
-    ("graph", "plain"): CUDA-graph replay (None where a graph cannot be captured) and plain
+    ("graph", "plain"): CUDA-graph replay (None where one side's graph cannot be captured;
+    where neither can, both record their own graphs and a call of each is timed) and plain
     launches, issued back to back (``CudaTimer.back_to_back``, so that a call's host time
     counts) and each after an L2 flush (``CudaTimer.plain``); keys from ``TIMES``.
     Plain launches are bound by the host, whose speed drifts between measurements (the same
@@ -80,6 +81,12 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
                 times[TIMES["graph"][who]] = timer.graph(fn, [xs])
             except Exception:  # not capturable
                 times[TIMES["graph"][who]] = None
+        if all(times[f] is None for f in TIMES["graph"]):
+            # neither can be captured: graphs compiled in a mode with CUDA graphs (Inductor's
+            # "reduce-overhead", "max-autotune") record and replay their own, which no graph
+            # can capture; a call of each is then a replay of its own graph
+            for who, fn in fns:
+                times[TIMES["graph"][who]] = timer.back_to_back(fn, [xs])
     if "plain" in which:
         plain: dict[str, dict[int, list[float]]] = {k: {0: [], 1: []} for k in ("plain",
                                                                                  "flushed")}
@@ -128,15 +135,18 @@ def time_inductor(piece: Piece, mode: str | None = None) -> float | None:
 
 
 def _inductor_compiled(piece: Piece, mode: str | None) -> Callable[..., Any]:
-    """The piece's module compiled by Inductor in ``torch.compile``'s ``mode``."""
+    """The piece's module compiled by Inductor in ``torch.compile``'s ``mode``, without the
+    CUDA graphs a mode may record (``reduce-overhead``, ``max-autotune``): the timer captures
+    its own, in which a graph Inductor records cannot be captured."""
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
+    patches = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
+    patches["triton.cudagraphs"] = False
     # outside Dynamo's tracing context: compiling the piece must not add guards (on symbols
     # of its own) to the shape environment of the graph being compiled
     with torch._guards.tracing(None):
-        return compile_fx(piece.module, list(piece.example_inputs), config_patches=dict(
-            list_mode_options(mode)) if mode not in (None, "default") else None)
+        return compile_fx(piece.module, list(piece.example_inputs), config_patches=patches)
 
 
 def ours_launched_patches() -> dict[str, Any]:
