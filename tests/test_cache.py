@@ -265,7 +265,8 @@ def test_a_pieces_key_records_the_budget_and_how_it_was_timed() -> None:
     g = em.benchmarks.get("rmsnorm_linear", small=True)
     key = piece_key(g, {"budget": 60.0}, key_settings(None))
     assert key.search == {"budget": 60.0, "inductor_mode": "default",
-                          "plain_timing": key_settings(None)["plain_timing"]}
+                          "plain_timing": key_settings(None)["plain_timing"],
+                          "graph_timing": key_settings(None)["graph_timing"]}
     assert key == CacheKey.of(g, search=key.search)
     assert piece_key(g, {"budget": 60.0}).digest() != key.digest()
     assert piece_key(g, {"budget": 30.0}).digest() != piece_key(g, {"budget": 60.0}).digest()

@@ -22,7 +22,9 @@ compilation's distinct pieces' (``FLOOR_SHARE``: a small piece still gets some t
   RMSNorm cut from a layer's MLP is not searched for as long as the 117 MB down projection;
   pieces of equal sizes get equal shares.
 
-The parts of a refined piece share its weight in proportion to the bytes each moves.
+The parts of a refined piece are weighed the same way: on a GPU by their own rooms (one at its
+floor is not searched), elsewhere by their shares of the piece's weight, in proportion to the
+bytes each moves.
 
 Every piece is searched whole before any piece is refined (a whole block fused is worth more
 than its parts), those that move the most bytes first (where the layer's time is), and with

@@ -36,6 +36,10 @@ TIME_FIELDS = tuple(f for pair in TIMES.values() for f in pair)
 PLAIN_ROUNDS = 7
 #: how plain launches are timed, as the cache keys record it (times measured otherwise miss)
 PLAIN_TIMING = f"back to back and after an L2 flush, alternated, fastest of {PLAIN_ROUNDS}"
+#: how CUDA-graph replay is timed, as the cache keys record it (before, a piece's Inductor code
+#: compiled in a mode with CUDA graphs of its own could not be captured: such records miss)
+GRAPH_TIMING = ("captured by the timer, a piece's Inductor code compiled without CUDA graphs "
+                "of its own; where neither side can be captured, a call of each")
 #: how ours is launched when timed, per the backend's ``launch`` option: "inductor", as the
 #: compiled graph launches a replaced piece's kernels (from Inductor's code, no operator call on
 #: the host), where that compiles; "op", through the piece's custom operator
@@ -53,7 +57,8 @@ def kinds(timing: str) -> tuple[str, ...]:
 def key_settings(mode: str | None, launch: str = "op") -> dict[str, str]:
     """What a cache key records of how times were measured: Inductor's ``mode``, how plain
     launches are timed and, for the ``launch`` option "inductor", how ours was launched."""
-    settings = {"inductor_mode": mode or "default", "plain_timing": PLAIN_TIMING}
+    settings = {"inductor_mode": mode or "default", "plain_timing": PLAIN_TIMING,
+                "graph_timing": GRAPH_TIMING}
     if launch != "op":
         settings["ours_launched"] = OURS_LAUNCHED[launch]
     return settings
@@ -214,6 +219,6 @@ def fmt_times(times: Mapping[str, float | None]) -> str:
     return f"ours {cell(0)} µs, Inductor {cell(1)} µs ({' / '.join(say[k] for k in present)})"
 
 
-__all__ = ["PLAIN_ROUNDS", "PLAIN_TIMING", "TIMED", "TIMES", "TIME_FIELDS", "fmt_times",
-           "key_settings", "kinds", "time_against_inductor", "time_graphs", "time_inductor",
-           "time_pair"]
+__all__ = ["GRAPH_TIMING", "PLAIN_ROUNDS", "PLAIN_TIMING", "TIMED", "TIMES", "TIME_FIELDS",
+           "fmt_times", "key_settings", "kinds", "time_against_inductor", "time_graphs",
+           "time_inductor", "time_pair"]
