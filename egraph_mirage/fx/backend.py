@@ -186,8 +186,7 @@ class Backend:
         keys = ([self._key(t, mode).digest() if isinstance(t, TracedProgram) else f"refused {i}"
                  for i, t in enumerate(traced)] if self.cache is not None
                 else [str(i) for i in range(len(traced))])
-        # each distinct piece weighs what its search can gain: its room above the floor where
-        # Inductor's code is timed first (a GPU), else the bytes it moves; with ``refine``, one
+        # each distinct piece weighs what its search can gain (``_gains``); with ``refine``, one
         # share more is kept for the parts of the pieces found nothing for, which are searched
         # after every piece was searched whole (``fx.budget``)
         moved = [_moved(t) for t in traced]
@@ -348,10 +347,11 @@ class Backend:
         rooms measured. On a GPU under a budget, each distinct piece the cache does not decide
         has Inductor's code timed now (``time_inductor``, in ``mode``) against its copy floor
         and gains its room (its floor's µs if Inductor's code cannot be timed; 0 for a cached
-        or refused piece). Elsewhere (or no copy bandwidth measured): the bytes it moves."""
+        or refused piece). Elsewhere (no time left, or no bandwidth measured): bytes moved."""
         moved = [_moved(t) for t in traced]
         bandwidth = None
-        if self.options.profiling() and _on_gpu() and self._budget.deadline is not None:
+        if (self.options.profiling() and _on_gpu() and self._budget.deadline is not None
+                and not self._budget.spent()):  # no time left: none searched, none timed
             try:
                 bandwidth = self._bandwidth()
             except Exception as e:  # no copy to time: the bytes weigh
@@ -416,7 +416,7 @@ class Backend:
         ``torch.compile``'s, which Inductor's code for the piece is compiled with when the
         winner is timed against it (part of the cache key when timing). ``traced``: the piece
         already traced (``_trace``; None: traced here). ``room``: Inductor's time for it and
-        its floor, where timed before the search (``_rooms``)."""
+        its floor, where timed before the search (``_gains``)."""
         out = rep.PieceReport(index, piece.name)
         traced = self._trace(piece) if traced is None else traced
         if isinstance(traced, EMError):
