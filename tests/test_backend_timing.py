@@ -260,6 +260,16 @@ def test_inductor_launches_the_generated_kernels_on_a_gpu(tmp_path: Path) -> Non
     assert report.launch == "inductor" and ops == [], report.text()
 
 
+def ours() -> float:
+    """A stand-in for our launch: 10 µs whatever the timer (its name tells the timers apart)."""
+    return 10.0
+
+
+def inductor() -> float:
+    """A stand-in for Inductor's code: 12 µs."""
+    return 12.0
+
+
 def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A host-bound plain launch measures slower whenever the host is busy: ours and
@@ -283,12 +293,6 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
 
         def plain(self, fn: Any, sets: Any) -> float:  # after an L2 flush: the flush's cost
             return fn() + 3.0
-
-    def ours() -> float:
-        return 10.0
-
-    def inductor() -> float:
-        return 12.0
 
     monkeypatch.setattr(timing, "CudaTimer", Timer)
     times = inductor_timing.time_pair(ours, inductor, [], ("graph", "plain"))
@@ -323,12 +327,6 @@ def test_graphs_that_record_their_own_cuda_graphs_are_timed_by_their_calls(
 
         def plain(self, fn: Any, sets: Any) -> float:
             return fn() + 3.0
-
-    def ours() -> float:
-        return 10.0
-
-    def inductor() -> float:
-        return 12.0
 
     monkeypatch.setattr(timing, "CudaTimer", Timer)
     times = inductor_timing.time_pair(ours, inductor, [], ("graph",))

@@ -190,7 +190,7 @@ class Backend:
         # share more is kept for the parts of the pieces found nothing for, which are searched
         # after every piece was searched whole (``fx.budget``)
         moved = [_moved(t) for t in traced]
-        gains, rooms = self._gains(parts.pieces, traced, keys, mode)
+        gains, rooms = self._gains(parts.pieces, traced, moved, keys, mode)
         distinct = {k: m for k, m in zip(keys, gains, strict=True)}
         reserve = self._budget.pieces(list(distinct.values()), self.options.refine)
         reached: set[str] = set()
@@ -342,13 +342,13 @@ class Backend:
         return record, inductor
 
     def _gains(self, pieces: Sequence[Piece], traced: Sequence[TracedProgram | EMError],
-               keys: Sequence[str], mode: str | None) -> tuple[list[float], dict[int, Room]]:
+               moved: Sequence[int], keys: Sequence[str], mode: str | None
+               ) -> tuple[list[float], dict[int, Room]]:
         """What each piece's search can gain (its weight in the budget, ``fx.budget``) and the
         rooms measured. On a GPU under a budget, each distinct piece the cache does not decide
         has Inductor's code timed now (``time_inductor``, in ``mode``) against its copy floor
         and gains its room (its floor's µs if Inductor's code cannot be timed; 0 for a cached
-        or refused piece). Elsewhere (no time left, or no bandwidth measured): bytes moved."""
-        moved = [_moved(t) for t in traced]
+        or refused piece). Elsewhere (no time left, no bandwidth measured): ``moved``, bytes."""
         bandwidth = None
         if (self.options.profiling() and _on_gpu() and self._budget.deadline is not None
                 and not self._budget.spent()):  # no time left: none searched, none timed
@@ -372,7 +372,7 @@ class Backend:
                     self.cache is not None and self.cache.path(self._key(t, mode)).exists()):
                 gains.append(0.0)
                 continue
-            floor_us = io_bytes(t.graph) / bandwidth * 1e6
+            floor_us = moved[i] / bandwidth * 1e6
             try:
                 us = timing.time_inductor(piece, mode)
             except Exception as e:  # Inductor's code does not compile or run alone
@@ -491,12 +491,12 @@ class Backend:
         piece_report.reason += f"; searched in {len(parts.pieces)} parts ({label}.0–{last})"
         replaced = 0
         traced = [self._trace(part) for part in parts.pieces]
-        # on a GPU each part is weighed by its own room, Inductor's code for it timed (one at
-        # its floor is not searched); elsewhere by its share of the piece's weight
-        gains, rooms = self._gains(parts.pieces, traced, [str(j) for j in range(len(traced))],
-                                   mode)
-        weights = [self._budget.weigh(g if rooms else _moved(t) * per_byte)
-                   for g, t in zip(gains, traced, strict=True)]
+        # on a GPU each part weighs its own room; elsewhere its share of the piece's weight
+        moved = [_moved(t) for t in traced]
+        gains, rooms = self._gains(parts.pieces, traced, moved,
+                                   [str(j) for j in range(len(traced))], mode)
+        weights = [self._budget.weigh(g if rooms else m * per_byte)
+                   for g, m in zip(gains, moved, strict=True)]
         self._budget.add(sum(weights))  # the parts share what is left with the pieces
         for j, part in enumerate(parts.pieces):
             part_report, replacement = self._piece(index, part, weights[j], mode, traced[j],

@@ -75,9 +75,7 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
     compiled graph measured half as long again a few seconds later on a GPU host): ours and
     Inductor's are timed in alternation, ``PLAIN_ROUNDS`` times each, and the fastest of each
     counts (a busy host only ever adds time)."""
-    from ..gpu.timing import CudaTimer, TimingConfig
-
-    timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
+    timer = _timer()
     times: dict[str, float | None] = {}
     fns = ((0, ours), (1, inductor))
     if "graph" in which:
@@ -128,13 +126,10 @@ def time_inductor(piece: Piece, mode: str | None = None) -> float | None:
     """Inductor's µs per call of the piece on its example inputs under CUDA-graph replay, its
     code compiled in ``torch.compile``'s ``mode`` (None where a graph cannot be captured): what
     the backend weighs a piece's search by before searching (``fx.budget.Room``)."""
-    from ..gpu.timing import CudaTimer, TimingConfig
-
     xs = list(piece.example_inputs)
     theirs = _inductor_compiled(piece, mode)
-    timer = CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
     try:
-        return timer.graph(lambda *a: theirs(*a), [xs])
+        return _timer().graph(lambda *a: theirs(*a), [xs])
     except Exception:  # not capturable
         return None
 
@@ -152,6 +147,13 @@ def _inductor_compiled(piece: Piece, mode: str | None) -> Callable[..., Any]:
     # of its own) to the shape environment of the graph being compiled
     with torch._guards.tracing(None):
         return compile_fx(piece.module, list(piece.example_inputs), config_patches=patches)
+
+
+def _timer() -> Any:
+    """The timer of a piece's or a graph's measurements: short plain runs, 7 graph replays."""
+    from ..gpu.timing import CudaTimer, TimingConfig
+
+    return CudaTimer(TimingConfig(rep_ms=25, graph_replay_ms=5, graph_replays=7))
 
 
 def ours_launched_patches() -> dict[str, Any]:
