@@ -236,16 +236,19 @@ class _StaticCache(_ConcatCache):
 class HFDecodeStep(nn.Module):
     """A ``transformers`` decoder layer (``hf_decoder_layer(sizes, dtype, family)``) as one
     decode step with ``LlamaLayer.decode_step``'s outputs, attending over the cache and the
-    new token; no mask (a full cache). ``cache="concat"``: ``LlamaLayer``'s inputs, the new
-    token at position ``kv_len`` appended (``kv_len + 1`` keys); ``"static"``: a full static
+    new token; no mask (a full cache) unless ``masked``. ``cache="concat"``: ``LlamaLayer``'s
+    inputs, the new token at position ``kv_len`` appended (``kv_len + 1`` keys); ``"static"``: a full static
     cache of ``kv_len`` positions, the new token written in place at the last, ``kv_len - 1``
     (``_StaticCache``: ``kv_len`` keys, as a ``StaticCache`` of ``max_cache_len = kv_len`` at its
     last step). The rotary angles of the new token's position are buffers.
+    ``masked``: the layer is given a boolean attention mask, as ``generate()`` gives it
+    with a static cache (whose positions not yet written are hidden): here it hides the
+    first half of the positions, the new token's always seen.
     Its weights are ``transformers``' random initialisation, not ``LlamaLayer``'s."""
 
     def __init__(self, sizes: LlamaSizes | None = None, dtype: torch.dtype = torch.float32,
                  device: Any = None, family: str = "llama", cache: str = "concat",
-                 seed: int = 0) -> None:
+                 seed: int = 0, masked: bool = False) -> None:
         import inspect
 
         super().__init__()
@@ -265,6 +268,9 @@ class HFDecodeStep(nn.Module):
         self.register_buffer("cos", angles.cos().to(device=device, dtype=dtype))
         self.register_buffer("sin", angles.sin().to(device=device, dtype=dtype))
         self.register_buffer("cache_position", torch.tensor([position], device=device))
+        keys = s.kv_len if cache == "static" else s.kv_len + 1
+        self.register_buffer("mask", (torch.arange(keys, device=device) >= keys // 2).view(
+            1, 1, 1, keys) if masked else None)
 
     def decode_step(self, x: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -272,7 +278,8 @@ class HFDecodeStep(nn.Module):
         cache = (_StaticCache(k_cache, v_cache, self.cache_position) if self.cache == "static"
                  else _ConcatCache(k_cache, v_cache))
         rotary = (self.cos.expand(b, 1, -1), self.sin.expand(b, 1, -1))
-        out = self.layer(x[:, None, :], attention_mask=None, position_embeddings=rotary,
+        mask = None if self.mask is None else self.mask.expand(b, -1, -1, -1)
+        out = self.layer(x[:, None, :], attention_mask=mask, position_embeddings=rotary,
                          **{self.cache_arg: cache})
         out = out[0] if isinstance(out, tuple) else out
         assert cache.new is not None, f"{type(self.layer).__name__} did not update the cache"

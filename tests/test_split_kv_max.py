@@ -24,14 +24,17 @@ SPLITS, STEP = 4, 8
 SCALE = 0.25
 
 
-def attention(dtype: em.DType = em.float32) -> em.KernelGraph:
+def attention(dtype: em.DType = em.float32, masked: bool = False) -> em.KernelGraph:
     """Attention over ``KEYS`` keys, its softmax as the torch front end traces it: the scaled
-    scores less their row max, exponentiated, over their sum, times V."""
+    scores less their row max, exponentiated, over their sum, times V; ``masked``: plus an
+    additive mask (a fourth input), as a boolean ``attn_mask`` becomes (0 or -inf)."""
     g = em.new_kernel_graph()
     q = g.new_input((HEADS, ROWS, HEAD_DIM), dtype=dtype)
     k = g.new_input((HEADS, HEAD_DIM, KEYS), dtype=dtype)
     v = g.new_input((HEADS, KEYS, HEAD_DIM), dtype=dtype)
     s = g.mul_scalar(g.matmul(q, k), SCALE)
+    if masked:
+        s = g.add(s, g.new_input((HEADS, ROWS, KEYS), dtype=dtype))
     e = g.exp(g.sub(s, g.apply("amax", [s], dim=2)))
     g.mark_output(g.matmul(g.div(e, g.apply("reduction", [e], dim=2)), v))
     return g
@@ -45,19 +48,21 @@ def split_kv(g: em.KernelGraph, rescale_o: bool = True, rescale_l: bool = True,
     splits, both partials rescaled by the maxima it loads, and their quotient. The flags
     build the mistakes the verifier must reject."""
     h = em.new_kernel_graph()
-    Q, K, V = (h.new_input(t.dims, dtype=t.dtype) for t in g.inputs)
+    Q, K, V, *mask = (h.new_input(t.dims, dtype=t.dtype) for t in g.inputs)
     tb = em.new_threadblock_graph(grid_dim=(HEADS, SPLITS, 1),
                                   forloop_range=KEYS // SPLITS // STEP)
     q = tb.new_input(Q, (0, -1, -1), forloop_dim=-1)
     k = tb.new_input(K, (0, 2, -1), forloop_dim=2)
     v = tb.new_input(V, (0, 1, -1), forloop_dim=1)
     s = tb.mul_scalar(tb.matmul(q, k), SCALE)
+    if mask:  # the additive mask, split and stepped as the keys are
+        s = tb.add(s, tb.new_input(mask[0], (0, 2, -1), forloop_dim=2))
     m = tb.forloop_max(s)
     e = tb.exp(tb.sub(s, m) if subtract else s)
     tb.new_output(tb.forloop_accum(tb.matmul(e, v), rescale=m), (0, 2, -1))
     tb.new_output(tb.forloop_accum(e, "sum", rescale=m), (0, 2, -1))
     tb.new_output(m, (0, 2, -1))  # the running max's value after the loop
-    O, L, M = h.customized([Q, K, V], tb)
+    O, L, M = h.customized([Q, K, V, *mask], tb)
     tb2 = em.new_threadblock_graph(grid_dim=(HEADS, 1, 1), forloop_range=SPLITS)
     o = tb2.new_input(O, (0, -1, -1), forloop_dim=2)
     l_ = tb2.new_input(L, (0, -1, -1), forloop_dim=2)
@@ -167,3 +172,29 @@ def test_the_search_finds_the_split_form_with_its_max() -> None:
         assert sum(t.op == "forloop_accum_rescale" for t in combine.tensors) == 2
         assert em.verify(g, h, tests=2, seed=3).equivalent
         assert em.check_numerics(h, g) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [em.float32, em.float16], ids=lambda d: d.value)
+def test_pieces_whose_keys_a_mask_hides_add_nothing(dtype: em.DType) -> None:
+    """An additive mask of -inf (a boolean ``attn_mask`` as SDPA applies it, or a static
+    cache's unwritten positions) hides every key of a piece: the piece's max is then the
+    lowest finite float, not -inf, so its partial sums are 0, not NaN (-inf - -inf), and the
+    combine weighs its max, stored as -inf in fp16, by 0. Rows keep at least one key."""
+    torch_dtype = {em.float32: torch.float32, em.float16: torch.float16}[dtype]
+    g = attention(dtype, masked=True)
+    h = split_kv(g)
+    xs = _inputs(g, 2.0, seed=5)
+    piece = KEYS // SPLITS
+    mask = np.zeros((HEADS, ROWS, KEYS))
+    mask[:, :, piece:2 * piece] = -np.inf  # the second piece of every row
+    mask[:, 0, 2 * piece:] = -np.inf  # row 0: its last three pieces too
+    mask[1, 1, :3 * piece] = -np.inf  # a row whose first tiles are all hidden
+    xs[3] = mask
+    ts = [torch.tensor(x, dtype=torch_dtype) for x in xs]
+    want = torch.softmax(ts[0].double() @ ts[1].double() * SCALE + ts[3].double(), -1) \
+        @ ts[2].double()
+    (got,) = em.compile(h)(*ts)
+    got = got.double()
+    assert torch.isfinite(got).all()
+    assert ((got - want).abs().max() / want.abs().max()).item() < (
+        1e-5 if dtype is em.float32 else 2e-3)

@@ -136,6 +136,36 @@ def test_a_decoder_layer_at_decode_with_batch_8_is_cut_as_at_batch_1(
             assert relative_error(g, w) <= TOLERANCE[DTYPES[torch.float16]]
 
 
+#: what a boolean attention mask leaves out: its expansion to the batch (a bool tensor) and
+#: the additive mask made of it for SDPA (``where(mask, 0, -inf)``), which run as is
+MASK_LEFT_OUT = {"expand_2": "a tensor of dtype bool",
+                 **{name: "no op-table operator computes it" for name in (
+                     "scalar_tensor_default", "scalar_tensor_default_1", "where_self")}}
+
+
+@both_dtypes
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_boolean_attention_mask_leaves_attention_in_its_piece(family: str, dtype: Any
+                                                                ) -> None:
+    """``generate()`` with a static cache gives SDPA a boolean mask (the positions not yet
+    written hidden). The partition hands SDPA the additive mask its fused kernels apply for
+    it, ``where(mask, 0, -inf)`` in the query's dtype, made as is outside the pieces: the
+    layer is cut as without a mask, SDPA and its shared K/V heads in one piece, which takes
+    the additive mask as an input and evaluates as eager does with the boolean one."""
+    step = ub.hf_step(family, "sdpa", dtype, masked=True)
+    parts = partition(step, step.example_inputs())
+    assert [_signature(p) for p in parts.pieces] == LAYER_PIECES[family, "sdpa"]
+    assert _left_out_matches(dict(parts.left_out), {**CACHE_WRITE, **MASK_LEFT_OUT})
+    (piece,) = [p for p in parts.pieces if _signature(p)[0] == "sdpa"]
+    mask = piece.example_inputs[-1]
+    assert mask.dtype == dtype and mask.isinf().any() and (mask == 0).any()
+    traced = trace_fx(piece.module, piece.example_inputs)
+    with torch.no_grad():  # the piece's own SDPA given the boolean mask back
+        (want,) = piece.module(*piece.example_inputs[:-1], mask == 0)
+    (got,) = traced.reference(*piece.example_inputs)
+    assert relative_error(got, want) <= TOLERANCE[DTYPES[dtype]]
+
+
 #: other blocks: (build(dtype) -> (module, inputs), partition options, pieces, left out)
 BLOCKS: dict[str, tuple[Any, dict[str, int], list[tuple[str, int]], dict[str, str]]] = {
     # Gemma: the (1 + w) norm in float32, cast back after the weight, with gate/up and the

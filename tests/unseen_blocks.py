@@ -39,10 +39,12 @@ def _seeded(build: Any, seed: int = 0) -> Any:
         return build()
 
 
-def hf_step(family: str, attn: str, dtype: torch.dtype) -> HFDecodeStep:
+def hf_step(family: str, attn: str, dtype: torch.dtype, masked: bool = False) -> HFDecodeStep:
     """``transformers``' decoder layer of ``family`` ("llama", "qwen3") at
-    ``LlamaSizes.small()`` as one decode step with a static cache, attention ``attn``."""
-    step = HFDecodeStep(LlamaSizes.small(), dtype, family=family, cache="static")
+    ``LlamaSizes.small()`` as one decode step with a static cache, attention ``attn``;
+    ``masked``: given a boolean attention mask, as ``generate()`` gives it."""
+    step = HFDecodeStep(LlamaSizes.small(), dtype, family=family, cache="static",
+                        masked=masked)
     step.layer.self_attn.config._attn_implementation = attn
     return step.eval()
 

@@ -235,7 +235,7 @@ def _sdpa_choose(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float
     if dropout_p:
         return f"dropout_p={dropout_p} (inference only)"
     if attn_mask is not None and "bool" in str(getattr(meta_of(attn_mask), "dtype", "")):
-        return "a boolean attn_mask (an additive float mask is mapped)"
+        return "a boolean attn_mask (partition makes it additive; trace_fx maps only that)"
     return ("add",) if attn_mask is not None else ()
 
 

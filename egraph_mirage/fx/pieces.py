@@ -5,7 +5,8 @@
 
 1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already
    (a module or a function is exported); assertions of a value's dtype (``aten.ASSERTIONS``,
-   export's before each ``.to``) are erased.
+   export's before each ``.to``) are erased; a boolean ``attn_mask`` of SDPA becomes the
+   additive mask SDPA applies for it (``_additive_masks``).
 2. **capability**: a node is supported when the mapping table (``aten.RULES``) has a rule whose
    op-table entries are in ``OPS`` now and which takes the node's arguments, and its tensors are
    float16, bfloat16 or float32. A view that only folds into a graph input (permute, expand, a
@@ -126,6 +127,7 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
         if node.op == "call_function" and aten_name(node.target) in aten.ASSERTIONS \
                 and not node.users:
             work.graph.erase_node(node)
+    _additive_masks(work)
     _views_per_user(work)
     order = {n: i for i, n in enumerate(work.graph.nodes)}
     refused: dict[Any, str] = {}
@@ -158,6 +160,41 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
     out = tuple(Piece(f"{PREFIX}{i}", getattr(work, f"{PREFIX}{i}"), examples[f"{PREFIX}{i}"],
                       tuple(n.name for n in c), *_counts(c)) for i, c in enumerate(pieces))
     return Partitioned(work, out, {n.name: why for n, why in left.items()})
+
+
+def _additive_masks(work: Any) -> None:
+    """Each ``scaled_dot_product_attention`` given a boolean ``attn_mask`` is given instead the
+    additive mask that SDPA's fused kernels apply for it (``where(mask, 0, -inf)`` in the
+    query's dtype; the nodes that make it run as is), which the tracer maps. On a GPU the
+    result is the same; SDPA's math path (the CPU) alone differs, on rows whose every key is
+    masked: 0 there, NaN here (as ``softmax`` of a row of -inf)."""
+    import torch
+
+    aten_ops = torch.ops.aten
+    for node in list(work.graph.nodes):
+        if node.op != "call_function" or aten_name(node.target) != \
+                "aten.scaled_dot_product_attention.default":
+            continue
+        in_kwargs = "attn_mask" in node.kwargs
+        mask = node.kwargs["attn_mask"] if in_kwargs else (
+            node.args[3] if len(node.args) > 3 else None)
+        mask_val, q_val = meta_of(mask), meta_of(node.args[0])
+        if mask_val is None or q_val is None or mask_val.dtype != torch.bool:
+            continue
+        with work.graph.inserting_before(node):
+            zero, hidden = (work.graph.call_function(
+                aten_ops.scalar_tensor.default, (value,),
+                {"dtype": q_val.dtype, "device": q_val.device}) for value in (0.0, -float("inf")))
+            additive = work.graph.call_function(aten_ops.where.self, (mask, zero, hidden))
+        for n, val in ((zero, q_val.new_zeros(())), (hidden, q_val.new_zeros(())),
+                       (additive, mask_val.to(q_val.dtype))):
+            n.meta["val"] = val
+        if in_kwargs:
+            node.kwargs = {**node.kwargs, "attn_mask": additive}
+        else:
+            node.args = (*node.args[:3], additive, *node.args[4:])
+    work.graph.lint()
+    work.recompile()
 
 
 def _views_per_user(work: Any) -> None:

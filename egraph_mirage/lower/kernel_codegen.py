@@ -27,6 +27,7 @@ from . import padding
 from .accumulate import accumulator_emission, rescaled_dims, running_max_dims
 from .horizontal import flat_pid_lines
 from .tile_context import (
+    LOWEST,
     TL_DTYPE,
     WGMMA_ROWS,
     TileContext,
@@ -373,7 +374,9 @@ class KernelWriter:
                 self.pre.append(f"{prev} = tl.zeros({shape}, tl.float32)")
             else:  # the tile's own running max, before and after this iteration
                 self.pre.append(f"{prev} = tl.full({shape}, float('-inf'), tl.float32)")
-                self.loop.append(f"{top} = tl.maximum({prev}, {m.f32})")
+                # no lower than the lowest finite float (as every max, ``TileContext.max``):
+                # maxima loaded as -inf (pieces whose keys a mask hid) weigh 0, not NaN
+                self.loop.append(f"{top} = tl.maximum(tl.maximum({prev}, {m.f32}), {LOWEST})")
             self.loop_tail.append(f"{prev} = {top}")
         factor = triton_exp(f"{self._prev[tile.index]} - {top}")
         scale = self._per_iteration(tile, Val(f"tl.where(i > 0, {factor}, 0.0)", m.real,

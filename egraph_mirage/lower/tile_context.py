@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from ..mugraph.threadblock import BlockTensor
 
 Dims = tuple[int, ...]
+# the lowest finite fp32: the floor of every max (``TileContext.max``)
+LOWEST = "-3.4028234663852886e38"
+
 TL_DTYPE = {DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16",
             DType.float32: "tl.float32"}
 
@@ -208,14 +211,17 @@ class TileContext:
         return out
 
     def max(self, text: str, i: int, dims: Sequence[int]) -> str:
-        """Max of ``text`` (shaped like operand ``i``) over ``dims``, padding masked to -inf."""
+        """Max of ``text`` (shaped like operand ``i``) over ``dims``, padding masked to -inf,
+        and no lower than the lowest finite fp32 (``LOWEST``): a row of scores that a mask
+        set all to -inf then has a finite max, so ``exp(s - max)`` is 0 there, not NaN
+        (a piece of a split softmax whose keys are all masked adds nothing)."""
         v = self.operands[i]
         dims = [d for d in dims if not self.layout.left_out(d, len(v.padded))]
         mask = pad_mask(v.real, v.padded, dims, self.layout)
         out = text if mask is None else f"tl.where({mask}, {text}, float('-inf'))"
         for d in dims:
             out = f"tl.max({out}, axis={self.layout.axis(d, len(v.padded))}, keep_dims=True)"
-        return out
+        return f"tl.maximum({out}, {LOWEST})"
 
     # --- structural operators ---------------------------------------------------------------
     def dot(self, i: int, j: int) -> str:
