@@ -236,14 +236,14 @@ class _StaticCache(_ConcatCache):
 class HFDecodeStep(nn.Module):
     """A ``transformers`` decoder layer (``hf_decoder_layer(sizes, dtype, family)``) as one
     decode step with ``LlamaLayer.decode_step``'s outputs, attending over the cache and the
-    new token; no mask (a full cache) unless ``masked``. ``cache="concat"``: ``LlamaLayer``'s
-    inputs, the new token at position ``kv_len`` appended (``kv_len + 1`` keys); ``"static"``:
-    a full static cache of ``kv_len`` positions, the new token written in place at the last, ``kv_len - 1``
-    (``_StaticCache``: ``kv_len`` keys, as a ``StaticCache`` of ``max_cache_len = kv_len`` at its
-    last step). The rotary angles of the new token's position are buffers.
-    ``masked``: the layer is given a boolean attention mask, as ``generate()`` gives it
-    with a static cache (whose positions not yet written are hidden): here it hides the
-    first half of the positions, the new token's always seen.
+    new token; no mask (a full cache) unless ``masked``. ``cache="concat"``:
+    ``LlamaLayer``'s inputs, the new token at position ``kv_len`` appended (``kv_len + 1``
+    keys); ``"static"``: a full static cache of ``kv_len`` positions, the new token written
+    in place at the last, ``kv_len - 1`` (``_StaticCache``: ``kv_len`` keys, as a
+    ``StaticCache`` of ``max_cache_len = kv_len`` at its last step). The rotary angles of the
+    new token's position are buffers. ``masked``: the layer is given a boolean attention
+    mask, as ``generate()`` gives it with a static cache (whose positions not yet written
+    are hidden): here it hides the first half of the positions, the new token's always seen.
     Its weights are ``transformers``' random initialisation, not ``LlamaLayer``'s."""
 
     def __init__(self, sizes: LlamaSizes | None = None, dtype: torch.dtype = torch.float32,
