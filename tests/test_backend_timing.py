@@ -580,3 +580,31 @@ def test_a_piece_call_holds_its_fused_combines_counters_as_a_buffer() -> None:
     assert torch.equal(call(x)[0], x * 2) and seen == [call.counters]
     plain = PieceCall(Op(), lambda *xs: (xs[0] * 2,))  # type: ignore[arg-type]
     assert dict(plain.named_buffers()) == {}
+
+
+def test_a_graphs_position_counter_is_set_back_before_every_timed_call(monkeypatch: Any
+                                                                      ) -> None:
+    """A decode graph advances a static cache's position counter (an integer input it writes
+    in place) and indexes the cache with it: timed thousands of times, it would index past the
+    cache. ``time_graphs`` sets the integer inputs the graph writes back before each call of
+    either side; the cache (float) is written at the same position every time."""
+    cache, counter = torch.zeros(4), torch.tensor(1)
+    seen: list[int] = []
+
+    def step(c: Any, n: Any) -> Any:
+        seen.append(int(n))
+        c[n] = 1.0  # raises once past the cache
+        n.add_(1)
+        return c
+
+    def calls(ours: Any, inductor: Any, xs: list[Any], which: Any) -> dict[str, float]:
+        for _ in range(6):
+            ours(*xs)
+            inductor(*xs)
+        return {}
+
+    monkeypatch.setattr(inductor_timing, "time_pair", calls)
+    inductor_timing.time_graphs(step, step, [cache, counter], writes={0, 1})
+    assert seen == [1] * 12 and cache.tolist() == [0.0, 1.0, 0.0, 0.0]
+    with pytest.raises(IndexError):  # without it: past the cache by the 4th call
+        inductor_timing.time_graphs(step, step, [cache, counter], writes={0})

@@ -90,7 +90,7 @@ from . import report as rep
 from .budget import SPENT, CompileBudget, Room
 from .cache import SearchCache, piece_key, whole_key
 from .decision import KEEP, REPLACE, PieceDecision, least_gain, slower
-from .mutation import preserved
+from .mutation import preserved, written
 from .options import BackendError, BackendOptions, DynamicShapesError
 from .pieces import EPILOGUES, Piece, partition
 from .rest import compile_rest
@@ -332,7 +332,7 @@ class Backend:
         if inductor is None:
             inductor = compile_rest(gm, example_inputs, self.options.rest, mode)
         try:
-            record = timing.time_graphs(compiled, inductor, example_inputs)
+            record = timing.time_graphs(compiled, inductor, example_inputs, written(gm))
         except Exception as e:  # not measurable: Inductor's code, which is never slower
             LOG.warning("egraph-mirage: the whole graph could not be timed: %s: %s",
                         type(e).__name__, e)

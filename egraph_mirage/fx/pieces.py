@@ -178,6 +178,8 @@ def _additive_masks(work: Any) -> None:
         in_kwargs = "attn_mask" in node.kwargs
         mask = node.kwargs["attn_mask"] if in_kwargs else (
             node.args[3] if len(node.args) > 3 else None)
+        if not isinstance(mask, torch.fx.Node):
+            continue
         mask_val, q_val = meta_of(mask), meta_of(node.args[0])
         if mask_val is None or q_val is None or mask_val.dtype != torch.bool:
             continue
