@@ -317,6 +317,27 @@ def test_the_attention_core_of_a_decode_step_is_one_kernel(family: str, dtype: A
     assert [p.num_kernels for p in report.pieces] == [1]
 
 
+@both_dtypes
+def test_the_attention_core_with_a_boolean_mask_is_one_kernel(dtype: Any, tmp_path: Path
+                                                               ) -> None:
+    """The same piece of a Llama layer given a boolean mask, as ``generate()`` gives it: the
+    additive mask the partition made of it is a fourth input, added to the scaled scores (9
+    operators: a block graph holds as many as the program has, ``SearchConfig.block_ops``),
+    and the search finds one kernel for the whole of it, among its one-kernel tasks of 9
+    operators (task 100 of 345 at these sizes). It matches eager SDPA with the boolean mask,
+    half of the keys hidden."""
+    step = ub.hf_step("llama", "sdpa", dtype, masked=True)
+    parts = partition(step, step.example_inputs())
+    (piece,) = [p for p in parts.pieces if _signature(p)[0] == "sdpa"]
+    *xs, mask = piece.example_inputs
+    with torch.no_grad():  # the piece's SDPA given the boolean mask back
+        (want,) = piece.module(*xs, mask == 0)
+    _, got, report = _compiled(piece.module, tuple(piece.example_inputs), tmp_path,
+                               max_tasks=108)
+    _check(want, got, report, dtype, ["matmul mul_scalar add amax sub exp reduction div matmul"])
+    assert [p.num_kernels for p in report.pieces] == [1]
+
+
 def test_a_decoder_layer_with_static_cache_sdpa(tmp_path: Path) -> None:
     """``LlamaDecoderLayer`` (fp16, SDPA), one decode step with a static cache, 20 tasks a
     piece (Qwen3 and bf16 are cut into the same pieces: the partition tests above). Replaced

@@ -21,6 +21,12 @@ from dataclasses import dataclass, field
 
 from ..errors import EMError
 
+#: the most operators in one block graph where ``SearchConfig.max_block_ops`` is None: the
+#: program's own count, no fewer than the first (a program's one-kernel form may hold more
+#: operators than the program, an accumulator beside each reduction) and no more than the
+#: second (deeper block graphs are more than a search's budget enumerates)
+BLOCK_OPS = (8, 12)
+
 
 class SearchError(EMError):
     """A search that cannot run: bad configuration, foreign checkpoint, bad input program."""
@@ -61,8 +67,9 @@ class SearchConfig:
     blockdims: tuple[int, int, int] = (128, 1, 1)
     #: most library operators at kernel level (concat, reductions, ...)
     max_kernel_ops: int = 1
-    #: most operators in one block graph (loaders not counted, accumulators counted)
-    max_block_ops: int = 8
+    #: most operators in one block graph (loaders not counted, accumulators counted); None:
+    #: as many as the program has, within ``BLOCK_OPS`` (``block_ops``)
+    max_block_ops: int | None = None
     #: most graph-defined kernels in one program
     max_kernels: int = 2
     #: most outputs of one block graph
@@ -80,6 +87,16 @@ class SearchConfig:
     #: scalars mul_scalar may use besides those in the program
     scalars: tuple[float, ...] = field(default=())
 
+    def block_ops(self, program_ops: int) -> int:
+        """The most operators in one block graph for a program of ``program_ops`` operators:
+        ``max_block_ops``, or where it is None the program's count within ``BLOCK_OPS`` (a
+        one-kernel form of a program holds at least each of its operators once: an attention
+        with a mask added to its scores, 9, is then one kernel)."""
+        if self.max_block_ops is not None:
+            return self.max_block_ops
+        least, most = BLOCK_OPS
+        return min(max(least, program_ops), most)
+
     def __post_init__(self) -> None:
         for name in ("grid_tiles", "grid_splits", "loop_tiles"):
             vals = getattr(self, name)
@@ -88,6 +105,8 @@ class SearchConfig:
         for name in ("max_kernel_ops", "max_block_ops", "max_kernels", "max_block_outputs",
                      "max_blocks", "smem_bytes", "verify_tests"):
             v = getattr(self, name)
+            if v is None and name == "max_block_ops":
+                continue
             if not isinstance(v, int) or v < (0 if name == "max_kernel_ops" else 1):
                 raise SearchError(f"SearchConfig.{name} must be a positive integer, got {v!r}")
         n = self.sizes_per_structure

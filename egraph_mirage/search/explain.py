@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..graph import KernelGraph, Tensor, abstract_term
-from .config import SearchConfig
+from .config import BLOCK_OPS, SearchConfig
 from .results import SearchStats
 
 #: ``SearchStats.stopped_by`` values
@@ -65,7 +65,7 @@ def no_result_reasons(stats: SearchStats, g: KernelGraph, config: SearchConfig,
     elif not stats.candidates_verified:
         out.append(f"the whole space ({stats.tasks_total} tasks) holds no candidate in the "
                    f"target's e-class: allow more (SearchConfig.max_block_ops "
-                   f"{config.max_block_ops}, max_kernels {config.max_kernels}, max_kernel_ops "
+                   f"{_block_ops(config)}, max_kernels {config.max_kernels}, max_kernel_ops "
                    f"{config.max_kernel_ops})")
     if stats.invalid_candidates:
         out.append(f"{stats.invalid_candidates} complete candidate(s) could not be built as "
@@ -84,3 +84,10 @@ def unused_inputs(g: KernelGraph) -> list[Tensor]:
     """The inputs of ``g`` that none of its outputs' expressions mention."""
     used = {s.args[0] for t in g.outputs for s in abstract_term(t).walk() if s.op == "Var"}
     return [t for k, t in enumerate(g.inputs) if f"v{k}" not in used]
+
+
+def _block_ops(config: SearchConfig) -> str:
+    """``max_block_ops`` as a search used it: the number, or how None was resolved."""
+    if config.max_block_ops is not None:
+        return str(config.max_block_ops)
+    return "None: the program's operators, within {}-{}".format(*BLOCK_OPS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ..graph import KernelGraph, abstract_term
@@ -80,6 +81,7 @@ def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
         cls = reach.classify(abstract_term(t))
         inputs.append(DTensor(i, t.dims, t.dtype, cls, dcls, cls if cls is not None else ("v", i)))
     scalars = sorted(program_scalars(g) | set(config.scalars))
+    config = replace(config, max_block_ops=config.block_ops(len(g.operators)))
     # the generated prelude (from the op table) is part of the rules the e-graph was built with
     digest = rules_digest(oracle.rule_paths, oracle.prelude)
     payload = Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0],
