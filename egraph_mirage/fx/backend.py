@@ -272,11 +272,11 @@ class Backend:
                build: Callable[[Sequence[str]], Callable[..., Any]]) -> Callable[..., Any]:
         """Never slower, for the graph as a whole: ``compiled``, the graph with the pieces
         ``names`` replaced, is timed against Inductor's code for Dynamo's graph (both kinds of
-        timing). A piece faster alone can make the graph slower: its call costs host time that
-        Inductor's code for it, fused into the graph's, does not, and its boundary can change
-        what Inductor makes of its neighbours. Where the graph is slower under the ``timing``
-        option, the piece that gains least alone under the kind of timing it lost by is kept
-        too (``decision.least_gain``) and the graph with the others is built (``build``) and
+        timing). A piece faster alone can make the graph slower (its call's host time, its
+        boundary's effect on what Inductor makes of its neighbours). Where the graph is slower
+        under the ``timing`` option, the kind of piece (the same winners: identical layers)
+        that gains least alone under the kind of timing it lost by is kept too
+        (``decision.least_gain``) and the graph with the others is built (``build``) and
         timed, at most ``WHOLE_TRIES`` times more; where none is faster, every piece is kept
         and Inductor's code is returned. The times are cached per set of replaced pieces
         (``fx.cache.whole_key``: the graph, its inputs' layout and those pieces' winners), and
@@ -295,10 +295,11 @@ class Backend:
                 break
             tried.append(f"with {len(names)} piece(s) replaced: {why}"
                          + (f": {report.whole_times}" if record is not None else ""))
-            if record is None or len(names) <= 1 or len(tried) > WHOLE_TRIES:
+            drop = record and least_gain(report.pieces, names, record, self.options.timing)
+            if not drop or len(drop) == len(names) or len(tried) > WHOLE_TRIES:
                 names = []
                 break
-            names.remove(least_gain(report.pieces, names, record, self.options.timing))
+            names = [n for n in names if n not in drop]
             compiled = build(names)
         for p in report.pieces:
             if p.status == rep.REPLACED and p.name.split(".")[0] not in names:

@@ -131,23 +131,33 @@ _REPORTED = {"graph": ("ours_us", "inductor_us"),
 
 
 def least_gain(pieces: Sequence[rep.PieceReport], names: Sequence[str],
-               times: Mapping[str, Any], timing: str) -> str:
+               times: Mapping[str, Any], timing: str) -> list[str]:
     """Of the replaced pieces ``names`` (top-level pieces: a refined piece's parts count as
-    its own), the one whose replacement gains least alone, in µs, under the first kind of
-    timing the ``timing`` option asks for that the whole graph with them (``times``) was not
-    faster under; on a tie, the later one in ``names``. What ``Backend._whole`` keeps next
-    when the graph with every replaced piece was slower."""
+    its own), the kind whose replacement gains least alone, in µs summed over its pieces,
+    under the first kind of timing the ``timing`` option asks for that the whole graph with
+    them (``times``) was not faster under; on a tie, the later kind in ``names``. A kind is
+    the pieces replaced by the same winners (``PieceReport.winner``): a model's identical
+    layers, whose pieces are kept or replaced together, so that a graph of many layers is
+    rebuilt once per kind, not once per layer. What ``Backend._whole`` keeps next when the
+    graph with every replaced piece was slower."""
     lost = next((k for k in kinds(timing) if times.get(TIMES[k][0]) is None
                  or times.get(TIMES[k][1]) is None
                  or times[TIMES[k][0]] >= times[TIMES[k][1]]), kinds(timing)[0])
     ours, theirs = _REPORTED[lost]
     gain = dict.fromkeys(names, 0.0)
+    winners: dict[str, list[str]] = {n: [] for n in names}
     for p in pieces:
         top = p.name.split(".")[0]
+        if p.status != rep.REPLACED or top not in gain:
+            continue
+        winners[top].append(p.winner)
         a, b = getattr(p, ours), getattr(p, theirs)
-        if p.status == rep.REPLACED and top in gain and a is not None and b is not None:
+        if a is not None and b is not None:
             gain[top] += b - a
-    return min(reversed(names), key=lambda n: gain[n])
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for n in names:
+        groups.setdefault(tuple(sorted(winners[n])), []).append(n)
+    return min(reversed(list(groups.values())), key=lambda g: sum(gain[n] for n in g))
 
 
 def _grids(mugraph: KernelGraph) -> list[list[int]]:
