@@ -21,6 +21,10 @@ class DType(enum.Enum):
         return f"em.{self.value}"
 
 
+#: the lowest finite fp32: the floor of every max a μGraph computes (over a row of -inf only it
+#: is this, not -inf, so that ``exp(s - max)`` is 0 there, not NaN: docs/lowering.md)
+FP32_LOWEST = -3.4028234663852886e38
+
 float16 = DType.float16
 bfloat16 = DType.bfloat16
 float32 = DType.float32

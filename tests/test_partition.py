@@ -293,3 +293,32 @@ def test_epilogue_levels_cut_a_matmul_from_what_follows_it() -> None:
     _check(parts, _projection_rope, xs, (2, 4))
     matmul, rope = parts.pieces
     assert (matmul.matmuls, rope.matmuls) == (1, 0) and "cat" in rope.nodes
+
+
+def test_a_cast_of_inputs_of_another_dtype_runs_as_is_so_a_piece_reads_one_dtype() -> None:
+    """RoPE as ``generate()`` traces it: the angles' ``cos`` computed in float32, scaled, then
+    cast to the query's float16 inside the rotation's piece, which would then read float32
+    and float16 (the search takes inputs of one dtype). The scale and the cast run as is, with
+    the view of their result, and the piece reads the cast value: float16 only. A float32
+    RMSNorm's cast back to float16 (from a reduction) stays in its piece."""
+    def rope_and_norm(q: torch.Tensor, cos: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        c = (cos * 2.0).to(q.dtype).unsqueeze(0)
+        half = q.shape[-1] // 2
+        rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+        r = q * c + rotated * c
+        h = r.float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(q.dtype)
+
+    q = torch.randn(4, 1, 16).half()
+    cos, w = torch.randn(1, 16), torch.randn(16).half()
+    parts = partition(rope_and_norm, (q, cos, w))
+    assert [n for n, why in parts.left_out.items() if why.startswith("a cast to float16")] \
+        and len(parts.pieces) == 1
+    (piece,) = parts.pieces
+    assert {x.dtype for x in piece.example_inputs} == {torch.float16}
+    assert "rsqrt" in piece.nodes and sum(n.startswith("_to_copy") for n in piece.nodes) == 2
+    traced = trace_fx(piece.module, piece.example_inputs)
+    with torch.no_grad():
+        want = rope_and_norm(q, cos, w)
+    (got,) = traced.reference(*piece.example_inputs)
+    assert (got.float() - want.float()).abs().max() < 1e-2

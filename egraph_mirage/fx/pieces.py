@@ -152,6 +152,8 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
             break
         refused.update(failures)
     pieces = _recompute_shared(work, pieces, cones, left)
+    pieces = [_one_dtype(work, c, left) for c in pieces]
+    pieces = [c for c in pieces if _worth(c)]
     order = {n: i for i, n in enumerate(work.graph.nodes)}
     pieces.sort(key=lambda c: order[c[-1]])  # numbered in the order their outputs are computed
     fuse_by_partitions(work, [dict.fromkeys(c) for c in pieces], prefix=PREFIX,
@@ -585,6 +587,51 @@ def _worth(chunk: Sequence[Any]) -> bool:
     mm, rd = _counts(chunk)
     computing = [n for n in chunk if _rule(n).kind == aten.COMPUTE]  # type: ignore[union-attr]
     return mm > 0 or rd > 0 or len(computing) >= 2
+
+
+def _dtype(node: Any) -> Any:
+    return getattr(meta_of(node), "dtype", None)
+
+
+def _one_dtype(work: Any, piece: list[Any], left: dict[Any, str]) -> list[Any]:
+    """``piece`` less the casts that make its inputs of several dtypes: the search takes
+    inputs of one. Where the piece's outputs have one dtype and it reads inputs of another, a
+    cast to the outputs' dtype computed, within the piece, from those inputs by element-wise
+    operators of the other dtype only (RoPE's angles: ``cos`` in float32 times a scale, cast
+    to float16) runs as is with what it is computed from, and the piece reads the cast value,
+    where the piece then reads one dtype and still traces. Casts from a reduction's result
+    (transformers' float32 RMSNorm, back to float16) stay."""
+    inside = set(piece)
+    outs = {_dtype(n) for n in piece if any(u not in inside for u in n.users)}
+    if len(outs) != 1:
+        return piece
+    (want,) = outs
+
+    def reads(nodes: set[Any]) -> set[Any]:
+        return {a for n in nodes for a in n.all_input_nodes if a not in nodes}
+
+    if all(_dtype(a) == want for a in reads(inside)):
+        return piece
+    evicted: set[Any] = set()
+    for n in piece:
+        if _rule(n) is None or aten_name(n.target) not in aten.CASTS or _dtype(n) != want:
+            continue
+        chain = set(_ancestors(n, inside)) | {n}
+        counts = _counts(list(chain))
+        if counts == (0, 0) and all(_dtype(m) != want for m in chain - {n}):
+            evicted |= chain
+    for n in piece:  # views of what runs as is (a piece's output only viewing it) go with it
+        ins = [a for a in n.all_input_nodes if a in inside]
+        if ins and all(a in evicted for a in ins) and _rule(n).kind != aten.COMPUTE:  # type: ignore[union-attr]
+            evicted.add(n)
+    kept = [n for n in piece if n not in evicted]
+    if not evicted or piece[-1] in evicted or any(_dtype(a) != want for a in reads(set(kept))) \
+            or not kept or _check(work, kept) is not None:
+        return piece
+    why = (f"a cast to {str(want).removeprefix('torch.')} of a piece's inputs of another dtype "
+           "runs as is, so that the piece reads one dtype (the search takes one)")
+    left.update(dict.fromkeys(evicted, why))
+    return kept
 
 
 def _check(work: Any, chunk: Sequence[Any]) -> tuple[Any, str] | None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ..dtypes import DType
+from ..dtypes import FP32_LOWEST, DType
 from ..errors import LowerError
 from ..ops import OPS
 
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from ..mugraph.threadblock import BlockTensor
 
 Dims = tuple[int, ...]
-# the lowest finite fp32: the floor of every max (``TileContext.max``)
-LOWEST = "-3.4028234663852886e38"
+# the lowest finite fp32 as Triton source: the floor of every max (``TileContext.max``)
+LOWEST = repr(FP32_LOWEST)
 
 TL_DTYPE = {DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16",
             DType.float32: "tl.float32"}

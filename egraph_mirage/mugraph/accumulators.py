@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ..dtypes import FP32_LOWEST
 from ..errors import BlockGraphError, LowerError
 from ..expr import Term, app, sum_
 from ..ops import lookup
@@ -83,6 +84,10 @@ class ArrayOps:
         """Running maximum along ``axis`` (NaN propagates)."""
         return np.maximum.accumulate(x, axis=axis)
 
+    def floored(self, x: Any) -> Any:
+        """``x``, no lower than the lowest finite fp32 (``FP32_LOWEST``; NaN propagates)."""
+        return np.maximum(x, FP32_LOWEST)
+
     def part(self, x: Any, start: int, stop: int | None, axis: int) -> Any:
         """``x[start:stop]`` along ``axis``."""
         return x[(slice(None),) * axis + (slice(start, stop),)]
@@ -93,6 +98,9 @@ class TorchOps(ArrayOps):
 
     def cummax(self, x: Any, axis: int) -> Any:
         return self.xp.cummax(x, dim=axis).values
+
+    def floored(self, x: Any) -> Any:
+        return x.clamp(min=FP32_LOWEST)
 
 
 NUMPY = ArrayOps(np)
@@ -387,8 +395,8 @@ def shifted(term: Term, m: Term) -> Term:
 
 def running_max_in(o: ArrayOps, x: Any) -> Any:
     """Running max on the vectorised layout: the row max, then the maximum over the iterations
-    so far (NaN propagates)."""
-    return o.cummax(o.xp.amax(x, axis=-1, keepdims=True), LOOP)
+    so far, no lower than the lowest finite fp32 (NaN propagates)."""
+    return o.floored(o.cummax(o.xp.amax(x, axis=-1, keepdims=True), LOOP))
 
 
 def rescale_in(o: ArrayOps, x: Any, m: Any, running: bool = True) -> Any:
@@ -396,11 +404,12 @@ def rescale_in(o: ArrayOps, x: Any, m: Any, running: bool = True) -> Any:
     axis. ``w_i = exp(m_i - max_j m_j)``. For a running max (``running``, m never falls) that
     is ``exp(m_i - m_last)`` (1 for the last iteration), which is what the per-block
     recurrence multiplies term i by, ``prod_(j > i) exp(m_(j-1) - m_j)``, also for infinite
-    values: a factor ``exp(m_(j-1) - m_j)`` that is NaN (both infinite alike, e.g. two tiles of
-    -inf scores) makes every earlier term NaN, as it does in the recurrence."""
+    values: a factor ``exp(m_(j-1) - m_j)`` that is NaN (both +inf; a running max is never
+    below the lowest finite fp32, so tiles of -inf scores give none) makes every earlier term
+    NaN, as it does in the recurrence."""
     xp, last = o.xp, m.shape[LOOP] - 1
     if not running:  # any tile: weights relative to its largest value over the loop
-        return x * xp.exp(m - xp.amax(m, axis=LOOP, keepdims=True))
+        return x * xp.exp(m - o.floored(xp.amax(m, axis=LOOP, keepdims=True)))
     w = xp.exp(m - o.part(m, last, None, LOOP))
     bad = xp.isnan(o.part(m, 1, None, LOOP) - o.part(m, 0, last, LOOP))  # factor j at j - 1
     later = xp.sum(bad, axis=LOOP, keepdims=True) - xp.cumsum(bad, axis=LOOP) + bad > 0

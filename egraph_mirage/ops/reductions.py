@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import FP32_LOWEST
 from ..errors import ShapeError
 from ..expr import Term, app, sum_
 from . import field_ops as ff
@@ -184,9 +185,10 @@ MORE_REDUCTIONS: list[OpSpec] = [
           lambda x, d: torch_module().mean(x, dim=d, keepdim=True), _mean_tile,
           "torch.mean({x}, dim={dim}, keepdim=True)", True,
           "mean over one dimension, kept with size 1"),
-    along("amax", max_term, lambda x, d: np.max(x, axis=d, keepdims=True), ff.amax,
-          lambda x, d: torch_module().amax(x, dim=d, keepdim=True),
+    along("amax", max_term,
+          lambda x, d: np.maximum(np.max(x, axis=d, keepdims=True), FP32_LOWEST), ff.amax,
+          lambda x, d: torch_module().amax(x, dim=d, keepdim=True).clamp(min=FP32_LOWEST),
           lambda args, ctx, p: ctx.max(args[0], 0, (_tile_dim(ctx, p),)),
-          "torch.amax({x}, dim={dim}, keepdim=True)", False,
-          "max over one dimension, kept with size 1"),
+          f"torch.amax({{x}}, dim={{dim}}, keepdim=True).clamp(min={FP32_LOWEST!r})", False,
+          "max over one dimension, kept with size 1, no lower than the lowest finite fp32"),
 ]
