@@ -57,7 +57,10 @@
 6. **check**: every piece is traced (``trace_fx``); a node that fails to trace runs as is and
    steps 2–5 run again.
 7. **keep**: a piece with no matmul, no reduction and fewer than two computing nodes (a lone
-   element-wise operator, or views only) is not kept: its nodes run as is.
+   element-wise operator, or views only) is not kept: its nodes run as is. Before that, a
+   piece that would read inputs of two dtypes loses a cast of its other-dtype inputs to its
+   own, with the element-wise nodes it is computed from, where that leaves it one dtype
+   (``_one_dtype``: RoPE's float32 angles cast to float16; the search takes one dtype).
 8. **fuse**: torch's ``fuse_by_partitions`` makes each piece a submodule ``egm_0``, ``egm_1``, ...
    returning a tuple; running the rewritten module once on ``example_inputs`` records each piece's
    example inputs. Where pieces share a node, each piece gets its own copy of it in the graph
