@@ -99,8 +99,8 @@ class TorchOps(ArrayOps):
     def cummax(self, x: Any, axis: int) -> Any:
         return self.xp.cummax(x, dim=axis).values
 
-    def floored(self, x: Any) -> Any:
-        return x.clamp(min=FP32_LOWEST)
+    def floored(self, x: Any) -> Any:  # in x's dtype: -inf in fp16 and bf16, as stored
+        return self.xp.maximum(x, self.xp.tensor(FP32_LOWEST).to(x.dtype))
 
 
 NUMPY = ArrayOps(np)

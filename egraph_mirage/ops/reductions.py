@@ -179,6 +179,13 @@ REDUCTIONS: list[OpSpec] = [
     ),
 ]
 
+def _floored(m: Any) -> Any:
+    """A torch max no lower than the lowest finite fp32, in ``m``'s dtype (-inf in fp16 and
+    bf16, which cannot hold it: as the lowering stores it)."""
+    torch = torch_module()
+    return torch.maximum(m, torch.tensor(FP32_LOWEST).to(m.dtype))
+
+
 #: the reductions added for transformer blocks (issue 19), after the table's first entries
 MORE_REDUCTIONS: list[OpSpec] = [
     along("mean", mean_term, lambda x, d: np.mean(x, axis=d, keepdims=True), ff.mean,
@@ -187,8 +194,9 @@ MORE_REDUCTIONS: list[OpSpec] = [
           "mean over one dimension, kept with size 1"),
     along("amax", max_term,
           lambda x, d: np.maximum(np.max(x, axis=d, keepdims=True), FP32_LOWEST), ff.amax,
-          lambda x, d: torch_module().amax(x, dim=d, keepdim=True).clamp(min=FP32_LOWEST),
+          lambda x, d: _floored(torch_module().amax(x, dim=d, keepdim=True)),
           lambda args, ctx, p: ctx.max(args[0], 0, (_tile_dim(ctx, p),)),
-          f"torch.amax({{x}}, dim={{dim}}, keepdim=True).clamp(min={FP32_LOWEST!r})", False,
+          f"torch.maximum(torch.amax({{x}}, dim={{dim}}, keepdim=True), "
+          f"torch.tensor({FP32_LOWEST!r}).to({{x}}.dtype))", False,
           "max over one dimension, kept with size 1, no lower than the lowest finite fp32"),
 ]

@@ -81,7 +81,9 @@ def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
         cls = reach.classify(abstract_term(t))
         inputs.append(DTensor(i, t.dims, t.dtype, cls, dcls, cls if cls is not None else ("v", i)))
     scalars = sorted(program_scalars(g) | set(config.scalars))
-    config = replace(config, max_block_ops=config.block_ops(len(g.operators)))
+    # casts are the identity to the search (it proposes none): they do not count
+    config = replace(config, max_block_ops=config.block_ops(
+        sum(t.op != "cast" for t in g.operators)))
     # the generated prelude (from the op table) is part of the rules the e-graph was built with
     digest = rules_digest(oracle.rule_paths, oracle.prelude)
     payload = Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0],
