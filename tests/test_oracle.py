@@ -11,6 +11,7 @@ import pytest
 import egraph_mirage as em
 from egraph_mirage import Reachability, Term, benchmarks, parse
 from egraph_mirage.bench.oracle_bench import random_terms
+from egraph_mirage.graph import abstract_term
 
 NAMES = benchmarks.names()
 R, U, UNKNOWN = Reachability.REACHABLE, Reachability.UNREACHABLE, Reachability.UNKNOWN
@@ -273,3 +274,29 @@ def test_incomplete_never_says_more(oracles: dict[str, em.Oracle], name: str) ->
             assert full.answer(t) is R, f"{name}: {t} reachable only in the incomplete oracle"
         unknown += a is UNKNOWN and full.answer(t) is R
     assert unknown > 0, f"{name}: one iteration already derived everything tested"
+
+
+def test_a_norm_of_a_projection_of_a_norm_saturates() -> None:
+    """Qwen3's qk-norm: transformers' float32 RMSNorm, a per-head projection, then another
+    RMSNorm of the result. The second norm squares a long product (the first norm's scale, its
+    weight and the projection); were the square taken apart into a product of two copies, mul's
+    associativity and commutativity would regroup the factors without end (310,666 e-nodes,
+    incomplete). A square is one way in ``rules/`` (``a·a -> square(a)``): it saturates."""
+    import torch
+
+    def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    def norm_projection_norm(x: torch.Tensor, w1: torch.Tensor, W: torch.Tensor,
+                             w2: torch.Tensor) -> torch.Tensor:
+        return rms(rms(x, w1) @ W, w2)
+
+    g = em.from_torch(norm_projection_norm, torch.randn(1, 64).half(),
+                      torch.randn(64).half(), torch.randn(2, 64, 16).half(),
+                      torch.randn(16).half())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an incomplete saturation warns
+        oracle = em.Oracle(g)
+    assert oracle.complete and len(oracle.snapshot.nodes) < 30_000
+    assert oracle.is_subexpr(abstract_term(g.outputs[0]))
