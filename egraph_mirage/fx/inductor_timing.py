@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .mutation import Saved, saved, set_back
 from .pieces import Piece
 from .runtime import Runner, define_piece_op
 from .trace import TracedProgram
@@ -211,18 +212,16 @@ def time_graphs(ours: Callable[..., Any], inductor: Callable[..., Any],
     back before every call of either side, so that the thousands of timed calls write the
     same positions and never index past the cache; float ones (the cache) are left."""
     xs = list(example_inputs)
-    state = [(x, x.detach().clone()) for i, x in enumerate(xs) if i in writes
-             and isinstance(x, torch.Tensor) and not x.is_floating_point()]
+    state = saved(xs, writes, integers_only=True)
     if state:
         ours, inductor = _restoring(ours, state), _restoring(inductor, state)
     return time_pair(ours, inductor, xs, ("graph", "plain"))
 
 
-def _restoring(fn: Callable[..., Any], state: Sequence[tuple[Any, Any]]) -> Callable[..., Any]:
-    """``fn``, each call after the tensors of ``state`` (tensor, saved copy) are set back."""
+def _restoring(fn: Callable[..., Any], state: Saved) -> Callable[..., Any]:
+    """``fn``, each call after the tensors of ``state`` (``mutation.saved``) are set back."""
     def call(*a: Any) -> Any:
-        for x, saved in state:
-            x.copy_(saved)
+        set_back(state)
         return fn(*a)
 
     return call

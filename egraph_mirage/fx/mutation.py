@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -63,18 +63,32 @@ def _writes_first(node: torch.fx.Node) -> bool:
     return False
 
 
+Saved = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def saved(inputs: Sequence[Any], writes: Collection[int], integers_only: bool = False) -> Saved:
+    """(tensor, copy) of each of ``inputs`` at the positions ``writes`` (``written``); with
+    ``integers_only``, of those of an integer dtype alone (a position counter, not a cache)."""
+    return [(x, x.detach().clone()) for i, x in enumerate(inputs)
+            if i in writes and isinstance(x, torch.Tensor)
+            and not (integers_only and x.is_floating_point())]
+
+
+def set_back(state: Saved) -> None:
+    """Each tensor of ``state`` (``saved``) written back from its copy, in place."""
+    with torch.no_grad():
+        for x, copy in state:
+            x.copy_(copy)
+
+
 @contextlib.contextmanager
 def preserved(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Iterator[None]:
     """The inputs ``gm`` may write (``written``) copied on entry and written back on exit."""
-    writes = written(gm)
-    saved = [(x, x.detach().clone()) for i, x in enumerate(example_inputs)
-             if i in writes and isinstance(x, torch.Tensor)]
+    state = saved(example_inputs, written(gm))
     try:
         yield
     finally:
-        with torch.no_grad():
-            for x, copy in saved:
-                x.copy_(copy)
+        set_back(state)
 
 
-__all__ = ["preserved", "written"]
+__all__ = ["Saved", "preserved", "saved", "set_back", "written"]

@@ -176,6 +176,7 @@ def _additive_masks(work: Any) -> None:
     import torch
 
     aten_ops = torch.ops.aten
+    changed = False
     for node in list(work.graph.nodes):
         if node.op != "call_function" or aten_name(node.target) != \
                 "aten.scaled_dot_product_attention.default":
@@ -200,8 +201,10 @@ def _additive_masks(work: Any) -> None:
             node.kwargs = {**node.kwargs, "attn_mask": additive}
         else:
             node.args = (*node.args[:3], additive, *node.args[4:])
-    work.graph.lint()
-    work.recompile()
+        changed = True
+    if changed:
+        work.graph.lint()
+        work.recompile()
 
 
 def _views_per_user(work: Any) -> None:

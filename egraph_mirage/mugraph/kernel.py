@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import FP32_LOWEST
 from ..errors import GraphError
 from ..expr import Term
 from ..ops import lookup
@@ -190,8 +189,8 @@ class GraphDefinedKernel:
                     if t.op == "input":
                         vals[t.index] = _tile(inputs[t.params["position"]], t, block, it)
                     elif t.op == "forloop_max":  # running: combined with the previous value
-                        row = np.maximum(np.max(vals[t.operands[0].index], axis=-1,
-                                                keepdims=True), FP32_LOWEST)
+                        row = accs.NUMPY.floored(np.max(vals[t.operands[0].index], axis=-1,
+                                                        keepdims=True))
                         vals[t.index] = row if it == 0 else np.maximum(sums[t.index], row)
                         sums[t.index] = vals[t.index]
                     else:
@@ -207,8 +206,8 @@ class GraphDefinedKernel:
                         step = lookup_accumulator(t.params["acc"]).step(x, tb.reduction_dimx)
                         if t.operands[1].op != "forloop_max":  # m's own running max, and
                             # each term weighted by exp(m_i - it)
-                            top = np.maximum(m if it == 0 else np.maximum(prev[t.index], m),
-                                             FP32_LOWEST)
+                            top = accs.NUMPY.floored(
+                                m if it == 0 else np.maximum(prev[t.index], m))
                             step, m = step * np.exp(m - top), top
                         sums[t.index] = accs.rescale_step(sums.get(t.index), step,
                                                           prev.get(t.index), m)
