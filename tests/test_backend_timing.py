@@ -106,6 +106,11 @@ def test_the_whole_graph_is_never_slower_than_inductors(
         assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
         assert len(timed) == 1, "the second compile decides from the cached times"
         assert report.whole_cache == ("hit" if rerun else "miss")
+        # the report says where the compile time went; a cached whole graph is not timed
+        assert {"partition", "pieces", "Inductor"} <= set(report.stages)
+        assert ("whole-graph timing" in report.stages) == (not rerun)
+        assert sum(report.stages.values()) <= report.seconds
+        assert f"  time: {report.stages_text()}" in report.text()
         assert (f"  whole graph: ours 1.0 / {ours} / {ours} µs, Inductor 2.0 / {theirs} / "
                 f"{theirs} µs (graph replay / plain launches / plain, L2 flushed) | cache "
                 f"{report.whole_cache}") in report.text()

@@ -37,7 +37,7 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    (``rest="eager"``, for tests); on a CUDA GPU with ``profile`` on, the graph with its
    replaced pieces is timed against Inductor's code for Dynamo's graph, and where it is
    slower under ``timing`` the piece that gains least alone is kept and the graph timed again,
-   a few times at most, then every piece is kept (``_whole``; the times are cached as a
+   a few times at most, then every piece is kept (``fx.whole``; the times are cached as a
    piece's are, under ``fx.cache.whole_key``). Dynamo gets that callable (a function of the graph's
    flat inputs returning its outputs), with the ``CompileReport`` attached as
    ``egraph_mirage_report``.
@@ -88,9 +88,9 @@ from ..verify import checks_that_fit
 from . import inductor_timing as timing
 from . import report as rep
 from .budget import SPENT, CompileBudget, Room
-from .cache import SearchCache, piece_key, whole_key
-from .decision import KEEP, REPLACE, PieceDecision, least_gain, slower
-from .mutation import preserved, written
+from .cache import SearchCache, piece_key
+from .decision import KEEP, REPLACE, PieceDecision, slower
+from .mutation import preserved
 from .options import BackendError, BackendOptions, DynamicShapesError
 from .pieces import EPILOGUES, Piece, partition
 from .rest import compile_rest
@@ -103,10 +103,8 @@ from .runtime import (
     make_runner,
 )
 from .trace import TracedProgram, trace_fx
+from .whole import WholeGraph
 
-#: graphs with fewer replaced pieces timed after the graph with all of them was slower
-#: (``Backend._whole``)
-WHOLE_TRIES = 3
 #: the name ``torch.compile(backend=...)`` knows the backend by
 NAME = "egraph_mirage"
 LOG = logging.getLogger("egraph_mirage.fx")
@@ -173,14 +171,15 @@ class Backend:
     def _compile(self, gm: Any, example_inputs: Sequence[Any], report: rep.CompileReport,
                  mode: str | None) -> Callable[..., Any]:
         try:
-            parts = partition(gm, example_inputs, max_matmuls=self.options.max_matmuls,
-                              max_reductions=self.options.max_reductions)
+            with report.stage("partition"):
+                parts = partition(gm, example_inputs, max_matmuls=self.options.max_matmuls,
+                                  max_reductions=self.options.max_reductions)
+                traced = [self._trace(piece) for piece in parts.pieces]
         except EMError as e:
             report.note = f"the graph could not be partitioned ({e}); it runs in the rest"
             LOG.warning("egraph-mirage: %s", report.note)
             return compile_rest(gm, example_inputs, self.options.rest, mode)
         chosen: dict[str, Any] = {}  # piece name -> its replacement
-        traced = [self._trace(piece) for piece in parts.pieces]
         # with a cache, a piece equal to an earlier one (a model's identical layers) is a hit:
         # the budget is shared by the distinct pieces only (``fx.budget``)
         keys = ([self._key(t, mode).digest() if isinstance(t, TracedProgram) else f"refused {i}"
@@ -190,7 +189,8 @@ class Backend:
         # share more is kept for the parts of the pieces found nothing for, which are searched
         # after every piece was searched whole (``fx.budget``)
         moved = [_moved(t) for t in traced]
-        gains, rooms = self._gains(parts.pieces, traced, moved, keys, mode)
+        with report.stage("rooms"):
+            gains, rooms = self._gains(parts.pieces, traced, moved, keys, mode)
         distinct = {k: m for k, m in zip(keys, gains, strict=True)}
         reserve = self._budget.pieces(list(distinct.values()), self.options.refine)
         reached: set[str] = set()
@@ -199,8 +199,9 @@ class Backend:
         for i in sorted(range(len(traced)), key=lambda k: -moved[k]):
             piece = parts.pieces[i]
             weight = self._budget.weigh(gains[i])
-            piece_report, replacement = self._piece(i, piece, weight, mode, traced[i],
-                                                    rooms.get(i))
+            with report.stage("pieces"):
+                piece_report, replacement = self._piece(i, piece, weight, mode, traced[i],
+                                                        rooms.get(i))
             if keys[i] not in reached:
                 reached.add(keys[i])
                 self._budget.reached(weight)
@@ -212,7 +213,8 @@ class Backend:
         if self.options.refine:
             self._budget.reached(reserve)  # the reserved share joins what the parts share
         for i, piece, piece_report, per_byte in unfound:  # then the parts, with the time left
-            replacement = self._refine(i, piece, piece_report, report, mode, per_byte)
+            with report.stage("refine"):
+                replacement = self._refine(i, piece, piece_report, report, mode, per_byte)
             if replacement is not None:
                 chosen[piece.name] = replacement
         report.searches = sum(p.search_seconds is not None for p in report.pieces)
@@ -224,14 +226,16 @@ class Backend:
             torch.compile would without the backend."""
             for p in parts.pieces:
                 setattr(parts.module, p.name, chosen[p.name] if p.name in names else p.module)
-            compiled = (self._launched_by_inductor(parts.module, gm, example_inputs, report, mode)
-                        if names else None)
-            return compiled if compiled is not None else compile_rest(
-                parts.module if names else gm, example_inputs, self.options.rest, mode, gm)
+            with report.stage("Inductor"):
+                compiled = (self._launched_by_inductor(parts.module, gm, example_inputs, report,
+                                                       mode) if names else None)
+                return compiled if compiled is not None else compile_rest(
+                    parts.module if names else gm, example_inputs, self.options.rest, mode, gm)
 
         compiled = build(list(chosen))
         if chosen and self.options.profiling() and _on_gpu():
-            return self._whole(compiled, gm, example_inputs, report, mode, list(chosen), build)
+            whole = WholeGraph(gm, example_inputs, report, mode, self.options, self.cache, build)
+            return whole.never_slower(compiled, list(chosen))
         return compiled
 
     def _launched_by_inductor(self, module: Any, gm: Any, example_inputs: Sequence[Any],
@@ -266,81 +270,6 @@ class Backend:
                     "Inductor's launch of them failed: %s", why)
         report.launch_note = f"launched by their ops: Inductor's launch of them failed: {why}"
         return None
-
-    def _whole(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
-               report: rep.CompileReport, mode: str | None, names: list[str],
-               build: Callable[[Sequence[str]], Callable[..., Any]]) -> Callable[..., Any]:
-        """Never slower, for the graph as a whole: ``compiled``, the graph with the pieces
-        ``names`` replaced, is timed against Inductor's code for Dynamo's graph (both kinds of
-        timing). A piece faster alone can make the graph slower (its call's host time, its
-        boundary's effect on what Inductor makes of its neighbours). Where the graph is slower
-        under the ``timing`` option, the kind of piece (the same winners: identical layers)
-        that gains least alone under the kind of timing it lost by is kept too
-        (``decision.least_gain``) and the graph with the others is built (``build``) and
-        timed, at most ``WHOLE_TRIES`` times more; where none is faster, every piece is kept
-        and Inductor's code is returned. The times are cached per set of replaced pieces
-        (``fx.cache.whole_key``: the graph, its inputs' layout and those pieces' winners), and
-        the decisions are made from them at each compile, as for a piece."""
-        inductor = None
-        tried: list[str] = []
-        while True:
-            record, inductor = self._whole_times(compiled, gm, example_inputs, report, mode,
-                                                 names, inductor)
-            if record is None:
-                why = "could not be timed"
-            else:
-                report.whole_times = timing.fmt_times(record)
-                why = slower(record, self.options.timing)
-            if not why:
-                break
-            tried.append(f"with {len(names)} piece(s) replaced: {why}"
-                         + (f": {report.whole_times}" if record is not None else ""))
-            drop = record and least_gain(report.pieces, names, record, self.options.timing)
-            if not drop or len(drop) == len(names) or len(tried) > WHOLE_TRIES:
-                names = []
-                break
-            names = [n for n in names if n not in drop]
-            compiled = build(names)
-        for p in report.pieces:
-            if p.status == rep.REPLACED and p.name.split(".")[0] not in names:
-                p.status, p.reason = rep.KEPT, "the whole graph was slower with it replaced"
-        if tried:
-            kept = (f"{', '.join(names)} replaced, the others kept" if names
-                    else "every piece kept")
-            report.note = f"the graph {'; '.join(tried)}; {kept}"
-        if names:
-            return compiled
-        return inductor if inductor is not None else compile_rest(gm, example_inputs,
-                                                           self.options.rest, mode)
-
-    def _whole_times(self, compiled: Callable[..., Any], gm: Any, example_inputs: Sequence[Any],
-                     report: rep.CompileReport, mode: str | None, names: list[str],
-                     inductor: Callable[..., Any] | None
-                     ) -> tuple[dict[str, Any] | None, Callable[..., Any] | None]:
-        """The times of ``compiled`` (the pieces ``names`` replaced) and Inductor's code for
-        ``gm``, from the cache or measured (None: not measurable), and Inductor's code where it
-        was compiled (``inductor``, or compiled here for a measurement)."""
-        winners = [[p.name, p.winner] for p in report.pieces
-                   if p.status == rep.REPLACED and p.name.split(".")[0] in names]
-        key = whole_key(gm, example_inputs, winners, report.launch,
-                        self.options.search_settings(), timing.key_settings(mode))
-        record = self.cache.get(key) if self.cache is not None else None
-        if not report.whole_cache or report.whole_cache == "hit":
-            report.whole_cache = ("off" if self.cache is None
-                                  else "miss" if record is None else "hit")
-        if record is not None:
-            return record, inductor
-        if inductor is None:
-            inductor = compile_rest(gm, example_inputs, self.options.rest, mode)
-        try:
-            record = timing.time_graphs(compiled, inductor, example_inputs, written(gm))
-        except Exception as e:  # not measurable: Inductor's code, which is never slower
-            LOG.warning("egraph-mirage: the whole graph could not be timed: %s: %s",
-                        type(e).__name__, e)
-            return None, inductor
-        if self.cache is not None:
-            self.cache.put(key, record)
-        return record, inductor
 
     def _gains(self, pieces: Sequence[Piece], traced: Sequence[TracedProgram | EMError],
                moved: Sequence[int], keys: Sequence[str], mode: str | None

@@ -138,7 +138,7 @@ def least_gain(pieces: Sequence[rep.PieceReport], names: Sequence[str],
     them (``times``) was not faster under; on a tie, the later kind in ``names``. A kind is
     the pieces replaced by the same winners (``PieceReport.winner``): a model's identical
     layers, whose pieces are kept or replaced together, so that a graph of many layers is
-    rebuilt once per kind, not once per layer. What ``Backend._whole`` keeps next when the
+    rebuilt once per kind, not once per layer. What ``fx.whole.WholeGraph`` keeps next when the
     graph with every replaced piece was slower."""
     lost = next((k for k in kinds(timing) if times.get(TIMES[k][0]) is None
                  or times.get(TIMES[k][1]) is None

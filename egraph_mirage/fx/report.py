@@ -23,7 +23,9 @@ searched: the compilation's time budget was spent, ...).
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +34,13 @@ from typing import Any
 REPLACED, KEPT, UNSUPPORTED = "replaced", "kept", "unsupported"
 #: how the reason of a piece kept because the search found nothing begins
 NOTHING_FOUND = "no μGraph found"
+#: the stages of a compilation whose seconds the report gives (``CompileReport.stage``):
+#: cutting the graph into pieces and tracing them; timing Inductor's code for each distinct
+#: uncached piece before the searches (its room); deciding each piece whole (searches, checks,
+#: timing against Inductor's code), then the parts of those nothing was found for; compiling
+#: the graph with its replaced pieces (and Dynamo's graph, for the whole-graph check) with
+#: Inductor; timing the whole graph against Inductor's code
+STAGES = ("partition", "rooms", "pieces", "refine", "Inductor", "whole-graph timing")
 
 
 @dataclass
@@ -133,6 +142,31 @@ class CompileReport:
     launch: str = ""
     launch_note: str = ""
     seconds: float = 0.0
+    #: seconds spent in each stage of the compilation (``STAGES``' names), where it ran
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Count the time of the ``with`` block to the stage ``name`` (one of ``STAGES``)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
+
+    def stages_text(self) -> str:
+        """Where the compile time went: "partition 0.4 s, pieces 12.1 s (searches 10.2 s),
+        ..." ("" before any stage ran)."""
+        searched = {"pieces": sum(p.search_seconds or 0.0 for p in self.pieces
+                                  if p.part is None),
+                    "refine": sum(p.search_seconds or 0.0 for p in self.pieces
+                                  if p.part is not None)}
+        parts = []
+        for name in STAGES:
+            if name in self.stages:
+                parts.append(f"{name} {self.stages[name]:.1f} s" + (
+                    f" (searches {searched[name]:.1f} s)" if searched.get(name) else ""))
+        return ", ".join(parts)
 
     def count(self, status: str) -> int:
         return sum(p.status == status for p in self.pieces)
@@ -156,6 +190,8 @@ class CompileReport:
                          + (f" ({self.launch_note})" if self.launch_note else ""))
         if self.whole_times:
             lines.append(f"  whole graph: {self.whole_times} | cache {self.whole_cache}")
+        if self.stages:
+            lines.append(f"  time: {self.stages_text()}")
         lines += [p.line() for p in self.pieces]
         lines += [f"  left out: {name}: {why}" for name, why in self.left_out.items()]
         return "\n".join(lines)
@@ -244,5 +280,5 @@ def _attached(fn: Any) -> Iterable[CompileReport]:
                 pass
 
 
-__all__ = ["KEPT", "RECENT", "REPLACED", "UNSUPPORTED", "CompileReport", "PieceReport",
+__all__ = ["KEPT", "RECENT", "REPLACED", "STAGES", "UNSUPPORTED", "CompileReport", "PieceReport",
            "clear_recent", "reports_of", "torch_report"]
