@@ -52,6 +52,9 @@ def _add_dtype(p: argparse.ArgumentParser, folders: str) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="egraph-mirage",
                                 description="e-graph based superoptimizer for tensor programs")
+    p.add_argument("--log", choices=("warning", "info", "debug"), default="warning",
+                   help="what the egraph_mirage loggers print to stderr (default warning; info: "
+                        "each compile stage of the torch backend as it ends)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("list", help="list the benchmark programs")
@@ -187,12 +190,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _log_to_stderr(level: str) -> None:
+    """Print the package's log records of ``level`` and above to stderr."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    logger = logging.getLogger("egraph_mirage")
+    logger.setLevel(level.upper())
+    logger.addHandler(handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return exc.code if isinstance(exc.code, int) else 2
+    if args.log != "warning":
+        _log_to_stderr(args.log)
     try:
         if args.command == "list":
             return _list()

@@ -17,7 +17,8 @@
 # PROMPT_LEN (128), MAX_CACHE_LEN (1024), REPEATS (3), MAX_TASKS, TIMING (the backend's timing
 # option, default both), CACHE (the backend's cache, default WORK/cache), WARM_LAYERS, AGAIN (the
 # backend compiled a second time from the cache: --again), TIMEOUT (s per batch, 540), GPUS,
-# FIRST_GPU, WORKERS (as in gpu_torch.sh), EXTRA (more `bench generate` options).
+# FIRST_GPU, WORKERS (as in gpu_torch.sh), EXTRA (more `bench generate` options). The backend's
+# log (`--log info`: each compile stage as it ends, each compilation's report) is in logs.txt.
 #
 # An 8-layer model of Llama-3-8B's layer sizes at b = 1 on one H200 (the rows of
 # docs/results/generate_h200.json; ~5 min: ~1 min per compiled mode, the backend's 150 s of
@@ -42,18 +43,19 @@ common() {  # the options every run of one batch shares
 one() {  # one batch on the GPU this subshell sees
   local b=$1 models=${MODELS:-llama qwen3}
   if [ -n "${WARM_LAYERS:-}" ]; then
-    timeout "${TIMEOUT:-540}" python3 -m egraph_mirage bench generate --batch "$b" \
+    timeout "${TIMEOUT:-540}" python3 -m egraph_mirage --log info bench generate --batch "$b" \
       --models $models --layers "$WARM_LAYERS" --modes egraph_mirage --new-tokens 1 --repeats 1 \
       $(common) --out "$work/bench_generate_warm_b$b.jsonl" \
       > "$work/bench_generate_warm_b$b.txt" 2> "$work/bench_generate_warm_b$b.err"
-    echo "warm b=$b rc=$?"; grep -v '^egraph-mirage' "$work/bench_generate_warm_b$b.err" | tail -3
+    echo "warm b=$b rc=$?"; grep -v 'egraph-mirage' "$work/bench_generate_warm_b$b.err" | tail -3
   fi
-  timeout "${TIMEOUT:-540}" python3 -m egraph_mirage bench generate --batch "$b" \
+  timeout "${TIMEOUT:-540}" python3 -m egraph_mirage --log info bench generate --batch "$b" \
     --models $models --layers "${LAYERS:-32}" ${MODES:+--modes $MODES} \
     --new-tokens "${NEW_TOKENS:-128}" --repeats "${REPEATS:-3}" ${AGAIN:+--again} $(common) \
     --out "$out/bench_generate_b$b.jsonl" \
     > "$work/bench_generate_b$b.txt" 2> "$work/bench_generate_b$b.err"
-  echo "b=$b rc=$?"; grep -v '^egraph-mirage' "$work/bench_generate_b$b.err" | tail -4
+  echo "b=$b rc=$?"; grep -v 'egraph-mirage' "$work/bench_generate_b$b.err" | tail -4
+  grep 'time:' "$work/bench_generate_b$b.err" | tail -3  # where each compilation's time went
 }
 
 gpu_spread "$@"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,7 @@ from typing import Any
 REPLACED, KEPT, UNSUPPORTED = "replaced", "kept", "unsupported"
 #: how the reason of a piece kept because the search found nothing begins
 NOTHING_FOUND = "no μGraph found"
+LOG = logging.getLogger("egraph_mirage.fx")
 #: the stages of a compilation whose seconds the report gives (``CompileReport.stage``):
 #: cutting the graph into pieces and tracing them; timing Inductor's code for each distinct
 #: uncached piece before the searches (its room); deciding each piece whole (searches, checks,
@@ -152,7 +154,10 @@ class CompileReport:
         try:
             yield
         finally:
-            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self.stages[name] = self.stages.get(name, 0.0) + took
+            LOG.info("egraph-mirage: graph %d: %s %.1f s (%.1f s in all)", self.graph, name,
+                     took, self.stages[name])
 
     def stages_text(self) -> str:
         """Where the compile time went: "partition 0.4 s, pieces 12.1 s (searches 10.2 s),
