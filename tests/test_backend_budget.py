@@ -70,10 +70,16 @@ class Spending:
         return SearchResults([], SearchStats())  # nothing found
 
 
-def compile_timed(backend: Backend, xs: tuple[torch.Tensor, ...]) -> float:
-    """Compile and run ``three_blocks`` through ``backend``; returns when the backend was
-    called (``time.perf_counter()``): its deadline counts from then, not from Dynamo's
-    tracing."""
+def three_blocks_summed(x: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:
+    """``three_blocks`` and a cumsum more (left out of every piece): another graph, the same
+    three pieces."""
+    return torch.cumsum(three_blocks(x, *ws), dim=-1)
+
+
+def compile_timed(backend: Backend, xs: tuple[torch.Tensor, ...], fn: Any = three_blocks
+                  ) -> float:
+    """Compile and run ``fn`` through ``backend``; returns when the backend was called
+    (``time.perf_counter()``): its deadline counts from then, not from Dynamo's tracing."""
     started: list[float] = []
 
     def timed(gm: Any, example_inputs: Any) -> Any:
@@ -81,8 +87,8 @@ def compile_timed(backend: Backend, xs: tuple[torch.Tensor, ...]) -> float:
         return backend(gm, example_inputs)
 
     with torch.no_grad():
-        got = torch.compile(three_blocks, backend=timed, dynamic=False)(*xs)
-    torch.testing.assert_close(got, three_blocks(*xs))
+        got = torch.compile(fn, backend=timed, dynamic=False)(*xs)
+    torch.testing.assert_close(got, fn(*xs))
     (t0,) = started
     return t0
 
@@ -133,8 +139,10 @@ def test_every_piece_is_searched_whole_before_any_is_refined() -> None:
 
 def test_a_piece_reached_after_the_deadline_is_not_searched_nor_cached(tmp_path: Path) -> None:
     """A first search that overruns the whole budget leaves none for the other pieces: they
-    are kept, unsearched, and not cached, so that the next compilation searches them; there the
-    piece found in the cache costs nothing and the others share the budget by weight."""
+    are kept, unsearched, and not cached. The same graph compiled again with the same settings
+    comes from the cache: the graph's record says what its first compilation left unsearched,
+    and nothing is searched. Another graph with the same pieces searches them: there the piece
+    found in the cache costs nothing and the others share the budget by weight."""
     budget = 2.0
     xs = block_inputs((32, 24, 16, 8))  # three pieces, three programs
     first = Spending(first=budget + 0.2)
@@ -147,10 +155,18 @@ def test_a_piece_reached_after_the_deadline_is_not_searched_nor_cached(tmp_path:
     assert [p.search_seconds for p in report.pieces[1:]] == [None, None]
     assert f"kept: {SPENT}" in report.text()
     torch._dynamo.reset()
+    same = Spending(cap=0.0)
+    backend = Backend(search=same, budget=budget, rest="eager", cache_dir=str(tmp_path),
+                      workers=1, refine=False)
+    compile_timed(backend, xs)
+    assert same.budgets == [] and backend.reports[0].searches == 0
+    assert [p.reason for p in backend.reports[0].pieces[1:]] == [
+        f"{SPENT} (in this graph's first compilation with these settings)"] * 2
+    torch._dynamo.reset()
     again = Spending(cap=0.0)  # finds nothing at once
     backend = Backend(search=again, budget=budget, rest="eager", cache_dir=str(tmp_path),
                       workers=1, refine=False)
-    compile_timed(backend, xs)
+    compile_timed(backend, xs, three_blocks_summed)
     assert [p.cache for p in backend.reports[0].pieces] == ["hit", "miss", "miss"]
     (second, third) = again.budgets
     assert second is not None and third is not None

@@ -51,7 +51,8 @@ bytes it moves; plus a quarter of the mean piece's) among the pieces not yet rea
 included, and with ``refine`` one mean share more, kept for the parts); the refined pieces'
 parts then share what is left, by weight too. A piece whose Inductor code already runs at its
 floor is not searched; a cache hit costs nothing, and a piece reached once no time is left is
-not searched (kept: "the compilation's time budget was spent"; not cached).
+not searched (kept: "the compilation's time budget was spent"; not cached, but a compilation
+of the same graph with the same settings does not search it either: the graph's record).
 
 Options: ``torch.compile(..., options={...})`` or ``Backend(**options)``, listed and checked in
 ``fx.options`` (``BackendOptions``). Every compilation is logged at INFO on the
@@ -88,7 +89,7 @@ from ..verify import checks_that_fit
 from . import inductor_timing as timing
 from . import report as rep
 from .budget import SPENT, CompileBudget, Room
-from .cache import SearchCache, piece_key
+from .cache import SearchCache, graph_key, piece_key
 from .decision import KEEP, REPLACE, PieceDecision, slower
 from .mutation import preserved
 from .options import BackendError, BackendOptions, DynamicShapesError
@@ -127,6 +128,10 @@ class Backend:
         self._budget = CompileBudget()
         #: the GPU's copy bandwidth, bytes/s, once measured (``_bandwidth``)
         self._copy_bandwidth: float | None = None
+        #: the keys (digests) of the pieces an earlier compilation of the graph under way left
+        #: unsearched for want of time (its record in the cache), and of those this one leaves
+        self._unsearched: set[str] = set()
+        self._spent: set[str] = set()
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any], mode: str | None = None,
                  options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -185,6 +190,14 @@ class Backend:
         keys = ([self._key(t, mode).digest() if isinstance(t, TracedProgram) else f"refused {i}"
                  for i, t in enumerate(traced)] if self.cache is not None
                 else [str(i) for i in range(len(traced))])
+        # an earlier compilation of this graph with these settings: what it left unsearched
+        # for want of time is not searched now either, so that a second compile of a model
+        # comes from the cache, whatever its first left unsearched
+        record_key = (graph_key(gm, example_inputs, self.options.search_settings(),
+                                timing.key_settings(mode, self._launch()))
+                      if self.cache is not None else None)
+        record = self.cache.get(record_key) if self.cache is not None and record_key else None
+        self._unsearched, self._spent = set((record or {}).get("unsearched", ())), set()
         # each distinct piece weighs what its search can gain (``_gains``); with ``refine``, one
         # share more is kept for the parts of the pieces found nothing for, which are searched
         # after every piece was searched whole (``fx.budget``)
@@ -219,6 +232,8 @@ class Backend:
                 chosen[piece.name] = replacement
         report.searches = sum(p.search_seconds is not None for p in report.pieces)
         report.left_out = dict(parts.left_out)
+        if self.cache is not None and record_key is not None:
+            self.cache.put(record_key, {"unsearched": sorted(self._spent)})
 
         def build(names: Sequence[str]) -> Callable[..., Any]:
             """The graph with the pieces ``names`` replaced (by ``chosen``), the others as
@@ -298,8 +313,9 @@ class Backend:
                 if j in rooms:
                     rooms[i] = rooms[j]
                 continue
-            if not isinstance(t, TracedProgram) or (
-                    self.cache is not None and self.cache.path(self._key(t, mode)).exists()):
+            if not isinstance(t, TracedProgram) or (self.cache is not None and (
+                    self.cache.path(self._key(t, mode)).exists()
+                    or self._key(t, mode).digest() in self._unsearched)):
                 gains.append(0.0)
                 continue
             floor_us = moved[i] / bandwidth * 1e6
@@ -458,6 +474,7 @@ class Backend:
         o = self.options
         g = traced.graph
         skey = self._search_key(traced)
+        digest = self._key(traced, mode).digest()
         searched = self.cache.get(skey) if self.cache is not None and skey is not None else None
         if searched is not None:  # this piece's search, run by a compilation of another mode
             decision = PieceDecision.from_record(searched)
@@ -468,10 +485,16 @@ class Backend:
             decision = PieceDecision(reason=room.reason())
             decision.times = {"inductor_us": room.inductor_us}
             return decision, None, True
+        elif digest in self._unsearched:  # so in this graph's earlier compilation: not now
+            self._spent.add(digest)
+            why = f"{SPENT} (in this graph's first compilation with these settings)"
+            return PieceDecision(reason=why), None, False
         else:
             decision, lasting = self._search(piece, traced, out, weight)
             if self.cache is not None and skey is not None and lasting:
                 self.cache.put(skey, decision.to_record())
+            if decision.reason == SPENT:
+                self._spent.add(digest)
         if not decision.mugraph:
             return decision, None, lasting
         winner, knobs = loads(decision.mugraph), decision.knobs

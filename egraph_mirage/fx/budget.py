@@ -38,7 +38,10 @@ compilation of 32 identical layers shares its budget among one layer's pieces.
 So a piece decided without a search (a cache hit, a piece the tracer refuses) leaves its share
 to the pieces after it, a search that ends early leaves the rest of its share to the others,
 and the last search left may take all that is left. A piece reached once no time is left is
-not searched (``SPENT``). Tracing, compiling, checking and timing a piece's winner take their
+not searched (``SPENT``), nor cached; but the cache keeps a record of the graph's compilation
+(``fx.cache.graph_key``): a second compilation of the same graph with the same settings does
+not search what the first left unsearched, so that it comes from the cache, while another graph
+with those pieces (a model of more layers) searches them. Tracing, compiling, checking and timing a piece's winner take their
 time from the same clock; Inductor's compilation of the rest, after the last search, does not.
 ``budget=None``: no deadline, each search unbounded (``time_budget=None``).
 

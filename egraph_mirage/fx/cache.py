@@ -166,6 +166,14 @@ def whole_key(gm: Any, example_inputs: Sequence[Any], replaced: Sequence[Sequenc
                     search={**settings, **timed})
 
 
+def graph_key(gm: Any, example_inputs: Sequence[Any], settings: Mapping[str, Any],
+              timed: Mapping[str, Any]) -> CacheKey:
+    """The key of a graph's compilation record (``fx.backend``: the pieces its compilation
+    left unsearched for want of time, which a compilation of the same graph with the same
+    settings does not search either): ``whole_key``'s, with no pieces replaced."""
+    return whole_key(gm, example_inputs, [], "", settings, {**timed, "record": "compilation"})
+
+
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
