@@ -345,3 +345,32 @@ def test_on_a_gpu_each_part_of_a_refined_piece_is_timed_and_one_at_its_floor_is_
     assert len(at_floor) == 3 and all("matmul" in p.operators for p in at_floor)
     assert len(searched) == 3 and not any("matmul" in p.operators for p in searched)
     assert len(search.budgets) == 3 + 3  # the pieces whole, then the norm parts
+
+
+def test_timing_inductors_code_before_the_searches_is_not_charged_to_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU each distinct piece's Inductor code is compiled and timed before any search
+    (its room, ``Backend._gains``), which for a model of many distinct pieces takes longer than
+    a small budget. That time is not the searches': here timing the three rooms (a stand-in)
+    takes longer than the whole budget, and the searches still get all of it."""
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx import inductor_timing
+
+    budget, room_s = 1.0, 0.5
+
+    def time_inductor(piece: Any, mode: Any) -> float:
+        time.sleep(room_s)  # an Inductor compilation and its timing
+        return 100.0  # µs: far above the floor, worth searching
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(be.Backend, "_bandwidth", lambda self: 1e12)
+    monkeypatch.setattr(inductor_timing, "time_inductor", time_inductor)
+    search = Spending()
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1,
+                      refine=False, profile=True)
+    t0 = compile_timed(backend, block_inputs((32, 24, 16, 8)))
+    report = backend.reports[0]
+    assert report.stages["rooms"] >= 3 * room_s > budget
+    assert len(search.budgets) == 3 and all(b is not None and b > 0 for b in search.budgets)
+    assert sum(search.budgets) <= budget  # type: ignore[arg-type]
+    assert search.ended - t0 <= report.stages["rooms"] + budget + MARGIN_S

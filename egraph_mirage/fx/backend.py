@@ -43,16 +43,17 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    ``egraph_mirage_report``.
 
 The time budget (``fx.budget``): the ``budget`` option bounds the searches of the whole
-compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts; every
-piece is searched whole before any is refined, those that move the most bytes first, each
-search getting the seconds left before it in proportion to its piece's weight (what it can
-gain: on a GPU its room, Inductor's µs timed before the search less its copy floor's, else the
-bytes it moves; plus a quarter of the mean piece's) among the pieces not yet reached (itself
-included, and with ``refine`` one mean share more, kept for the parts); the refined pieces'
-parts then share what is left, by weight too. A piece whose Inductor code already runs at its
-floor is not searched; a cache hit costs nothing, and a piece reached once no time is left is
-not searched (kept: "the compilation's time budget was spent"; not cached, but a compilation
-of the same graph with the same settings does not search it either: the graph's record).
+compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts (and
+moved by the time the rooms below took to measure); every piece is searched whole before any is
+refined, those that move the most bytes first, each search getting the seconds left before it in
+proportion to its piece's weight (what it can gain: on a GPU its room, Inductor's µs timed
+before the search less its copy floor's, else the bytes it moves; plus a quarter of the mean
+piece's) among the pieces not yet reached (itself included, and with ``refine`` one mean share
+more, kept for the parts); the refined pieces' parts then share what is left, by weight too. A
+piece whose Inductor code already runs at its floor is not searched; a cache hit costs nothing,
+and a piece reached once no time is left is not searched (kept: "the compilation's time budget
+was spent"; not cached, but a compilation of the same graph with the same settings does not
+search it either: the graph's record).
 
 Options: ``torch.compile(..., options={...})`` or ``Backend(**options)``, listed and checked in
 ``fx.options`` (``BackendOptions``). Every compilation is logged at INFO on the
@@ -204,6 +205,7 @@ class Backend:
         moved = [_moved(t) for t in traced]
         with report.stage("rooms"):
             gains, rooms = self._gains(parts.pieces, traced, moved, keys, mode)
+        self._budget.extend(report.stages["rooms"])  # the searches' budget starts after them
         distinct = {k: m for k, m in zip(keys, gains, strict=True)}
         reserve = self._budget.pieces(list(distinct.values()), self.options.refine)
         reached: set[str] = set()

@@ -36,13 +36,17 @@ model's identical layers) count once: the first is searched, the others are cach
 compilation of 32 identical layers shares its budget among one layer's pieces.
 
 So a piece decided without a search (a cache hit, a piece the tracer refuses) leaves its share
-to the pieces after it, a search that ends early leaves the rest of its share to the others,
-and the last search left may take all that is left. A piece reached once no time is left is
-not searched (``SPENT``), nor cached; but the cache keeps a record of the graph's compilation
-(``fx.cache.graph_key``): a second compilation of the same graph with the same settings does
-not search what the first left unsearched, so that it comes from the cache, while another graph
-with those pieces (a model of more layers) searches them. Tracing, compiling, checking and timing a piece's winner take their
-time from the same clock; Inductor's compilation of the rest, after the last search, does not.
+to the pieces after it, a search that ends early leaves the rest of its share to the others, and
+the last search left may take all that is left. A piece reached once no time is left is not
+searched (``SPENT``), nor cached; but the cache keeps a record of the graph's compilation
+(``fx.cache.graph_key``): a second compilation of the same graph with the same settings does not
+search what the first left unsearched, so that it comes from the cache, while another graph with
+those pieces (a model of more layers) searches them. Tracing, compiling, checking and timing a
+piece's winner take their time from the same clock; timing Inductor's code for each piece before
+the searches (its room, on a GPU: an Inductor compilation per distinct piece) and Inductor's
+compilation of the rest, after the last search, do not: the deadline moves by the rooms' time
+(``extend``), so that a model of many distinct pieces does not spend a small budget before its
+first search.
 ``budget=None``: no deadline, each search unbounded (``time_budget=None``).
 
 The stated margin: a search (``em.superoptimize``) saturates its e-graph and searches inside its
@@ -104,6 +108,11 @@ class CompileBudget:
     def start(cls, seconds: float | None) -> CompileBudget:
         """A deadline ``seconds`` from now (None: none)."""
         return cls(None if seconds is None else time.monotonic() + seconds)
+
+    def extend(self, seconds: float) -> None:
+        """Move the deadline ``seconds`` later (time the searches are not charged with)."""
+        if self.deadline is not None:
+            self.deadline += seconds
 
     def pieces(self, gains: list[float], reserve: bool) -> float:
         """The compilation's distinct pieces, whose searches can gain ``gains`` each (bytes
