@@ -194,11 +194,13 @@ def _log_to_stderr(level: str) -> None:
     """Print the package's log records of ``level`` and above to stderr."""
     import logging
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     logger = logging.getLogger("egraph_mirage")
     logger.setLevel(level.upper())
-    logger.addHandler(handler)
+    if not any(h.get_name() == "egraph-mirage --log" for h in logger.handlers):  # once
+        handler = logging.StreamHandler()
+        handler.set_name("egraph-mirage --log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

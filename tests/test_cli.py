@@ -230,3 +230,27 @@ def test_bench_dtype_flag(capsys: pytest.CaptureFixture[str], command: list[str]
     assert _parser().parse_args([*command, "--dtype", "bfloat16"]).dtype == "bfloat16"
     code, _, err = run_cli(capsys, *command, "--dtype", "float32")
     assert code == 2 and "--dtype: invalid choice: 'float32'" in err
+
+
+def test_log_prints_the_packages_records_of_that_level(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """``--log info`` (before the command) prints the package's INFO records to stderr (the
+    torch backend's compile stages as they end), once however often the CLI runs in a
+    process; by default only warnings reach stderr."""
+    import logging
+
+    logger = logging.getLogger("egraph_mirage")
+    level, handlers = logger.level, list(logger.handlers)
+    try:
+        for _ in range(2):
+            code, _, _ = run_cli(capsys, "--log", "info", "list")
+            assert code == 0
+        logging.getLogger("egraph_mirage.fx").info("egraph-mirage: graph 0: partition 0.1 s")
+        err = capsys.readouterr().err
+        assert err.count("egraph-mirage: graph 0: partition 0.1 s") == 1
+        assert len(logger.handlers) == len(handlers) + 1
+    finally:
+        logger.setLevel(level)
+        logger.handlers[:] = handlers
+    code, _, err = run_cli(capsys, "--log", "loud", "list")
+    assert code == 2 and "--log" in err
