@@ -113,6 +113,8 @@ def test_a_compilation_of_three_pieces_searches_within_its_budget_refine_include
     assert search.ended - t0 <= budget + MARGIN_S
     searched = [p for p in report.pieces if p.search_seconds is not None]
     assert len(searched) == len(search.budgets) == backend.searches == report.searches
+    assert [p.search_share for p in searched] == search.budgets  # the report says each share
+    assert f"of a {searched[0].search_share:.1f} s share" in report.text()
     assert sum(p.search_seconds for p in searched) <= budget + MARGIN_S  # type: ignore[misc]
     for p in report.pieces:
         if p.search_seconds is None:

@@ -331,6 +331,8 @@ class Backend:
             else:
                 rooms[i] = Room(us, floor_us)
                 gains.append(rooms[i].us)
+            LOG.info("egraph-mirage: %s: Inductor %s µs, floor %.1f µs: gains %.1f µs",
+                     piece.name, "-" if us is None else f"{us:.1f}", floor_us, gains[-1])
         return gains, rooms
 
     def _bandwidth(self) -> float:
@@ -569,6 +571,7 @@ class Backend:
             LOG.info("egraph-mirage: %s: %s", piece.name, SPENT)
             return decision, False
         self.searches += 1
+        out.search_share = share
         t0 = time.perf_counter()
         try:
             results = (o.search or superoptimize)(

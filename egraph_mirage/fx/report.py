@@ -10,8 +10,9 @@ piece (fields separated by " | ") and one per operator left out of every piece::
 
     egraph-mirage: graph 0: 1 piece(s), 1 replaced, 0 kept, 0 unsupported, 1 operator(s) left
     out; 1 search(es), cache 0 hit(s) / 1 miss(es); rest by inductor; 6.2 s
+      time: partition 0.3 s, rooms 0.0 s, pieces 3.1 s (searches 2.9 s), Inductor 2.6 s
       piece 0 (egm_0): matmul relu mul_scalar on 2x64 64x96 float16 | replaced: 1 kernel(s),
-      grid (8,1,1) | cache miss, search 2.9 s
+      grid (8,1,1) | cache miss, search 2.9 s of a 60.0 s share
       left out: cumsum: no op-table operator computes it
 
 (each entry is one line; wrapped here). On a GPU with ``profile`` on, a piece also shows
@@ -76,6 +77,8 @@ class PieceReport:
     search_cache: str = ""
     #: seconds the search took (None: no search ran, e.g. on a cache hit)
     search_seconds: float | None = None
+    #: the seconds of the compilation's budget the search was given (None: no deadline)
+    search_share: float | None = None
     #: SHA-256 of the winner's μGraph JSON and knobs ("" when there is none): what the
     #: whole-graph decision's cache key records of a replaced piece
     winner: str = ""
@@ -102,7 +105,8 @@ class PieceReport:
         if self.search_cache == "hit":
             cache += ", search cached"
         if self.search_seconds is not None:
-            cache += f", search {self.search_seconds:.1f} s"
+            cache += f", search {self.search_seconds:.1f} s" + (
+                "" if self.search_share is None else f" of a {self.search_share:.1f} s share")
         parts.append(cache)
         return " | ".join(parts)
 
