@@ -322,3 +322,31 @@ def test_a_cast_of_inputs_of_another_dtype_runs_as_is_so_a_piece_reads_one_dtype
         want = rope_and_norm(q, cos, w)
     (got,) = traced.reference(*piece.example_inputs)
     assert (got.float() - want.float()).abs().max() < 1e-2
+
+
+def test_layers_sharing_a_boolean_mask_share_its_additive_mask() -> None:
+    """``generate()`` hands every layer's SDPA the same boolean mask; the partition makes its
+    additive form (``where(mask, 0, -inf)``, run as is) once, and both attention pieces read
+    it, each traced piece matching its SDPA given the boolean mask."""
+    def two_layers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+                   ) -> torch.Tensor:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        a = sdpa(q, k, v, attn_mask=mask)
+        return sdpa(a * 2.0, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(1, 2, n, 16).half() for n in (1, 8, 8))
+    mask = torch.arange(8).view(1, 1, 1, 8) < 5
+    parts = partition(two_layers, (q, k, v, mask))
+    wheres = [n for n in parts.left_out if n.startswith("where")]
+    assert len(wheres) == 1, parts.left_out
+    attention = [p for p in parts.pieces if any("scaled_dot_product" in n or "sdpa" in n
+                                                for n in p.nodes)]
+    assert len(attention) == 2
+    for piece in attention:
+        additive = piece.example_inputs[-1]
+        assert additive.dtype == torch.float16 and additive[..., 5:].isinf().all()
+        traced = trace_fx(piece.module, piece.example_inputs)
+        with torch.no_grad():  # the piece's own SDPA given the boolean mask back
+            (want,) = piece.module(*piece.example_inputs[:-1], additive == 0)
+        (got,) = traced.reference(*piece.example_inputs)
+        assert (got.float() - want.float()).abs().max() < 1e-2

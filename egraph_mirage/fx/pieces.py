@@ -170,13 +170,14 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
 def _additive_masks(work: Any) -> None:
     """Each ``scaled_dot_product_attention`` given a boolean ``attn_mask`` is given instead the
     additive mask that SDPA's fused kernels apply for it (``where(mask, 0, -inf)`` in the
-    query's dtype; the nodes that make it run as is), which the tracer maps. On a GPU the
+    query's dtype, made once per mask: a model's layers share theirs; the nodes that make it
+    run as is), which the tracer maps. On a GPU the
     result is the same; SDPA's math path (the CPU) alone differs, on rows whose every key is
     masked: 0 there, NaN here (as ``softmax`` of a row of -inf)."""
     import torch
 
     aten_ops = torch.ops.aten
-    changed = False
+    made: dict[tuple[Any, Any, Any], Any] = {}  # (mask, dtype, device) -> its additive mask
     for node in list(work.graph.nodes):
         if node.op != "call_function" or aten_name(node.target) != \
                 "aten.scaled_dot_product_attention.default":
@@ -189,20 +190,22 @@ def _additive_masks(work: Any) -> None:
         mask_val, q_val = meta_of(mask), meta_of(node.args[0])
         if mask_val is None or q_val is None or mask_val.dtype != torch.bool:
             continue
-        with work.graph.inserting_before(node):
-            zero, hidden = (work.graph.call_function(
-                aten_ops.scalar_tensor.default, (value,),
-                {"dtype": q_val.dtype, "device": q_val.device}) for value in (0.0, -float("inf")))
-            additive = work.graph.call_function(aten_ops.where.self, (mask, zero, hidden))
-        for n, val in ((zero, q_val.new_zeros(())), (hidden, q_val.new_zeros(())),
-                       (additive, mask_val.to(q_val.dtype))):
-            n.meta["val"] = val
+        key = (mask, q_val.dtype, q_val.device)
+        if key not in made:  # one per mask (a model's layers share theirs), before its first use
+            with work.graph.inserting_before(node):
+                zero, hidden = (work.graph.call_function(
+                    aten_ops.scalar_tensor.default, (value,),
+                    {"dtype": q_val.dtype, "device": q_val.device})
+                    for value in (0.0, -float("inf")))
+                made[key] = work.graph.call_function(aten_ops.where.self, (mask, zero, hidden))
+            for n, val in ((zero, q_val.new_zeros(())), (hidden, q_val.new_zeros(())),
+                           (made[key], mask_val.to(q_val.dtype))):
+                n.meta["val"] = val
         if in_kwargs:
-            node.kwargs = {**node.kwargs, "attn_mask": additive}
+            node.kwargs = {**node.kwargs, "attn_mask": made[key]}
         else:
-            node.args = (*node.args[:3], additive, *node.args[4:])
-        changed = True
-    if changed:
+            node.args = (*node.args[:3], made[key], *node.args[4:])
+    if made:
         work.graph.lint()
         work.recompile()
 
