@@ -153,15 +153,18 @@ class CompileReport:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        """Count the time of the ``with`` block to the stage ``name`` (one of ``STAGES``)."""
+        """Count the time of the ``with`` block to the stage ``name`` (one of ``STAGES``), and
+        log it as it ends."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
             took = time.perf_counter() - t0
             self.stages[name] = self.stages.get(name, 0.0) + took
-            LOG.info("egraph-mirage: graph %d: %s %.1f s (%.1f s in all)", self.graph, name,
-                     took, self.stages[name])
+            # at INFO where it took a second or more (a search, a compile), else at DEBUG
+            LOG.log(logging.INFO if took >= 1.0 else logging.DEBUG,
+                    "egraph-mirage: graph %d: %s %.1f s (%.1f s in all)", self.graph, name,
+                    took, self.stages[name])
 
     def stages_text(self) -> str:
         """Where the compile time went: "partition 0.4 s, pieces 12.1 s (searches 10.2 s),
