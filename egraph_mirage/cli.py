@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                                 description="e-graph based superoptimizer for tensor programs")
     p.add_argument("--log", choices=("warning", "info", "debug"), default="warning",
                    help="what the egraph_mirage loggers print to stderr (default warning; info: "
-                        "each compile stage of the torch backend as it ends)")
+                        "each step of the torch backend's compile stages that took 1 s or more)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("list", help="list the benchmark programs")
