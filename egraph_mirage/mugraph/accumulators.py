@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..dtypes import FP32_LOWEST
 from ..errors import BlockGraphError, LowerError
 from ..expr import Term, app, sum_
 from ..ops import lookup
+from ..ops.reductions import floored
 from ..ops.spec import TileDims
 
 LOOP = 3
@@ -85,8 +85,8 @@ class ArrayOps:
         return np.maximum.accumulate(x, axis=axis)
 
     def floored(self, x: Any) -> Any:
-        """``x``, no lower than the lowest finite fp32 (``FP32_LOWEST``; NaN propagates)."""
-        return np.maximum(x, FP32_LOWEST)
+        """``x``, no lower than the lowest finite fp32 (``ops.reductions.floored``)."""
+        return floored(x)
 
     def part(self, x: Any, start: int, stop: int | None, axis: int) -> Any:
         """``x[start:stop]`` along ``axis``."""
@@ -98,9 +98,6 @@ class TorchOps(ArrayOps):
 
     def cummax(self, x: Any, axis: int) -> Any:
         return self.xp.cummax(x, dim=axis).values
-
-    def floored(self, x: Any) -> Any:  # in x's dtype: -inf in fp16 and bf16, as stored
-        return self.xp.maximum(x, self.xp.tensor(FP32_LOWEST).to(x.dtype))
 
 
 NUMPY = ArrayOps(np)

@@ -179,9 +179,13 @@ REDUCTIONS: list[OpSpec] = [
     ),
 ]
 
-def _floored(m: Any) -> Any:
-    """A torch max no lower than the lowest finite fp32, in ``m``'s dtype (-inf in fp16 and
-    bf16, which cannot hold it: as the lowering stores it)."""
+def floored(m: Any) -> Any:
+    """A max (a numpy array or a torch tensor) no lower than the lowest finite fp32
+    (``FP32_LOWEST``; NaN propagates); a tensor in its own dtype (-inf in fp16 and bf16, which
+    cannot hold it: as the lowering stores it). The floor of ``amax`` and of the μGraph
+    interpreters' maxima (``mugraph.accumulators``)."""
+    if isinstance(m, (np.ndarray, np.generic)):
+        return np.maximum(m, FP32_LOWEST)
     torch = torch_module()
     return torch.maximum(m, torch.tensor(FP32_LOWEST).to(m.dtype))
 
@@ -193,8 +197,8 @@ MORE_REDUCTIONS: list[OpSpec] = [
           "torch.mean({x}, dim={dim}, keepdim=True)", True,
           "mean over one dimension, kept with size 1"),
     along("amax", max_term,
-          lambda x, d: np.maximum(np.max(x, axis=d, keepdims=True), FP32_LOWEST), ff.amax,
-          lambda x, d: _floored(torch_module().amax(x, dim=d, keepdim=True)),
+          lambda x, d: floored(np.max(x, axis=d, keepdims=True)), ff.amax,
+          lambda x, d: floored(torch_module().amax(x, dim=d, keepdim=True)),
           lambda args, ctx, p: ctx.max(args[0], 0, (_tile_dim(ctx, p),)),
           f"torch.maximum(torch.amax({{x}}, dim={{dim}}, keepdim=True), "
           f"torch.tensor({FP32_LOWEST!r}).to({{x}}.dtype))", False,
