@@ -197,7 +197,8 @@ class Backend:
         record_key = (graph_key(gm, example_inputs, self.options.search_settings(),
                                 timing.key_settings(mode, self._launch()))
                       if self.cache is not None else None)
-        record = self.cache.get(record_key) if self.cache is not None and record_key else None
+        record = (self.cache.get(record_key)
+                  if self.cache is not None and record_key is not None else None)
         self._unsearched, self._spent = set((record or {}).get("unsearched", ())), set()
         # each distinct piece weighs what its search can gain (``_gains``); with ``refine``, one
         # share more is kept for the parts of the pieces found nothing for, which are searched
@@ -315,9 +316,9 @@ class Backend:
                 if j in rooms:
                     rooms[i] = rooms[j]
                 continue
-            if not isinstance(t, TracedProgram) or (self.cache is not None and (
-                    self.cache.path(self._key(t, mode)).exists()
-                    or self._key(t, mode).digest() in self._unsearched)):
+            key = self._key(t, mode) if isinstance(t, TracedProgram) else None
+            if key is None or (self.cache is not None and (
+                    self.cache.path(key).exists() or key.digest() in self._unsearched)):
                 gains.append(0.0)
                 continue
             floor_us = moved[i] / bandwidth * 1e6
@@ -381,7 +382,8 @@ class Backend:
         out.cache = "off" if self.cache is None else ("miss" if record is None else "hit")
         runner = None
         if record is None:
-            decision, runner, lasting = self._decide(piece, traced, out, weight, mode, room)
+            decision, runner, lasting = self._decide(piece, traced, out, weight, mode, room,
+                                                     key.digest())
             if self.cache is not None and lasting:
                 self.cache.put(key, decision.to_record())
         else:
@@ -465,20 +467,20 @@ class Backend:
         return parts.module if replaced else None
 
     def _decide(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport,
-                weight: float, mode: str | None = None, room: Room | None = None
+                weight: float, mode: str | None, room: Room | None, digest: str
                 ) -> tuple[PieceDecision, Runner | None, bool]:
-        """Search (with the piece's share of the compilation's time budget, ``fx.budget``;
-        not where ``room`` says Inductor's code is at the floor), compile, check and (on a GPU)
-        time. Returns the decision, the compiled runner when the decision is to replace, and
-        whether the decision may be cached (not when the piece was refused or left unsearched
-        before any search, nor after an unexpected failure)."""
+        """Search (with the piece's share of the compilation's time budget, ``fx.budget``; not
+        where ``room`` says Inductor's code is at the floor, nor where ``digest``, the piece's
+        cache key's, is one an earlier compilation of the graph left unsearched), compile, check
+        and (on a GPU) time. Returns the decision, the compiled runner when the decision is to
+        replace, and whether the decision may be cached (not when the piece was refused or left
+        unsearched before any search, nor after an unexpected failure)."""
         from ..rank.measured import keep_jax_off_the_gpu
 
         keep_jax_off_the_gpu()  # the verifier's JAX on the CPU, in this process and the workers
         o = self.options
         g = traced.graph
         skey = self._search_key(traced)
-        digest = self._key(traced, mode).digest()
         searched = self.cache.get(skey) if self.cache is not None and skey is not None else None
         if searched is not None:  # this piece's search, run by a compilation of another mode
             decision = PieceDecision.from_record(searched)
