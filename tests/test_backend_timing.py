@@ -35,24 +35,34 @@ from egraph_mirage.search.results import SearchResult, SearchResults, SearchStat
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
-@pytest.mark.parametrize("timing, replaced", [("graph", True), ("plain", False),
-                                              ("both", False)])
+@pytest.mark.parametrize("timing, alone, whole_plain, replaced", [
+    ("graph", "replay", 3.0, True), ("plain", "replay", 3.0, False), ("both", "replay", 3.0, False),
+    ("plain", "replay", 1.0, True), ("both", "replay", 1.0, True),
+    ("graph", "plain", 1.0, False), ("both", "plain", 1.0, True), ("both", "neither", 1.0, False)])
 def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timing: str, replaced: bool) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timing: str, alone: str,
+        whole_plain: float, replaced: bool) -> None:
     """On a GPU each winner is timed against Inductor's code for its piece, under CUDA-graph
-    replay and with plain launches (here a stand-in timing: faster replayed, slower launched
-    plainly, as a piece whose host overhead outweighs its kernels' gain). ``timing`` says
-    which must be faster; the times are cached, the decision is made from them on each
-    compile, so another ``timing`` needs no search."""
+    replay (its GPU's time) and with plain launches back to back (its host's: a piece's call
+    alone is bound by it). Under ``timing="graph"`` it must be faster replayed. Under "plain"
+    and "both" it must be faster either way (``alone``: the way it is faster), and the graph
+    with it replaced must then be faster than Inductor's code for the graph under every kind
+    the option asks for (``whole_plain``: the graph's plain µs against Inductor's 2.0): in a
+    graph whose GPU time exceeds its host time a call's host time overlaps the kernels before
+    it, so a piece slower launched alone can make the graph faster, and a piece faster
+    launched alone (one launch where Inductor makes several) can win in a graph bound by its
+    host. The times are cached, the decision is made from them on each compile, so another
+    ``timing`` needs no search."""
     from egraph_mirage.fx import backend as be
 
-    times = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 40.0,
-             "inductor_plain_us": 20.0, "ours_flushed_us": 40.0, "inductor_flushed_us": 20.0}
+    replay, plain = {"replay": (5.0, 40.0), "plain": (7.0, 10.0), "neither": (7.0, 40.0)}[alone]
+    times = {"ours_us": replay, "inductor_us": 6.0, "ours_plain_us": plain,
+             "inductor_plain_us": 20.0, "ours_flushed_us": plain, "inductor_flushed_us": 20.0}
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: dict(times))
-    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {  # the whole graph: faster
-        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
-        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": whole_plain,
+        "inductor_plain_us": 2.0, "ours_flushed_us": whole_plain, "inductor_flushed_us": 2.0})
     search = StandIn()
     for rerun in (False, True):  # the second compile decides from the cached times
         torch._dynamo.reset()
@@ -64,10 +74,17 @@ def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
         (piece,) = backend.reports[0].pieces
         assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
         assert piece.cache == ("hit" if rerun else "miss") and search.calls == 1
-        assert (piece.ours_plain_us, piece.inductor_plain_us) == (40.0, 20.0)
-        assert "ours 5.0 µs / 40.0 µs, Inductor 6.0 µs / 20.0 µs" in piece.line()
-        if not replaced:
-            assert piece.reason == "not faster than Inductor's code (plain launches)"
+        assert (piece.ours_plain_us, piece.inductor_plain_us) == (plain, 20.0)
+        assert f"ours {replay} µs / {plain} µs, Inductor 6.0 µs / 20.0 µs" in piece.line()
+        if replaced:
+            continue
+        if alone == "neither":
+            assert piece.reason == ("not faster than Inductor's code (CUDA-graph replay); not "
+                                    "faster than Inductor's code (plain launches)")
+        elif timing == "graph":
+            assert piece.reason == "not faster than Inductor's code (CUDA-graph replay)"
+        else:
+            assert piece.reason == "the whole graph was slower with it replaced"
 
 
 @pytest.mark.parametrize("whole, replaced", [((1.0, 2.0), True), ((3.0, 2.0), False)])

@@ -17,9 +17,10 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    (``fx.decision.PieceDecision``): the winner is compiled (``em.compile``), checked against
    the piece's eager outputs on the example inputs, and, on a CUDA GPU with ``profile`` on,
    timed against Inductor's code for the same piece (``fx.inductor_timing``: CUDA-graph
-   replay and plain launches, ours through its custom op) and used only when faster as the
-   ``timing`` option asks (both, by default; ``fx.decision.slower``); the times are cached,
-   the decision is made from them at each compile;
+   replay and plain launches, ours as the compiled graph launches it) and used only when
+   faster as the ``timing`` option asks (``fx.decision.slower_alone``: replayed under "graph";
+   replayed or launched plainly under "plain" and "both", the default, the graph then judged
+   whole, step 4); the times are cached, the decision is made from them at each compile;
    **refine**: once every piece has been decided whole, a piece the search found nothing for
    is cut at its matmuls' inputs
    (``partition(..., levels=True)``: an RMSNorm before a gated MLP's projections becomes a
@@ -530,11 +531,12 @@ class Backend:
 
     def _fewer_launches(self, piece: Piece, traced: TracedProgram, winner: KernelGraph,
                         decision: PieceDecision, runner: Runner, mode: str | None) -> Runner:
-        """Where the winner, timed, is not used for its plain launches and its knobs leave a
-        combine unfused (the search's tuner ranks knobs by the kernels' time, in which a launch
-        costs nothing), the same μGraph with its combines fused, one launch fewer each, is
-        checked and timed too; it takes the winner's place in ``decision`` (knobs, times) where
-        it is used and the first is not. Returns the runner of the knobs kept."""
+        """Where the winner, timed, is not faster under every kind of timing the option asks
+        for (``slower``: it loses its plain launches) and its knobs leave a combine unfused (the
+        search's tuner ranks knobs by the kernels' time, in which a launch costs nothing), the
+        same μGraph with its combines fused, one launch fewer each, is checked and timed too;
+        it takes the winner's place in ``decision`` (knobs, times) where it is faster under
+        all of them. Returns the runner of the knobs kept."""
         knobs = dict(decision.knobs or {})
         if (knobs.get("fuse_combines", True) or "fuse_combines" not in graph_knobs(winner)
                 or not slower(decision.times, self.options.timing)):

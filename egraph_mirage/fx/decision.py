@@ -7,8 +7,9 @@ Inductor's); "keep" otherwise, with the reason. It is what the disk cache stores
 (``fx.cache``), as a JSON object whose keys are the dataclass's fields, the optional ones
 only where set and the times flat (``TIMES``' fields): ``to_record`` writes that object,
 ``from_record`` reads it back, also as an earlier version wrote it (fields it lacks stay
-unset). Timed winners are judged at each compile, from the times (``slower``), so that the
-``timing`` option needs no new search.
+unset). Timed winners are judged at each compile, from the times, so that the ``timing`` option
+needs no new search: a piece alone by its GPU time (``slower_alone``), the graph with its
+replaced pieces under every kind of timing the option asks for (``slower``, ``fx.whole``).
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ class PieceDecision:
 
     def why_not_used(self, timing: str) -> str:
         """Why a winner to replace its piece is not used under the ``timing`` option after all
-        (``slower``; "" when it is used, and for a decision to keep)."""
-        return slower(self.times, timing) if self.replaces() else ""
+        (``slower_alone``; "" when it is used, and for a decision to keep)."""
+        return slower_alone(self.times, timing) if self.replaces() else ""
 
     def fill(self, out: rep.PieceReport) -> None:
         """The report's fields from this decision."""
@@ -121,6 +122,22 @@ def slower(times: Mapping[str, Any], timing: str) -> str:
         if times[ours] >= times[theirs]:
             return f"not faster than Inductor's code ({TIMED[kind]})"
     return ""
+
+
+def slower_alone(times: Mapping[str, Any], timing: str) -> str:
+    """Why a piece's timed winner with these ``times`` is not used under the ``timing`` option,
+    judged alone ("" when it is used). Under "graph", it must be faster under CUDA-graph
+    replay. Under "plain" and "both" it must be faster either under replay, its GPU's time,
+    or with plain launches, its host's: timed alone, back to back, a piece's plain launches
+    measure its call's host time, which counts in a graph whose host time exceeds its GPU
+    time (one decoder layer, its kernels small) and overlaps the kernels before it in a graph
+    whose GPU time exceeds its host time (a decode step of many layers), where the GPU time
+    is what counts. Either can gain, so the graph with its replaced pieces is judged whole
+    under every kind the option asks for (``fx.whole``: a graph slower with them keeps first
+    the kind of piece that gains least under the kind of timing it lost by)."""
+    whys = [slower(times, kind) for kind in (("graph",) if timing == "graph"
+                                             else ("graph", "plain"))]
+    return "" if not all(whys) else "; ".join(dict.fromkeys(whys))
 
 
 #: the piece report's fields of each kind of timing (``TIMES``' keys): ours, Inductor's (a
@@ -171,4 +188,4 @@ def _grids(mugraph: KernelGraph) -> list[list[int]]:
     return grids
 
 
-__all__ = ["KEEP", "REPLACE", "PieceDecision", "least_gain", "slower"]
+__all__ = ["KEEP", "REPLACE", "PieceDecision", "least_gain", "slower", "slower_alone"]

@@ -25,7 +25,8 @@ Options (``torch.compile(..., options={...})`` or ``Backend(**options)``):
   Inductor's best code and what is kept is that code (None, the default: on a GPU; False: the
   mode as given, which compiles faster);
 - ``max_matmuls`` / ``max_reductions``: the partitioner's caps per piece;
-- ``timing``: "both", "graph" or "plain": how a winner must beat Inductor's code;
+- ``timing``: "both", "graph" or "plain": how the graph with its replaced pieces must beat
+  Inductor's code (``fx.decision``: a piece alone, ``slower_alone``; the graph, ``slower``);
 - ``launch``: "inductor" (on a GPU, Inductor launches the replaced pieces' kernels from its
   own code, where that matches Dynamo's graph) or "op" (each piece a call of its custom op);
 - ``refine`` (True): cut a piece with nothing found at its matmuls and search the parts;
