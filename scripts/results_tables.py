@@ -150,11 +150,12 @@ def torch_table(rows: list[Row]) -> str:
 
 def generate_table(rows: list[Row]) -> str:
     """One line per model, layers, batch, dtype and backend timing (``bench generate`` rows):
-    each mode's decode tokens/s, the backend's speedup over the best other compiled mode, its
-    pieces replaced, its first compile's seconds (and its second's, from the cache, in
-    brackets, where measured), and where each mode's greedy tokens first
-    differ from eager's (@N: the first position that differs; with random weights, greedy
-    choices turn on fp16 rounding, so compiled modes drift apart)."""
+    each mode's decode tokens/s, the backend's speedup over the best other compiled mode, each
+    mode's fraction of the step's copy floor (– where the row has none), its pieces replaced,
+    its first compile's seconds (and its second's, from the cache, in brackets, where
+    measured), and where each mode's greedy tokens first differ from eager's (@N: the first
+    position that differs; with random weights, greedy choices turn on fp16 rounding, so
+    compiled modes drift apart)."""
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     runs: dict[tuple[Any, ...], dict[str, Row]] = {}
     for r in rows:
@@ -168,12 +169,16 @@ def generate_table(rows: list[Row]) -> str:
         tokens = ", ".join(f"{m} " + ("same" if by_mode[m].get("tokens_match")
                                       else f"@{by_mode[m].get('first_diff')}")
                            for m in modes if m != "eager" and m in by_mode)
+        floors = ["–" if by_mode.get(m, {}).get("floor_fraction") is None
+                  else f"{by_mode[m]['floor_fraction']:.2f}" for m in modes]
         lines.append([model, str(layers), str(batch), DTYPES[dtype], f"`{timing}`",
                       *[rate(m) for m in modes], times(ours.get("speedup_vs_best")),
+                      "–" if all(f == "–" for f in floors) else " / ".join(floors),
                       f"{ours['replaced']}/{ours['pieces']}" if ours.get("pieces") else "–",
                       compile_seconds(ours), tokens, commit(some)])
     header = ["model", "layers", "b", "dtype", "backend timing",
-              *[f"{m} tok/s" for m in modes], "ours vs best", "replaced", "ours compile s",
+              *[f"{m} tok/s" for m in modes], "ours vs best",
+              f"of floor (step): {' / '.join(modes)}", "replaced", "ours compile s",
               "tokens vs eager", "commit"]
     return markdown(header, lines)
 

@@ -69,6 +69,9 @@ def test_the_cpu_smoke_run_writes_json_lines_and_searches_identical_layers_once(
         else:
             assert r["decode_tok_s"] is None
         assert r["param_bytes"] > 0 and r["cache_bytes"] == 2 * 2 * 1 * 2 * 32 * 16 * 2
+        # the floor: parameters and cache, the embedding's table but its row; no bandwidth
+        assert r["floor_bytes"] == r["param_bytes"] + r["cache_bytes"] - (256 - 1) * 64 * 2
+        assert r["copy_bandwidth"] is r["floor_us"] is r["floor_fraction"] is None
     assert eager["tokens_match"] and eager["first_diff"] is None
     assert ours["tokens_match"] == (ours["first_diff"] is None)
     if ours["decode_tok_s"] and eager["decode_tok_s"]:
@@ -112,9 +115,9 @@ def _row(mode: str, rate: float | None, **more: Any) -> dict[str, Any]:
 
 def test_speedups_are_over_eager_and_the_fastest_torch_compile_mode_and_the_table() -> None:
     rows = [_row("eager", 100.0), _row("compile", 400.0, tokens_match=False, first_diff=17),
-            _row("max-autotune", 500.0),
+            _row("max-autotune", 500.0, floor_fraction=0.7),
             _row("egraph_mirage", 450.0, pieces=161, replaced=3, compile_s=200.0,
-                 again_compile_s=20.0),
+                 again_compile_s=20.0, floor_fraction=0.63),
             _row("egraph_mirage-max-autotune", None, tokens_match=None,
                  error="RuntimeError: boom")]
     gb._speedups(rows)
@@ -124,9 +127,35 @@ def test_speedups_are_over_eager_and_the_fastest_torch_compile_mode_and_the_tabl
     assert rows[4]["speedup_vs_best"] is None
     lines = gb.format_table(rows).splitlines()
     assert lines[1].split() == ["llama", "32", "fp16", "8", "100.0", "400.0", "500.0", "450.0",
-                                "–", "0.90×", "–", "@17", "same", "same", "3/161",
+                                "–", "0.90×", "–", "–", "/", "–", "/", "0.70", "/", "0.63",
+                                "/", "–", "@17", "same", "same", "3/161",
                                 "200.0", "(20.0)"]
     assert lines[-1] == "llama L=32 b=8 egraph_mirage-max-autotune: RuntimeError: boom"
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_decode_steps_floor_is_its_parameters_and_cache_less_the_embeddings_unread_rows(
+        tied: bool) -> None:
+    """A decode step reads every weight once and the static cache whole, but of the input
+    embedding's table only the batch's rows; where the output head shares that table, the
+    head reads it all. The floor's time is those bytes at the copy bandwidth, its fraction
+    that time over the step's."""
+    cfg = gb.GenerateBenchConfig(preset="small", layers=1, max_cache_len=32)
+    sizes = cfg.sizes()
+    model = gb.build_model("llama", sizes, 1, 256, torch.float16, "cpu", 0)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    params, cache, floor = gb._bytes(model, sizes, 1, 3, cfg)
+    table = 256 * 64 * 2
+    assert params == sum(p.numel() * 2 for p in model.parameters())
+    assert cache == 2 * 1 * 3 * sizes.kv_heads * 32 * sizes.head_dim * 2
+    assert floor == params + cache - (0 if tied else table - 3 * 64 * 2)
+    row = _row("compile", 10.0, floor_bytes=4e9, decode_ms_per_step=2.0)
+    gb._floor(row, 4e12)
+    assert row["floor_us"] == pytest.approx(1000.0) and row["floor_fraction"] == pytest.approx(0.5)
+    cpu = _row("eager", 10.0, floor_bytes=4e9, decode_ms_per_step=2.0)
+    gb._floor(cpu, None)
+    assert cpu["floor_us"] is cpu["floor_fraction"] is None
 
 
 def test_the_first_differing_position_over_the_batch() -> None:

@@ -86,6 +86,7 @@ def test_two_rows_for_one_key_are_refused(made_up: Path) -> None:
 def test_a_generate_table_has_one_line_per_run_and_each_mode_s_rate(made_up: Path) -> None:
     """``bench generate`` rows (``generate_*``): one line per model, layers, batch, dtype and
     backend timing, each mode's tokens/s, the backend's speedup over the best compiled mode,
+    each mode's fraction of the step's copy floor (a lone – for a run recorded without one),
     its pieces replaced and compile seconds, and where each mode's tokens leave eager's."""
     base = {"model": "llama", "layers": 2, "batch": 1, "dtype": "float16",
             "backend_timing": "graph", "commit": "abc1234", "tokens_match": True}
@@ -93,12 +94,15 @@ def test_a_generate_table_has_one_line_per_run_and_each_mode_s_rate(made_up: Pat
             {**base, "mode": "compile", "decode_tok_s": 300.0, "tokens_match": False,
              "first_diff": 16},
             {**base, "mode": "egraph_mirage", "decode_tok_s": 330.0, "speedup_vs_best": 1.1,
-             "pieces": 10, "replaced": 3, "compile_s": 42.4}]
-    (made_up / "generate_fake.json").write_text(json.dumps(rows))
-    header, _, line = rt.render("generate_fake:table").splitlines()
-    assert "| eager tok/s | compile tok/s | egraph_mirage tok/s |" in header
-    assert line == ("| llama | 2 | 1 | fp16 | `graph` | 100.0 | 300.0 | 330.0 | 1.10× | 3/10 | 42 "
-                    "| compile @16, egraph_mirage same | abc1234 |")
+             "pieces": 10, "replaced": 3, "compile_s": 42.4, "floor_fraction": 0.66}]
+    unfloored = [{**r, "batch": 8} for r in rows[:2]]
+    (made_up / "generate_fake.json").write_text(json.dumps([*rows, *unfloored]))
+    header, _, line, old = rt.render("generate_fake:table").splitlines()
+    assert ("| eager tok/s | compile tok/s | egraph_mirage tok/s | ours vs best | of floor (step):"
+            " eager / compile / egraph_mirage |") in header
+    assert line == ("| llama | 2 | 1 | fp16 | `graph` | 100.0 | 300.0 | 330.0 | 1.10× | – / – / "
+                    "0.66 | 3/10 | 42 | compile @16, egraph_mirage same | abc1234 |")
+    assert old.startswith("| llama | 2 | 8 | fp16 | `graph` | 100.0 | 300.0 | – | – | – | – |")
 
 
 def test_a_torch_table_gives_every_mode_s_fraction_of_the_floor(made_up: Path) -> None:

@@ -36,6 +36,16 @@ forward, the logits processing, the greedy pick, the loop's host work); ``decode
 ``batch`` tokens per step. End-of-sequence is off (``eos_token_id=None``): every call makes
 exactly its tokens.
 
+The copy floor of a decode step: ``floor_bytes``, what a step must read at least once, the
+model's parameters (the input embedding's table less the batch's rows, which are all a step
+reads of it, unless the output head shares it) and its static cache whole (the keys and values
+of every layer at ``max_cache_len``, which the graph's attention reads); ``copy_bandwidth``,
+the device's copy bandwidth (read + write bytes per second, ``gpu.floor.
+measure_copy_bandwidth``, once per run, as ``bench gpu`` and ``bench torch`` measure it);
+``floor_us``, those bytes at that bandwidth; ``floor_fraction``, ``floor_us`` over the mode's
+decode step: 1 would be a step at copy speed, the loop's host work included. On the CPU they
+are None but ``floor_bytes``.
+
 The greedy tokens of each mode's first call are compared with eager's: ``tokens_match``, and
 ``first_diff``, the first position after the prompt where any sequence differs (random weights
 make ties rare, but fp16 drift can flip a token late; this is reported, not failed).
@@ -98,7 +108,8 @@ KEYS = ("model", "preset", "sizes", "layers", "vocab", "dtype", "attn", "batch",
         "torch", "mode",
         "compile_mode", "compile_s", "prefill_ms", "decode_ms_per_step", "decode_tok_s",
         "speedup_vs_eager", "speedup_vs_best", "repeats", "tokens_match", "first_diff",
-        "param_bytes", "cache_bytes", "pieces", "replaced", "searches", "cache_hits", "report",
+        "param_bytes", "cache_bytes", "floor_bytes", "copy_bandwidth", "floor_us",
+        "floor_fraction", "pieces", "replaced", "searches", "cache_hits", "report",
         "again_compile_s", "again_searches", "again_cache_hits", "error")
 DEFAULT_OUT = "egraph-mirage-out/bench_generate.jsonl"
 
@@ -303,12 +314,28 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
 
 
 def _bytes(model: Any, sizes: ModelSizes, layers: int, batch: int,
-           cfg: GenerateBenchConfig) -> tuple[int, int]:
-    """The model's parameter bytes, and its static cache's (keys and values of every layer)."""
+           cfg: GenerateBenchConfig) -> tuple[int, int, int]:
+    """The model's parameter bytes, its static cache's (keys and values of every layer), and
+    a decode step's floor bytes (module docstring)."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     itemsize = next(model.parameters()).element_size()
-    return params, 2 * layers * batch * sizes.kv_heads * cfg.max_cache_len * sizes.head_dim * \
-        itemsize
+    cache = 2 * layers * batch * sizes.kv_heads * cfg.max_cache_len * sizes.head_dim * itemsize
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    floor = params + cache
+    if head is None or head.weight is not embedding:  # only the batch's rows of it are read
+        floor -= (embedding.numel() - batch * embedding.shape[-1]) * embedding.element_size()
+    return params, cache, floor
+
+
+def _floor(row: dict[str, Any], bandwidth: float | None) -> None:
+    """The row's floor time at ``bandwidth`` (bytes/s; None: not measured, no floor time) and
+    its fraction of the row's decode step."""
+    if bandwidth is None:
+        return
+    row.update(copy_bandwidth=bandwidth, floor_us=row["floor_bytes"] / bandwidth * 1e6)
+    if row["decode_ms_per_step"]:
+        row["floor_fraction"] = row["floor_us"] / (row["decode_ms_per_step"] * 1e3)
 
 
 def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], None] | None = None,
@@ -324,6 +351,12 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
     dtype = getattr(torch, cfg.dtype)
     device = torch.cuda.get_device_name() if cfg.device == "cuda" else "cpu"
     modes = ["eager", *[m for m in cfg.modes if m != "eager"]]
+    bandwidth = None
+    if cfg.device == "cuda":
+        from ..gpu.floor import measure_copy_bandwidth
+
+        bandwidth = measure_copy_bandwidth()
+        say(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
     out: list[dict[str, Any]] = []
     for family in cfg.models:
         vocab = cfg.vocab or sizes.vocab or REAL_VOCAB[family]
@@ -333,7 +366,7 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
             generator = torch.Generator().manual_seed(cfg.seed)
             prompt = torch.randint(1, vocab, (batch, cfg.prompt_len),
                                    generator=generator).to(cfg.device)
-            params, cache = _bytes(model, sizes, cfg.layers, batch, cfg)
+            params, cache, floor = _bytes(model, sizes, cfg.layers, batch, cfg)
             rows, want = [], None
             for mode in modes:
                 say(f"{family} L={cfg.layers} b={batch} {mode} ...")
@@ -346,7 +379,7 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
                            backend_timing=cfg.backend_timing(),
                            transformers=transformers.__version__, torch=torch.__version__,
                            mode=mode, compile_mode=MODES.get(mode), repeats=cfg.repeats,
-                           param_bytes=params, cache_bytes=cache)
+                           param_bytes=params, cache_bytes=cache, floor_bytes=floor)
                 _reset()
                 try:
                     tokens = _measure(model, prompt, mode, row, want, cfg)
@@ -354,6 +387,7 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
                         want = tokens
                 except Exception as e:  # the row says so; the other modes go on
                     row["error"] = f"{type(e).__name__}: {_first(e)}"
+                _floor(row, bandwidth)
                 rows.append(row)
                 _speedups(rows)
                 if on_row is not None:
@@ -375,7 +409,8 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     ours = [m for m in modes if m in BACKEND_MODES]
     short = {m: "ours" + m.removeprefix("egraph_mirage") for m in ours}
     head = ["model", "L", "dtype", "b", *[f"{m} tok/s" for m in modes],
-            *[f"{short[m]} vs best" for m in ours], "tokens", "replaced", "ours compile s"]
+            *[f"{short[m]} vs best" for m in ours], "of floor", "tokens", "replaced",
+            "ours compile s"]
     groups: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["layers"], r["dtype"], r["batch"]), {})[r["mode"]] = r
@@ -387,17 +422,21 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         tokens = " ".join("same" if r["tokens_match"] else f"@{r['first_diff']}"
                           for r in by_mode.values() if r["mode"] != "eager" and
                           r["tokens_match"] is not None) or "–"
+        floors = [fmt(by_mode[m].get("floor_fraction"), 2) if m in by_mode else "–"
+                  for m in modes]
+        floor = "–" if all(f == "–" for f in floors) else " / ".join(floors)
         mine = [by_mode[m] for m in ours if m in by_mode and by_mode[m]["pieces"] is not None]
         replaced = " ".join(f"{r['replaced']}/{r['pieces']}" for r in mine) or "–"
         compile_s = " ".join(fmt(r["compile_s"]) + (f" ({fmt(r['again_compile_s'])})"
                              if r["again_compile_s"] is not None else "") for r in mine) or "–"
         body.append([model, str(layers), SHORT_DTYPES.get(dtype, dtype), str(batch), *cells,
-                     *speeds, tokens, replaced, compile_s])
+                     *speeds, floor, tokens, replaced, compile_s])
     lines = aligned(head, body, left=1)
     lines.append("tok/s: decode tokens per second of generate() (the batch's tokens per step); "
-                 "tokens: each compiled mode's greedy tokens against eager's (@N: the first "
-                 "position that differs); ours compile s: the first generate() (a second "
-                 "compile from the cache in brackets)")
+                 "of floor: the step's copy floor over each mode's step, in the order of the "
+                 "tok/s columns; tokens: each compiled mode's greedy tokens against eager's "
+                 "(@N: the first position that differs); ours compile s: the first generate() "
+                 "(a second compile from the cache in brackets)")
     lines += [f"{r['model']} L={r['layers']} b={r['batch']} {r['mode']}: {r['error']}"
               for r in rows if r.get("error")]
     return "\n".join(lines)
