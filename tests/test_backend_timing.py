@@ -651,3 +651,26 @@ def test_a_graphs_position_counter_is_set_back_before_every_timed_call(monkeypat
     assert seen == [1] * 12 and cache.tolist() == [0.0, 1.0, 0.0, 0.0]
     with pytest.raises(IndexError):  # without it: past the cache by the 4th call
         inductor_timing.time_graphs(step, step, [cache, counter], writes={0})
+
+
+def test_a_pieces_timed_calls_read_their_inputs_from_copies_covering_three_times_the_l2() -> None:
+    """A piece timed on one input set called again and again reads it from L2 where it fits
+    (a 32 MB projection weight on an H200), faster than the model's call, whose weights no
+    call has read since the last step: the timed calls cycle through copies of the inputs that
+    cover 3 x L2. A copy is the same view (size, strides, offset) of a copy of the storage;
+    inputs viewing one storage share one copy; other arguments are passed as they are."""
+    from egraph_mirage.fx.inductor_timing import rotated
+
+    base = torch.arange(24, dtype=torch.float16)  # 48 bytes, two views of it
+    w = base[4:].view(4, 5).t()
+    x = base[:4].view(1, 4)
+    sets = rotated([x, w, 3], l2=48)
+    assert len(sets) == 3 and sets[0] == [x, w, 3]  # 3 x 48 bytes: three sets of 48
+    for cx, cw, k in sets[1:]:
+        assert k == 3 and cw.stride() == w.stride() and cw.storage_offset() == 4
+        assert torch.equal(cw, w) and torch.equal(cx, x)
+        assert cw.untyped_storage().data_ptr() == cx.untyped_storage().data_ptr()
+        assert cw.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()
+    assert sets[1][1].untyped_storage().data_ptr() != sets[2][1].untyped_storage().data_ptr()
+    assert len(rotated([x, w], l2=8)) == 1  # already larger than 3 x L2: itself alone
+    assert rotated([x, w]) == [[x, w]]  # no GPU tensor: no L2 to leave

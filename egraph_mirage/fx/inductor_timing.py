@@ -35,12 +35,16 @@ TIME_FIELDS = tuple(f for pair in TIMES.values() for f in pair)
 
 #: rounds of plain-launch timing in ``time_pair`` (ours, then Inductor's, in each)
 PLAIN_ROUNDS = 7
+#: how a piece's inputs are read when timed, as the cache keys record it: from device memory,
+#: not L2 (``rotated``)
+PIECE_INPUTS = "a piece's inputs rotated over copies covering 3 x L2"
 #: how plain launches are timed, as the cache keys record it (times measured otherwise miss)
-PLAIN_TIMING = f"back to back and after an L2 flush, alternated, fastest of {PLAIN_ROUNDS}"
+PLAIN_TIMING = (f"back to back and after an L2 flush, alternated, fastest of {PLAIN_ROUNDS}; "
+                f"{PIECE_INPUTS}")
 #: how CUDA-graph replay is timed, as the cache keys record it (before, a piece's Inductor code
 #: compiled in a mode with CUDA graphs of its own could not be captured: such records miss)
 GRAPH_TIMING = ("captured by the timer, a piece's Inductor code compiled without CUDA graphs "
-                "of its own; where neither side can be captured, a call of each")
+                f"of its own; where neither side can be captured, a call of each; {PIECE_INPUTS}")
 #: how ours is launched when timed, per the backend's ``launch`` option: "inductor", as the
 #: compiled graph launches a replaced piece's kernels (from Inductor's code, no operator call on
 #: the host), where that compiles; "op", through the piece's custom operator
@@ -65,9 +69,46 @@ def key_settings(mode: str | None, launch: str = "op") -> dict[str, str]:
     return settings
 
 
+def rotated(xs: Sequence[Any], l2: int | None = None) -> list[list[Any]]:
+    """``xs`` and copies of it, enough sets that together they cover 3 x the GPU's L2
+    (``gpu.timing.rotation_count``; one set, ``xs`` alone, where it is that large already):
+    timed calls that cycle through them read their inputs from device memory, as a model's
+    piece reads weights no other call has read since its last step, where one set called
+    again and again would sit in L2 (a 4096 x 4096 fp16 projection's 32 MB on an H200) and
+    time a piece faster than it runs in the model. A copy keeps each tensor's storage, offset
+    and strides (Inductor's code checks strides); tensors sharing a storage are copied once.
+    ``l2``: the L2's bytes (default: the GPU's; without CUDA tensors, ``xs`` alone)."""
+    from ..gpu.timing import l2_bytes, rotation_count
+
+    tensors = [x for x in xs if isinstance(x, torch.Tensor)]
+    if l2 is None:
+        on_gpu = [x for x in tensors if x.is_cuda]
+        if not on_gpu:
+            return [list(xs)]
+        l2 = l2_bytes(on_gpu[0].device)
+    storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in tensors}
+    sets = [list(xs)]
+    for _ in range(rotation_count(sum(storages.values()), l2) - 1):
+        copies: dict[int, Any] = {}
+        sets.append([_copied(x, copies) if isinstance(x, torch.Tensor) else x for x in xs])
+    return sets
+
+
+def _copied(x: torch.Tensor, copies: dict[int, Any]) -> torch.Tensor:
+    """``x`` over a copy of its storage (one copy per storage in ``copies``): the same view."""
+    key = x.untyped_storage().data_ptr()
+    if key not in copies:
+        copies[key] = torch.empty(0, dtype=torch.uint8, device=x.device).set_(
+            x.untyped_storage()).clone().untyped_storage()
+    return torch.empty(0, dtype=x.dtype, device=x.device).set_(
+        copies[key], x.storage_offset(), x.size(), x.stride())
+
+
 def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[Any],
-              which: Sequence[str]) -> dict[str, float | None]:
-    """Ours and Inductor's µs per call on inputs ``xs`` under each kind of timing in ``which``
+              which: Sequence[str], sets: Sequence[list[Any]] | None = None
+              ) -> dict[str, float | None]:
+    """Ours and Inductor's µs per call on inputs ``xs`` (or cycling through ``sets`` of them,
+    ``rotated``) under each kind of timing in ``which``
     ("graph", "plain"): CUDA-graph replay (None where one side's graph cannot be captured;
     where neither can, both record their own graphs and a call of each is timed) and plain
     launches, issued back to back (``CudaTimer.back_to_back``, so that a call's host time
@@ -79,10 +120,11 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
     timer = _timer()
     times: dict[str, float | None] = {}
     fns = ((0, ours), (1, inductor))
+    sets = list(sets) if sets is not None else [xs]
     if "graph" in which:
         for who, fn in fns:
             try:
-                times[TIMES["graph"][who]] = timer.graph(fn, [xs])
+                times[TIMES["graph"][who]] = timer.graph(fn, sets)
             except Exception:  # not capturable
                 times[TIMES["graph"][who]] = None
         if all(times[f] is None for f in TIMES["graph"]):
@@ -90,14 +132,14 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
             # "reduce-overhead", "max-autotune") record and replay their own, which no graph
             # can capture; a call of each is then a replay of its own graph
             for who, fn in fns:
-                times[TIMES["graph"][who]] = timer.back_to_back(fn, [xs])
+                times[TIMES["graph"][who]] = timer.back_to_back(fn, sets)
     if "plain" in which:
         plain: dict[str, dict[int, list[float]]] = {k: {0: [], 1: []} for k in ("plain",
                                                                                  "flushed")}
         for _ in range(PLAIN_ROUNDS):
             for who, fn in fns:
-                plain["plain"][who].append(timer.back_to_back(fn, [xs], repeats=1))
-                plain["flushed"][who].append(timer.plain(fn, [xs]))
+                plain["plain"][who].append(timer.back_to_back(fn, sets, repeats=1))
+                plain["flushed"][who].append(timer.plain(fn, sets))
         for kind, by in plain.items():
             for who, _ in fns:
                 times[TIMES[kind][who]] = min(by[who])
@@ -107,10 +149,10 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
 def time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
                           mode: str | None = None,
                           launch: Callable[..., Any] | None = None) -> dict[str, float | None]:
-    """Ours and Inductor's µs per call on the piece's example inputs, both kinds of timing
-    (``time_pair``). Ours is launched as the compiled graph will launch it: with ``launch``
-    (``runtime.make_inductor_launch``: the kernels through ``wrap_triton``), from the code
-    Inductor compiles for that function, where it compiles; otherwise through the custom op
+    """Ours and Inductor's µs per call on the piece's example inputs (``rotated``), both kinds of
+    timing (``time_pair``). Ours is launched as the compiled graph will launch it: with
+    ``launch`` (``runtime.make_inductor_launch``: the kernels through ``wrap_triton``), from the
+    code Inductor compiles for that function, where it compiles; otherwise through the custom op
     the piece would become, whose call costs host time Inductor's launch does not. Inductor
     compiles the piece in ``torch.compile``'s ``mode``."""
     xs = list(piece.example_inputs)
@@ -120,17 +162,18 @@ def time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
     if ours is None:
         op = define_piece_op(runner, traced, f"{piece.name}_timed")
         ours = lambda *a: op.op(list(a))  # noqa: E731
-    return time_pair(ours, lambda *a: theirs(*a), xs, ("graph", "plain"))
+    return time_pair(ours, lambda *a: theirs(*a), xs, ("graph", "plain"), rotated(xs))
 
 
 def time_inductor(piece: Piece, mode: str | None = None) -> float | None:
-    """Inductor's µs per call of the piece on its example inputs under CUDA-graph replay, its
-    code compiled in ``torch.compile``'s ``mode`` (None where a graph cannot be captured): what
-    the backend weighs a piece's search by before searching (``fx.budget.Room``)."""
+    """Inductor's µs per call of the piece on its example inputs (``rotated``) under CUDA-graph
+    replay, its code compiled in ``torch.compile``'s ``mode`` (None where a graph cannot be
+    captured): what the backend weighs a piece's search by before searching
+    (``fx.budget.Room``)."""
     xs = list(piece.example_inputs)
     theirs = _inductor_compiled(piece, mode)
     try:
-        return _timer().graph(lambda *a: theirs(*a), [xs])
+        return _timer().graph(lambda *a: theirs(*a), rotated(xs))
     except Exception:  # not capturable
         return None
 
@@ -240,6 +283,6 @@ def fmt_times(times: Mapping[str, float | None]) -> str:
     return f"ours {cell(0)} µs, Inductor {cell(1)} µs ({' / '.join(say[k] for k in present)})"
 
 
-__all__ = ["GRAPH_TIMING", "PLAIN_ROUNDS", "PLAIN_TIMING", "TIMED", "TIMES", "TIME_FIELDS",
-           "fmt_times", "key_settings", "kinds", "time_against_inductor", "time_graphs",
-           "time_inductor", "time_pair"]
+__all__ = ["GRAPH_TIMING", "PIECE_INPUTS", "PLAIN_ROUNDS", "PLAIN_TIMING", "TIMED", "TIMES",
+           "TIME_FIELDS", "fmt_times", "key_settings", "kinds", "rotated",
+           "time_against_inductor", "time_graphs", "time_inductor", "time_pair"]
