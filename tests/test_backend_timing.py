@@ -95,11 +95,23 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     code for the piece is fused into the graph's): the graph with its pieces replaced is timed
     against Inductor's code for Dynamo's graph, and where it is slower every piece is kept and
     Inductor's code runs, with a note saying why. The times are cached: a second compile of
-    the same graph times nothing and decides the same."""
+    the same graph times nothing and decides the same; where they say it is slower, it does
+    not compile the graph with the pieces either, only Inductor's code for Dynamo's graph."""
     from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx import whole as whole_graph
+    from egraph_mirage.fx.runtime import PieceCall
 
     faster = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
               "inductor_plain_us": 20.0, "ours_flushed_us": 10.0, "inductor_flushed_us": 20.0}
+    built: list[bool] = []  # per compilation of a graph: whether it calls a replaced piece
+    compile_rest = be.compile_rest
+
+    def counted(module: Any, *args: Any, **kwargs: Any) -> Any:
+        built.append(any(isinstance(m, PieceCall) for m in module.modules()))
+        return compile_rest(module, *args, **kwargs)
+
+    monkeypatch.setattr(be, "compile_rest", counted)
+    monkeypatch.setattr(whole_graph, "compile_rest", counted)
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: dict(faster))
     ours, theirs = whole
@@ -113,6 +125,7 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     monkeypatch.setattr(inductor_timing, "time_graphs", time_graphs)
     for rerun in (False, True):
         torch._dynamo.reset()
+        built.clear()
         backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
         with torch.no_grad():
             got, ops = ops_called(torch.compile(relu_mm, backend=backend, dynamic=False),
@@ -122,6 +135,9 @@ def test_the_whole_graph_is_never_slower_than_inductors(
         (piece,) = report.pieces
         assert (piece.status == REPLACED) == replaced and len(ops) == int(replaced)
         assert len(timed) == 1, "the second compile decides from the cached times"
+        # compiled: the graph with the piece (True) and Inductor's code for Dynamo's graph to
+        # time it against; again, only the graph that runs
+        assert built == ([True] if replaced else [False]) if rerun else [True, False]
         assert report.whole_cache == ("hit" if rerun else "miss")
         # the report says where the compile time went; a cached whole graph is not timed
         assert {"partition", "pieces", "Inductor"} <= set(report.stages)

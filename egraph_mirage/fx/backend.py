@@ -251,11 +251,18 @@ class Backend:
                 return compiled if compiled is not None else compile_rest(
                     parts.module if names else gm, example_inputs, self.options.rest, mode, gm)
 
-        compiled = build(list(chosen))
+        def launched(names: Sequence[str]) -> str:
+            """Who launches the kernels of the graph ``build(names)`` would compile, where its
+            compilation and check go well (``report.launch``)."""
+            calls = [m for p in names for m in chosen[p].modules() if isinstance(m, PieceCall)]
+            return ("inductor" if calls and all(c.inductor_launch is not None for c in calls)
+                    else "op")
+
         if chosen and self.options.profiling() and _on_gpu():
-            whole = WholeGraph(gm, example_inputs, report, mode, self.options, self.cache, build)
-            return whole.never_slower(compiled, list(chosen))
-        return compiled
+            whole = WholeGraph(gm, example_inputs, report, mode, self.options, self.cache, build,
+                               launched)
+            return whole.never_slower(list(chosen))
+        return build(list(chosen))
 
     def _launched_by_inductor(self, module: Any, gm: Any, example_inputs: Sequence[Any],
                               report: rep.CompileReport, mode: str | None

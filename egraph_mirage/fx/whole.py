@@ -9,7 +9,9 @@ timing it lost by is kept too (``fx.decision.least_gain``), the graph with the o
 and timed again, at most ``WHOLE_TRIES`` times more; where none is faster, every piece is kept
 and Inductor's code is returned. The times are cached per set of replaced pieces
 (``fx.cache.whole_key``: the graph, its inputs' layout and those pieces' winners), and the
-decisions are made from them at each compile, as for a piece.
+decisions are made from them at each compile, as for a piece: a set of pieces whose graph the
+cache holds as slower is not built again (a second compilation of a model compiles Inductor's
+code for its graph once, not the graph with pieces first).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ LOG = logging.getLogger("egraph_mirage.fx")
 @dataclass
 class WholeGraph:
     """Dynamo's graph ``gm`` on its example inputs, compiled in ``mode``, with its report, the
-    backend's options and cache, and ``build``: the graph with the pieces it names replaced,
-    compiled."""
+    backend's options and cache, ``build``: the graph with the pieces it names replaced,
+    compiled, and ``launched``: who would launch that graph's kernels (``report.launch``,
+    part of the times' cache key) before it is built."""
 
     gm: Any
     example_inputs: Sequence[Any]
@@ -45,16 +48,22 @@ class WholeGraph:
     options: BackendOptions
     cache: SearchCache | None
     build: Callable[[Sequence[str]], Callable[..., Any]]
+    launched: Callable[[Sequence[str]], str]
 
-    def never_slower(self, compiled: Callable[..., Any], names: list[str]) -> Callable[..., Any]:
-        """``compiled`` (the graph with the pieces ``names`` replaced), or the graph with fewer
-        of them replaced, or Inductor's code for ``gm``: the first not slower than Inductor's
-        code (module docstring). The report's pieces kept so say why."""
+    def never_slower(self, names: list[str]) -> Callable[..., Any]:
+        """The graph with the pieces ``names`` replaced, or with fewer of them, or Inductor's
+        code for ``gm``: the first not slower than Inductor's code (module docstring), each
+        built only where its times are not cached or say it is not slower. The report's pieces
+        kept so say why."""
         report = self.report
-        inductor = None
+        inductor = compiled = None
         tried: list[str] = []
         while True:
-            record, inductor = self._times(compiled, names, inductor)
+            report.launch = self.launched(names)
+            record = self._cached(names)
+            if record is None or not slower(record, self.options.timing):
+                compiled = self.build(names)  # sets report.launch: its key may differ
+                record, inductor = self._times(compiled, names, inductor)
             if record is None:
                 why = "could not be timed"
             else:
@@ -69,7 +78,7 @@ class WholeGraph:
                 names = []
                 break
             names = [n for n in names if n not in drop]
-            compiled = self.build(names)
+            compiled = None
         for p in report.pieces:
             if p.status == rep.REPLACED and p.name.split(".")[0] not in names:
                 p.status, p.reason = rep.KEPT, "the whole graph was slower with it replaced"
@@ -78,13 +87,31 @@ class WholeGraph:
                     else "every piece kept")
             report.note = f"the graph {'; '.join(tried)}; {kept}"
         if names:
-            return compiled
+            return compiled if compiled is not None else self.build(names)
         return inductor if inductor is not None else self._inductor()
 
     def _inductor(self) -> Callable[..., Any]:
         """Inductor's code for Dynamo's graph, as ``torch.compile`` would compile it."""
         with self.report.stage("Inductor"):
             return compile_rest(self.gm, self.example_inputs, self.options.rest, self.mode)
+
+    def _key(self, names: list[str]) -> Any:
+        """The cache key of the times of the graph with the pieces ``names`` replaced, their
+        kernels launched as ``report.launch`` says."""
+        winners = [[p.name, p.winner] for p in self.report.pieces
+                   if p.status == rep.REPLACED and p.name.split(".")[0] in names]
+        return whole_key(self.gm, self.example_inputs, winners, self.report.launch,
+                         self.options.search_settings(), timing.key_settings(self.mode))
+
+    def _cached(self, names: list[str]) -> dict[str, Any] | None:
+        """The cached times of the graph with the pieces ``names`` replaced (None: none), the
+        report's ``whole_cache`` saying whether they were found."""
+        report = self.report
+        record = self.cache.get(self._key(names)) if self.cache is not None else None
+        if not report.whole_cache or report.whole_cache == "hit":
+            report.whole_cache = ("off" if self.cache is None
+                                  else "miss" if record is None else "hit")
+        return record
 
     def _times(self, compiled: Callable[..., Any], names: list[str],
                inductor: Callable[..., Any] | None
@@ -93,16 +120,12 @@ class WholeGraph:
         ``gm``, from the cache or measured (None: not measurable), and Inductor's code where it
         was compiled (``inductor``, or compiled here for a measurement)."""
         report = self.report
-        winners = [[p.name, p.winner] for p in report.pieces
-                   if p.status == rep.REPLACED and p.name.split(".")[0] in names]
-        key = whole_key(self.gm, self.example_inputs, winners, report.launch,
-                        self.options.search_settings(), timing.key_settings(self.mode))
+        key = self._key(names)
         record = self.cache.get(key) if self.cache is not None else None
-        if not report.whole_cache or report.whole_cache == "hit":
-            report.whole_cache = ("off" if self.cache is None
-                                  else "miss" if record is None else "hit")
         if record is not None:
             return record, inductor
+        if self.cache is not None:  # the graph built was launched otherwise than expected
+            report.whole_cache = "miss"
         if inductor is None:
             inductor = self._inductor()
         try:
