@@ -78,6 +78,11 @@ class BlockSearch:
     consumed_outputs: bool = False
     #: the whole numbers ``div_count`` may divide by (``tasks.Context.counts``)
     counts: tuple[int, ...] = ()
+    #: ``reduction_dimx(shape)``, read by every accumulator's memo key: computed once
+    _reduce_dimx: int = field(init=False, repr=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._reduce_dimx = self.reduction_dimx(self.shape)
 
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
@@ -210,15 +215,14 @@ class BlockSearch:
         with them loses no block graph. None (no pruning) when there are more than
         ``_CLOSURE_MAX`` tiles or the search was stopped. Memoised."""
         memo_key = ("dist", tuple((t.key, t.dcls, t.anchored) for t in inputs),
-                    self.shape.frange,
-                    self.reduction_dimx(self.shape),
+                    self.shape.frange, self._reduce_dimx,
                     self.goal if self.goal_tiles is None else self.goal_tiles[0], most,
                     self.counts)
         if memo_key in self.memo:
             return self.memo[memo_key]
         closed: list[Tile] = list(inputs)
         index = {t.key: i for i, t in enumerate(closed)}
-        users: dict[Any, set[Any]] = {}  # tile key -> keys of tiles made from it
+        made_from: list[set[int]] = [set() for _ in closed]  # per tile, the tiles it is made of
         pairing = Pairing(closed, self.reach, self._candidates, self.memo)
         levels = [0] * len(closed)
         first = next((i for i, t in enumerate(closed) if t.anchored), len(closed))
@@ -229,12 +233,13 @@ class BlockSearch:
             # (``fresh``): only its accumulators are new
             combos = () if k < first else pairing.combos(k)
             for t in self._moves_with(closed, k, combos):
-                if t.key not in index:  # operands come before k: its level is k's + 1
-                    index[t.key] = len(closed)
+                j = index.get(t.key)
+                if j is None:  # operands come before k: its level is k's + 1
+                    j = index[t.key] = len(closed)
                     closed.append(t)
                     levels.append(levels[k] + 1)
-                for a in t.args:
-                    users.setdefault(closed[a].key, set()).add(t.key)
+                    made_from.append(set())
+                made_from[j].update(t.args)
             k += 1
         dist: dict[Any, int] | None
         if k < len(closed) and levels[k] < most:  # too many tiles (or stopped): no pruning
@@ -244,22 +249,19 @@ class BlockSearch:
         else:
             is_goal = ((lambda t: t.cls == self.goal) if self.goal_tiles is None
                        else self.goal_tiles[1])
-            dist = {t.key: 0 for t in closed if t.side == EPILOGUE and is_goal(t)}
-            frontier = list(dist)
-            made_from: dict[Any, set[Any]] = {}
-            for src, outs in users.items():
-                for o in outs:
-                    made_from.setdefault(o, set()).add(src)
+            steps = {i: 0 for i, t in enumerate(closed) if t.side == EPILOGUE and is_goal(t)}
+            frontier = list(steps)
             step = 0
-            while frontier:
+            while frontier:  # breadth-first, back from the goal tiles to what they are made of
                 step += 1
                 nxt = []
-                for key in frontier:
-                    for src in made_from.get(key, ()):
-                        if src not in dist:
-                            dist[src] = step
+                for i in frontier:
+                    for src in made_from[i]:
+                        if src not in steps:
+                            steps[src] = step
                             nxt.append(src)
                 frontier = nxt
+            dist = {closed[i].key: d for i, d in steps.items()}
         self.memo[memo_key] = dist
         return dist
 
@@ -316,16 +318,20 @@ class BlockSearch:
                     if tile is not None:
                         yield tile
             return
+        # the loaded row tiles it may be rescaled by (found first: the closure appends to
+        # ``tiles`` while it reads these moves, but never a loaded tile)
+        rows = ([(j, m) for j, m in enumerate(tiles)
+                 if j != k and m.op == "input" and m.side == LOOP_SIDE and m.dims[-1] == 1]
+                if t.side == LOOP_SIDE and self.shape.frange > 1 else [])
         for acc in ACCUMULATORS.values():
             tile = self._accumulate(k, t, acc)
             if tile is not None:
                 yield tile
-            if acc.linear and t.side == LOOP_SIDE and self.shape.frange > 1:
-                for j, m in enumerate(tiles):
-                    if j != k and m.op == "input" and m.side == LOOP_SIDE and m.dims[-1] == 1:
-                        tile = self._shifted(k, t, acc, j, m)
-                        if tile is not None:
-                            yield tile
+            if acc.linear:
+                for j, m in rows:
+                    tile = self._shifted(k, t, acc, j, m)
+                    if tile is not None:
+                        yield tile
         if t.side == LOOP_SIDE and self.shape.frange > 1:
             tile = self._running_max(k, t)
             if tile is not None:
@@ -508,7 +514,7 @@ class BlockSearch:
                     (i,), (("acc", acc.name),))
 
     def _dimx(self, t: Tile) -> int:
-        return self.reduction_dimx(self.shape)
+        return self._reduce_dimx
 
     @staticmethod
     def reduction_dimx(shape: KernelShape) -> int:

@@ -6,9 +6,10 @@ an operator's abstract expression ``T(a, b)`` has a lowest node ``op(.., L(a), .
 that holds both operands, and ``T(a, b)`` has a class only if ``L(a)`` and ``R(b)`` have classes
 that some reachable ``op`` e-node of the saturated e-graph holds at those positions
 (``children_at``). So each tile gets, per operator and side, the class of its ``L`` or ``R`` (its
-*handle*); tiles are indexed by handle, and the partners of a tile are read from the index at the
-classes such e-nodes hold beside its handle. The pairs left out are pairs whose every operator
-has no class: the closure is the same, and ``joinable`` prunes the same way in the walk.
+*handle*), and two tiles pair when such an e-node holds their handles' classes. That depends on
+the tiles' classes and dims alone, so it is decided once per pair of (class, dims) and read back
+for the tiles of every closure. The pairs left out are pairs whose every operator has no class:
+the closure is the same, and ``joinable`` prunes the same way in the walk.
 """
 
 from __future__ import annotations
@@ -126,11 +127,13 @@ def _subst(t: Any, old: Term, new: Term) -> Any:
 
 
 class Pairing:
-    """Partners of each tile of a growing list (the closure's), by handle.
+    """Partners of each tile of a growing list (the closure's), by class and dims.
 
     ``combos(k)`` gives the operand index tuples of the moves that take tile ``k`` and otherwise
     only tiles before it, in the order ``BlockSearch._moves_with`` tries them, less the pairs
-    that no operator can join."""
+    that no operator can join. Whether two tiles may pair depends only on their classes and
+    dims (their *kinds*): the tiles are grouped by kind, and whether two kinds pair is decided
+    once per process (``_joins``), for the closures of every kernel shape."""
 
     def __init__(self, tiles: list[Tile], reach: ReachIndex, candidates: Candidates,
                  memo: dict) -> None:
@@ -138,55 +141,76 @@ class Pairing:
         self.reach = reach
         self.candidates = candidates
         self.memo = memo
-        self._by_dims: dict[Dims, list[int]] = {}
+        #: (class, dims) -> indices of the tiles of that kind, ascending
+        self._by_kind: dict[tuple[int | None, Dims], list[int]] = {}
         self._registered = 0
-        #: (handle, side, dims) -> [handle class -> tile indices, how many of the tiles of
-        #: those dims are indexed]
-        self._index: dict[Any, tuple[dict[int, list[int]], list[int]]] = {}
 
     def combos(self, k: int) -> list[tuple[int, ...]]:
         self._register()
         t = self.tiles[k]
-        before: set[int] = set()  # partners i < k in (i, k)
-        after: set[int] = set()  # partners i < k in (k, i)
-        for dims, members in self._by_dims.items():
+        joins = self._joins(t.cls, t.dims)
+        before: list[int] = []  # partners i < k in (i, k)
+        after: list[int] = []  # partners i < k in (k, i)
+        for kind, members in self._by_kind.items():
             if members[0] >= k:
                 continue
-            for own, swapped, pair, out in ((1, False, (dims, t.dims), before),
-                                            (0, True, (t.dims, dims), after)):
-                plan = self._plan(pair, own, swapped)
-                if plan:
-                    self._partners(k, dims, members, own, plan, out)
-        return ([(k,)] + [(i, k) for i in sorted(before)] + [(k, k)]
-                + [(k, i) for i in sorted(after)])
+            pair = joins.get(kind)
+            if pair is None:
+                pair = joins[kind] = (self._pairs(t.cls, t.dims, kind, 1, False),
+                                      self._pairs(t.cls, t.dims, kind, 0, True))
+            if pair[0] or pair[1]:
+                below = members[: bisect_left(members, k)]
+                if pair[0]:
+                    before.extend(below)
+                if pair[1]:
+                    after.extend(below)
+        before.sort()  # the kinds' members are disjoint: no index comes twice
+        after.sort()
+        return [(k,)] + [(i, k) for i in before] + [(k, k)] + [(k, i) for i in after]
 
     def _register(self) -> None:
         while self._registered < len(self.tiles):
             i = self._registered
-            self._by_dims.setdefault(self.tiles[i].dims, []).append(i)
+            t = self.tiles[i]
+            self._by_kind.setdefault((t.cls, t.dims), []).append(i)
             self._registered += 1
 
-    def _partners(self, k: int, dims: Dims, members: list[int], own: int, plan: Plan | str,
-                  out: set[int]) -> None:
-        """Adds to ``out`` the indices below ``k`` among ``members`` (the tiles of ``dims``)
-        that tile ``k`` (operand ``own``) may pair with under ``plan``."""
-        if plan == "any":  # some operator joins the operands under no node: all may pair
-            out.update(members[: bisect_left(members, k)])
-            return
-        cls = self.tiles[k].cls
-        other = 1 - own
+    def _joins(self, cls: int | None, dims: Dims) -> dict[tuple[int | None, Dims],
+                                                         tuple[bool, bool]]:
+        """Per kind (class, dims) of partner, whether a tile of class ``cls`` and ``dims`` may
+        pair with it as the second operand and as the first (filled in by ``combos``).
+        Memoised in ``memo``: a tile's partners depend on nothing but the two kinds."""
+        return self.memo.setdefault(("joins", cls, dims), {})
+
+    def _pairs(self, cls: int | None, dims: Dims, other: tuple[int | None, Dims], own: int,
+               swapped: bool) -> bool:
+        """Whether a tile of class ``cls`` and ``dims``, as operand ``own``, may pair with a
+        tile of kind ``other``: some operator's joining e-node holds, beside this tile's
+        handle, the class of the other tile's handle (or an operator joins them under no
+        node)."""
+        wanted = self._wanted(cls, dims, other[1], own, swapped)
+        if wanted == "any":
+            return True
+        return any(handle_class(self.reach, other[0], theirs, 1 - own, self.memo) in ds
+                   for theirs, ds in wanted)
+
+    def _wanted(self, cls: int | None, own_dims: Dims, dims: Dims, own: int, swapped: bool
+                ) -> tuple[tuple[Term, frozenset[int]], ...] | str:
+        """What a tile of class ``cls`` and ``own_dims`` (operand ``own``) asks of its partners
+        of ``dims``: per other handle, the handle classes that some operator's joining e-node
+        holds beside this tile's handle ("any": every partner)."""
+        plan = self._plan((dims, own_dims) if own else (own_dims, dims), own, swapped)
+        if plan == "any":
+            return "any"
+        merged: dict[Term, set[int]] = {}
         for mine, theirs, op, at in plan:
             c = handle_class(self.reach, cls, mine, own, self.memo)
             if c is None:
                 continue
             ds = children_at(self.reach, op, at, self.memo).get(c)
-            if not ds:
-                continue
-            index = self._indexed(theirs, other, dims, members)
-            for d in ds:
-                hits = index.get(d)
-                if hits:
-                    out.update(hits[: bisect_left(hits, k)])
+            if ds:
+                merged.setdefault(theirs, set()).update(ds)
+        return tuple((h, frozenset(ds)) for h, ds in merged.items())
 
     def _plan(self, dims: tuple[Dims, Dims], own: int, swapped: bool) -> Plan | str:
         """The distinct (own handle, other handle, joining operator, positions) of the operators
@@ -204,16 +228,3 @@ class Pairing:
                 plan[(h.handles[own], h.handles[1 - own], h.op, (h.at[own], h.at[1 - own]))] = None
             self.memo[key] = "any" if "any" in plan else list(plan)
         return self.memo[key]
-
-    def _indexed(self, handle: Term, side: int, dims: Dims, members: list[int]
-                 ) -> dict[int, list[int]]:
-        """The tiles of ``dims`` (``members``) by the class of their ``handle`` as operand
-        ``side``, brought up to date."""
-        key = (handle, side, dims)
-        index, count = self._index.setdefault(key, ({}, [0]))
-        for i in members[count[0]:]:
-            c = handle_class(self.reach, self.tiles[i].cls, handle, side, self.memo)
-            if c is not None:
-                index.setdefault(c, []).append(i)
-        count[0] = len(members)
-        return index
