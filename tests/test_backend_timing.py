@@ -317,6 +317,19 @@ def test_inductor_launches_the_generated_kernels_on_a_gpu(tmp_path: Path) -> Non
     report = backend.reports[0]
     assert report.pieces[0].status == REPLACED
     assert report.launch == "inductor" and ops == [], report.text()
+    # compiled again (after Dynamo's reset: a new process would do the same), Inductor finds
+    # the graph with the kernels in its cache of compiled graphs, keyed on their source
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    backend = Backend(**options(tmp_path, search=StandIn(winner=rmsnorm_linear), profile=False,
+                                rest="inductor"))
+    with torch.no_grad():
+        again, ops = ops_called(torch.compile(rms_mm, backend=backend, dynamic=False), x, w)
+    torch.testing.assert_close(again, got, rtol=0, atol=0)
+    assert backend.reports[0].launch == "inductor" and ops == []
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1, dict(counters["inductor"])
 
 
 def ours() -> float:

@@ -28,10 +28,15 @@ def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: st
     from torch._inductor.compile_fx import compile_fx
 
     patches = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
-    if any(isinstance(m, PieceCall) for m in module.modules()):
+    calls = [m for m in module.modules() if isinstance(m, PieceCall)]
+    if calls:
         # Inductor's on-disk cache of compiled graphs would key on our ops by name only (and
-        # cannot pickle their implementations): off for graphs that call them
-        patches["fx_graph_cache"] = False
+        # cannot pickle their implementations): off for graphs that call them. Where Inductor
+        # launches every piece's kernels, the graph it compiles holds ``wrap_triton`` calls
+        # instead, which its cache keys on the kernels' source and constants: a second
+        # compilation of the graph finds it there
+        if not all(c.by_inductor and c.inductor_launch is not None for c in calls):
+            patches["fx_graph_cache"] = False
         patches.update(timing.ours_launched_patches())  # their launches as cheap as Inductor's
     return compile_fx(module, list(example_inputs), config_patches=patches or None)
 
