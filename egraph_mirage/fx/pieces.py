@@ -493,40 +493,50 @@ def _joined(cones: list[list[Any]], order: Mapping[Any, int], max_matmuls: int,
     made (a shared node is computed again in each, ``_recompute_shared``). Without
     ``adjacent`` (a cut by ``levels``, whose runs are apart on purpose) only cones that share a
     node are joined."""
-    def touch(a: set[Any], b: set[Any]) -> bool:
-        reads = any(i in a for n in b for i in n.all_input_nodes) or \
-            any(i in b for n in a for i in n.all_input_nodes)
-        return bool(a & b) or (adjacent and reads)
+    def reads(nodes: set[Any]) -> set[Any]:
+        return {i for n in nodes for i in n.all_input_nodes}
 
-    def joinable(a: set[Any], b: set[Any]) -> bool:
-        union = a | b
-        return touch(a, b) and _convex(union) and _within_caps(union, order, max_matmuls,
-                                                               max_reductions)
+    def joinable(a: _Group, b: _Group) -> bool:
+        touch = bool(a.nodes & b.nodes) or (adjacent and bool(a.reads & b.nodes
+                                                               or b.reads & a.nodes))
+        union = a.nodes | b.nodes
+        return touch and _convex(union) and _within_caps(union, order, max_matmuls,
+                                                         max_reductions)
 
-    groups: list[list[Any]] = []
+    def join(a: _Group, b: _Group) -> None:
+        a.nodes |= b.nodes
+        a.reads |= b.reads
+        a.order = sorted(a.nodes, key=order.__getitem__)
+
+    groups: list[_Group] = []
     for c in cones:
-        members = set(c)
-        for g in groups:
-            union = members | set(g)
-            if joinable(members, set(g)):
-                g[:] = sorted(union, key=order.__getitem__)
-                break
+        cone = _Group(list(c), set(c), reads(set(c)))
+        g = next((g for g in groups if joinable(cone, g)), None)
+        if g is not None:
+            join(g, cone)
         else:
-            groups.append(list(c))
+            groups.append(cone)
     changed = True
     while changed:  # a join may make two groups overlap
         changed = False
         for i, a in enumerate(groups):
-            for b in groups[i + 1:]:
-                union = set(a) | set(b)
-                if joinable(set(a), set(b)):
-                    a[:] = sorted(union, key=order.__getitem__)
-                    groups.remove(b)
-                    changed = True
-                    break
-            if changed:
+            b = next((b for b in groups[i + 1:] if joinable(a, b)), None)
+            if b is not None:
+                join(a, b)
+                groups.remove(b)
+                changed = True
                 break
-    return groups
+    return [g.order for g in groups]
+
+
+@dataclass
+class _Group:
+    """Cones joined into one piece (``_joined``): its nodes in graph order, as a set, and the
+    nodes they read."""
+
+    order: list[Any]
+    nodes: set[Any]
+    reads: set[Any]
 
 
 def _within_caps(nodes: set[Any], order: Mapping[Any, int], max_matmuls: int,
