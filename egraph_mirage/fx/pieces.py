@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -500,8 +500,8 @@ def _joined(cones: list[list[Any]], order: Mapping[Any, int], max_matmuls: int,
         touch = bool(a.nodes & b.nodes) or (adjacent and bool(a.reads & b.nodes
                                                                or b.reads & a.nodes))
         union = a.nodes | b.nodes
-        return touch and _convex(union) and _within_caps(union, order, max_matmuls,
-                                                         max_reductions)
+        return touch and _convex(union, order) and _within_caps(union, order, max_matmuls,
+                                                                max_reductions)
 
     def join(a: _Group, b: _Group) -> None:
         a.nodes |= b.nodes
@@ -553,11 +553,20 @@ def _within_caps(nodes: set[Any], order: Mapping[Any, int], max_matmuls: int,
     return True
 
 
-def _convex(nodes: set[Any]) -> bool:
-    """Whether no node outside ``nodes`` lies on a path between two of them."""
-    below = _reached((u for n in nodes for u in n.users if u not in nodes), lambda n: n.users)
-    above = _reached((a for n in nodes for a in n.all_input_nodes if a not in nodes),
-                     lambda n: n.all_input_nodes)
+def _convex(nodes: set[Any], order: Mapping[Any, int]) -> bool:
+    """Whether no node outside ``nodes`` lies on a path between two of them. ``order``: the
+    nodes' places in a topological order; every node of such a path lies strictly between the
+    first and the last of ``nodes`` there, so only those are followed (a piece of a deep model
+    is checked over its neighbourhood, not the whole graph)."""
+    lo, hi = min(order[n] for n in nodes), max(order[n] for n in nodes)
+
+    def between(ns: Iterable[Any]) -> Iterator[Any]:
+        return (n for n in ns if lo < order[n] < hi)
+
+    below = _reached(between(u for n in nodes for u in n.users if u not in nodes),
+                     lambda n: between(n.users))
+    above = _reached(between(a for n in nodes for a in n.all_input_nodes if a not in nodes),
+                     lambda n: between(n.all_input_nodes))
     return not (below & above)
 
 
