@@ -134,6 +134,7 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
     _views_per_user(work)
     order = {n: i for i, n in enumerate(work.graph.nodes)}
     refused: dict[Any, str] = {}
+    checked: dict[frozenset[Any], tuple[Any, str] | None] = {}  # a piece traced once
     for _ in range(len(order) + 1):
         supported, left = _capability(work, refused)
         proposals = CapabilityBasedPartitioner(work, _support(supported),
@@ -150,7 +151,10 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
             if not _worth(c):
                 left.update({n: "a piece of one element-wise operator or of views only is not "
                              "kept" for n in c if not any(n in k for k in pieces)})
-        failures = dict(f for f in (_check(work, c) for c in pieces) if f is not None)
+        for c in pieces:  # a piece the refusals left as it was is not traced again
+            if frozenset(c) not in checked:
+                checked[frozenset(c)] = _check(work, c)
+        failures = dict(f for f in (checked[frozenset(c)] for c in pieces) if f is not None)
         if not failures:
             break
         refused.update(failures)
