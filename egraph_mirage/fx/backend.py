@@ -101,9 +101,11 @@ from .runtime import (
     PieceCall,
     Runner,
     define_piece_op,
+    inductor_launches,
     input_layout,
     make_inductor_launch,
     make_runner,
+    piece_calls,
 )
 from .trace import TracedProgram, trace_fx
 from .whole import WholeGraph
@@ -254,8 +256,7 @@ class Backend:
         def launched(names: Sequence[str]) -> str:
             """Who launches the kernels of the graph ``build(names)`` would compile, where its
             compilation and check go well (``report.launch``)."""
-            calls = [m for p in names for m in chosen[p].modules() if isinstance(m, PieceCall)]
-            return ("inductor" if calls and all(c.inductor_launch is not None for c in calls)
+            return ("inductor" if inductor_launches(piece_calls(chosen[p] for p in names))
                     else "op")
 
         if chosen and self.options.profiling() and _on_gpu():
@@ -272,9 +273,9 @@ class Backend:
         has an Inductor launch, that compiles and its outputs on the example inputs match
         Dynamo's graph within ``TOLERANCE``; else None (the pieces' custom ops launch them).
         ``report.launch`` says which."""
-        calls = [m for m in module.modules() if isinstance(m, PieceCall)]
+        calls = piece_calls([module])
         report.launch = "op"
-        if not calls or any(c.inductor_launch is None for c in calls):
+        if not inductor_launches(calls):
             return None
         for c in calls:
             c.by_inductor = True

@@ -8,8 +8,9 @@ Inductor's); "keep" otherwise, with the reason. It is what the disk cache stores
 only where set and the times flat (``TIMES``' fields): ``to_record`` writes that object,
 ``from_record`` reads it back, also as an earlier version wrote it (fields it lacks stay
 unset). Timed winners are judged at each compile, from the times, so that the ``timing`` option
-needs no new search: a piece alone by its GPU time (``slower_alone``), the graph with its
-replaced pieces under every kind of timing the option asks for (``slower``, ``fx.whole``).
+needs no new search: a piece alone by its GPU time or its host's (``slower_alone``), the graph
+with its replaced pieces under every kind of timing the option asks for (``slower``,
+``fx.whole``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from . import inductor_timing as timing
-from .runtime import PieceCall
+from .runtime import PieceCall, piece_calls
 
 
 def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None,
@@ -28,7 +28,7 @@ def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: st
     from torch._inductor.compile_fx import compile_fx
 
     patches = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
-    calls = [m for m in module.modules() if isinstance(m, PieceCall)]
+    calls = piece_calls([module])
     if calls:
         # Inductor's on-disk cache of compiled graphs would key on our ops by name only (and
         # cannot pickle their implementations): off for graphs that call them. Where Inductor

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -274,5 +274,16 @@ class PieceCall(torch.nn.Module):
         return tuple(self.op(list(args)))
 
 
+def piece_calls(modules: Iterable[Any]) -> list[PieceCall]:
+    """The replaced pieces' calls among ``modules`` and their submodules."""
+    return [m for module in modules for m in module.modules() if isinstance(m, PieceCall)]
+
+
+def inductor_launches(calls: Sequence[PieceCall]) -> bool:
+    """Whether Inductor can launch the kernels of all of ``calls`` (there are some, and each
+    has an Inductor launch)."""
+    return bool(calls) and all(c.inductor_launch is not None for c in calls)
+
+
 __all__ = ["NAMESPACE", "PieceCall", "PieceOp", "Runner", "define_piece_op",
-           "make_inductor_launch", "make_runner"]
+           "inductor_launches", "make_inductor_launch", "make_runner", "piece_calls"]

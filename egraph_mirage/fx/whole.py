@@ -59,11 +59,12 @@ class WholeGraph:
         inductor = compiled = None
         tried: list[str] = []
         while True:
-            report.launch = self.launched(names)
+            expected = report.launch = self.launched(names)
             record = self._cached(names)
             if record is None or not slower(record, self.options.timing):
                 compiled = self.build(names)  # sets report.launch: its key may differ
-                record, inductor = self._times(compiled, names, inductor)
+                if record is None or report.launch != expected:
+                    record, inductor = self._measured(compiled, names, inductor)
             if record is None:
                 why = "could not be timed"
             else:
@@ -113,18 +114,14 @@ class WholeGraph:
                                   else "miss" if record is None else "hit")
         return record
 
-    def _times(self, compiled: Callable[..., Any], names: list[str],
-               inductor: Callable[..., Any] | None
-               ) -> tuple[dict[str, Any] | None, Callable[..., Any] | None]:
+    def _measured(self, compiled: Callable[..., Any], names: list[str],
+                  inductor: Callable[..., Any] | None
+                  ) -> tuple[dict[str, Any] | None, Callable[..., Any] | None]:
         """The times of ``compiled`` (the pieces ``names`` replaced) and Inductor's code for
-        ``gm``, from the cache or measured (None: not measurable), and Inductor's code where it
-        was compiled (``inductor``, or compiled here for a measurement)."""
+        ``gm``, measured and cached (None: not measurable), and Inductor's code where it was
+        compiled (``inductor``, or compiled here for the measurement)."""
         report = self.report
-        key = self._key(names)
-        record = self.cache.get(key) if self.cache is not None else None
-        if record is not None:
-            return record, inductor
-        if self.cache is not None:  # the graph built was launched otherwise than expected
+        if self.cache is not None:
             report.whole_cache = "miss"
         if inductor is None:
             inductor = self._inductor()
@@ -137,7 +134,7 @@ class WholeGraph:
                         type(e).__name__, e)
             return None, inductor
         if self.cache is not None:
-            self.cache.put(key, record)
+            self.cache.put(self._key(names), record)
         return record, inductor
 
 
