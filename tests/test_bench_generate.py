@@ -106,6 +106,37 @@ def test_qwen3_through_the_backend(tmp_path: Path) -> None:
     assert ours["pieces"] > 0 and ours["searches"] + ours["cache_hits"] >= ours["pieces"]
 
 
+@CPU_ONLY
+def test_the_modes_are_timed_in_alternating_rounds_each_with_its_own_compiled_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # two backend modes (two Backends) and eager, compiled one after the other, then timed in
+    # rounds that each start from the next mode; no mode compiles again while timed (else the
+    # rows say so), and each mode's calls run its own compiled code
+    calls: list[tuple[str, int]] = []
+    generate = gb._generate
+
+    def recorded(model: Any, prompt: Any, new: int, config: Any, cfg: Any) -> Any:
+        calls.append(("eager" if config is None else config.mode, new))
+        return generate(model, prompt, new, config, cfg)
+
+    monkeypatch.setattr(gb, "_generate", recorded)
+    cfg = gb.GenerateBenchConfig(
+        models=("llama",), preset="small", layers=1, batches=(1,), prompt_len=4, new_tokens=1,
+        max_cache_len=8, modes=("egraph_mirage", "egraph_mirage-max-autotune"), repeats=2,
+        device="cpu", max_tasks=1, workers=1, cache_dir=str(tmp_path), rest="eager")
+    rows = gb.bench_generate(cfg, log=lambda _: None)
+    assert [(r["mode"], r["error"]) for r in rows] == [
+        ("eager", None), ("egraph_mirage", None), ("egraph_mirage-max-autotune", None)]
+    modes = ["eager", "reduce-overhead", "max-autotune"]
+    first = [(m, 2) for m in modes]  # each compiled by its first call
+    rounds = [[(m, n) for m in order for n in (1, 2)]
+              for order in (modes, modes[1:] + modes[:1], modes[2:] + modes[:2])]
+    assert calls == first + rounds[0] + rounds[1] + rounds[2]
+    assert all(r["decode_ms_per_step"] is not None for r in rows)
+    # the second backend mode's pieces are the first's: found in the cache
+    assert rows[2]["cache_hits"] == rows[2]["pieces"] > 0
+
+
 def _row(mode: str, rate: float | None, **more: Any) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(gb.KEYS)
     row.update({"model": "llama", "layers": 32, "dtype": "float16", "batch": 8, "mode": mode,

@@ -21,20 +21,25 @@ CompileConfig(backend=..., mode=..., dynamic=False)``; ``disable_compile=True`` 
 ``torch.compile(model.__call__, **compile_config.to_dict())`` (``get_compiled_call``; the same
 in transformers 5.17 and 5.24). ``CompileConfig.to_dict()`` deep-copies its backend, so the
 backend goes in as ``SharedBackend``, which copies as itself and keeps the reports readable.
-Dynamo is reset before each mode and batch. On the CPU (``--cpu-smoke``) the config's
-``_compile_all_devices`` lets ``generate()`` compile there.
+Dynamo is reset before each model and batch (not between modes: see below). On the CPU
+(``--cpu-smoke``) the config's ``_compile_all_devices`` lets ``generate()`` compile there.
 
 Decode tokens per second: per mode, a first ``generate()`` of ``new_tokens + 1`` tokens compiles
 and warms up (``compile_s``, its wall time: Dynamo, the compilation, the backend's searches,
-CUDA-graph recording, the prefill and the decode). Then ``repeats`` times, one after the other:
-``generate()`` of 1 new token (the prefill and the token it gives: no decode step) and of
-``new_tokens + 1`` (the same prefill, then ``new_tokens`` decode steps), each timed by the wall
-clock between two ``torch.cuda.synchronize()``. ``prefill_ms`` is the median of the first,
-``decode_ms_per_step`` the median of the second less the median of the first, over
-``new_tokens``: one decode step of the whole batch, as ``generate()`` runs it (the compiled
-forward, the logits processing, the greedy pick, the loop's host work); ``decode_tok_s`` is
-``batch`` tokens per step. End-of-sequence is off (``eos_token_id=None``): every call makes
-exactly its tokens.
+CUDA-graph recording, the prefill and the decode). Once every mode of a batch is compiled, the
+modes are timed in **alternating rounds** (``_timed``): a round calls each mode in turn, from a
+different first mode each round, so that the host's and the GPU's drift over the run (a decode
+step of a few layers is bound by the host's Python as much as by the GPU) falls on every mode
+alike; each mode's compiled forward is put back on the model before its calls (``_Compiled``),
+and Dynamo keeps the modes' code apart by backend. One untimed round first, then ``repeats``
+timed ones. In a round, per mode: ``generate()`` of 1 new token (the prefill and the token it
+gives: no decode step) and of ``new_tokens + 1`` (the same prefill, then ``new_tokens`` decode
+steps), each timed by the wall clock between two ``torch.cuda.synchronize()``. ``prefill_ms``
+is the median of the first, ``decode_ms_per_step`` the median of the second less the median
+of the first, over ``new_tokens``: one decode step of the whole batch, as ``generate()`` runs
+it (the compiled forward, the logits processing, the greedy pick, the loop's host work);
+``decode_tok_s`` is ``batch`` tokens per step. End-of-sequence is off (``eos_token_id=None``):
+every call makes exactly its tokens.
 
 The copy floor of a decode step: ``floor_bytes``, what a step must read at least once, the
 model's parameters (the input embedding's table less the batch's rows, which are all a step
@@ -54,7 +59,8 @@ fastest ``torch.compile`` mode's (``compile``, ``max-autotune``). The backend's 
 ``pieces``, ``replaced``, ``searches``, ``cache_hits`` and ``report`` (``em.torch_report``'s
 text); with ``again``, the backend mode is compiled once more after a ``torch._dynamo.reset()``
 with a new ``Backend`` on the same cache (``again_compile_s``, ``again_searches``,
-``again_cache_hits``). A mode that fails keeps its row, with ``error``.
+``again_cache_hits``), after the timed rounds. A mode that fails keeps its row, with
+``error``.
 
 Without a CUDA GPU the command refuses, unless ``--cpu-smoke``: the small preset, 1 or 2
 layers, eager and ``egraph_mirage`` with its rest run eagerly, a few tokens; it tests the
@@ -252,36 +258,90 @@ def _first_diff(got: Any, want: Any) -> int | None:
     return int(differ[0, 0]) if differ.numel() else None
 
 
-def _measure(model: Any, prompt: Any, mode: str, row: dict[str, Any], want: Any,
-             cfg: GenerateBenchConfig) -> Any:
-    """Fill ``row`` for ``mode``: compile, tokens against eager's ``want`` (None: eager's
-    are not there), decode timing, the backend's counts; returns the tokens of the first
-    call."""
-    compile_config, backend = _compile_config(mode, cfg)
-    n = cfg.new_tokens + 1
-    tokens, row["compile_s"] = _generate(model, prompt, n, compile_config, cfg)
+@dataclass
+class _Compiled:
+    """A mode's compiled forward, as ``generate()`` left it on the model after its first call
+    (``get_compiled_call``): put back before each of the mode's timed calls (``use``), so that
+    the modes' calls can alternate without compiling again. Dynamo keeps each mode's code
+    apart (its cache entries are guarded by their backend)."""
+
+    config: Any  # the mode's CompileConfig (None: eager)
+    backend: Any  # its Backend (None but for the backend's modes)
+    call: Any = None  # model._compiled_call after the first call
+    last: Any = None  # model._last_compile_config after it
+
+    def use(self, model: Any) -> None:
+        if self.config is not None:
+            model._compiled_call, model._last_compile_config = self.call, self.last
+
+
+def _first_call(model: Any, prompt: Any, mode: str, row: dict[str, Any], want: Any,
+                cfg: GenerateBenchConfig) -> tuple[Any, _Compiled]:
+    """``mode``'s first ``generate()``: it compiles (``compile_s``), its tokens against eager's
+    ``want`` (None: eager's are not there), the backend's counts; the tokens and the compiled
+    forward."""
+    compiled = _Compiled(*_compile_config(mode, cfg))
+    tokens, row["compile_s"] = _generate(model, prompt, cfg.new_tokens + 1, compiled.config,
+                                         cfg)
+    compiled.call = getattr(model, "_compiled_call", None)
+    compiled.last = getattr(model, "_last_compile_config", None)
     if mode == "eager":
         row.update(tokens_match=True)
     elif want is not None:
         diff = _first_diff(tokens, want)
         row.update(tokens_match=diff is None, first_diff=diff)
-    if backend is not None:
-        row.update(_backend_counts(backend))
-    short, full = [], []
-    for _ in range(cfg.repeats):
-        short.append(_generate(model, prompt, 1, compile_config, cfg)[1])
-        full.append(_generate(model, prompt, n, compile_config, cfg)[1])
-    prefill, whole = statistics.median(short), statistics.median(full)
-    step = (whole - prefill) / cfg.new_tokens
-    row.update(prefill_ms=prefill * 1e3, decode_ms_per_step=step * 1e3,
-               decode_tok_s=row["batch"] / step if step > 0 else None)
-    if backend is not None and cfg.again:
-        _reset()
-        compile_config, backend = _compile_config(mode, cfg)
-        row["again_compile_s"] = _generate(model, prompt, n, compile_config, cfg)[1]
-        counts = _backend_counts(backend)
-        row.update(again_searches=counts["searches"], again_cache_hits=counts["cache_hits"])
-    return tokens
+    if compiled.backend is not None:
+        row.update(_backend_counts(compiled.backend))
+    return tokens, compiled
+
+
+def _timed(model: Any, prompt: Any, compiled: Mapping[str, _Compiled],
+           rows: Mapping[str, dict[str, Any]], cfg: GenerateBenchConfig) -> None:
+    """Every mode's decode timing, in alternating rounds: one untimed round (a mode's CUDA
+    graphs may record again once another's ran between its calls), then ``repeats`` rounds,
+    each calling every mode in turn, from a different first mode each round, so that the
+    host's and the GPU's drift during the run falls on every mode alike. A round calls
+    ``generate()`` of 1 token then of ``new_tokens + 1`` per mode (module docstring). A graph
+    Dynamo compiles during the timed rounds (a mode's code not kept) is an error: its time
+    would be in the figures."""
+    from torch._dynamo.utils import counters
+
+    n = cfg.new_tokens + 1
+    modes = list(compiled)
+    short: dict[str, list[float]] = {m: [] for m in modes}
+    full: dict[str, list[float]] = {m: [] for m in modes}
+    graphs = 0
+    for r in range(cfg.repeats + 1):
+        if r == 1:
+            graphs = counters["stats"]["unique_graphs"]
+        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+            compiled[mode].use(model)
+            first = _generate(model, prompt, 1, compiled[mode].config, cfg)[1]
+            compiled[mode].use(model)
+            whole = _generate(model, prompt, n, compiled[mode].config, cfg)[1]
+            if r:
+                short[mode].append(first)
+                full[mode].append(whole)
+    again = counters["stats"]["unique_graphs"] - graphs
+    if again:
+        raise BenchGenerateError(f"Dynamo compiled {again} graph(s) during the timed rounds")
+    for mode in modes:
+        prefill, whole = statistics.median(short[mode]), statistics.median(full[mode])
+        step = (whole - prefill) / cfg.new_tokens
+        rows[mode].update(prefill_ms=prefill * 1e3, decode_ms_per_step=step * 1e3,
+                          decode_tok_s=rows[mode]["batch"] / step if step > 0 else None)
+
+
+def _again(model: Any, prompt: Any, mode: str, row: dict[str, Any],
+           cfg: GenerateBenchConfig) -> None:
+    """A backend mode compiled once more after a Dynamo reset, with a new ``Backend`` on the
+    same cache: ``again_compile_s`` and its counts."""
+    _reset()
+    compile_config, backend = _compile_config(mode, cfg)
+    row["again_compile_s"] = _generate(model, prompt, cfg.new_tokens + 1, compile_config,
+                                       cfg)[1]
+    counts = _backend_counts(backend)
+    row.update(again_searches=counts["searches"], again_cache_hits=counts["cache_hits"])
 
 
 def _backend_counts(backend: Any) -> dict[str, Any]:
@@ -341,8 +401,7 @@ def _floor(row: dict[str, Any], bandwidth: float | None) -> None:
 def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], None] | None = None,
                    log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every model, batch and mode of ``cfg``, eager first (its tokens are the reference); one
-    row each (module docstring), passed to ``on_row`` as soon as it is measured (speedups are
-    filled in once a batch's modes are done)."""
+    row each (module docstring), passed to ``on_row`` once its batch's modes are measured."""
     import torch
     import transformers
 
@@ -367,8 +426,11 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
             prompt = torch.randint(1, vocab, (batch, cfg.prompt_len),
                                    generator=generator).to(cfg.device)
             params, cache, floor = _bytes(model, sizes, cfg.layers, batch, cfg)
-            rows, want = [], None
-            for mode in modes:
+            rows: dict[str, dict[str, Any]] = {}
+            compiled: dict[str, _Compiled] = {}
+            want = None
+            _reset()
+            for mode in modes:  # each compiled and checked, one after the other
                 say(f"{family} L={cfg.layers} b={batch} {mode} ...")
                 row: dict[str, Any] = dict.fromkeys(KEYS)
                 row.update(model=family, preset=cfg.preset, sizes=asdict(sizes),
@@ -380,19 +442,33 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
                            transformers=transformers.__version__, torch=torch.__version__,
                            mode=mode, compile_mode=MODES.get(mode), repeats=cfg.repeats,
                            param_bytes=params, cache_bytes=cache, floor_bytes=floor)
-                _reset()
+                rows[mode] = row
                 try:
-                    tokens = _measure(model, prompt, mode, row, want, cfg)
+                    tokens, compiled[mode] = _first_call(model, prompt, mode, row, want, cfg)
                     if mode == "eager":
                         want = tokens
                 except Exception as e:  # the row says so; the other modes go on
                     row["error"] = f"{type(e).__name__}: {_first(e)}"
+            say(f"{family} L={cfg.layers} b={batch}: {cfg.repeats} rounds of "
+                f"{', '.join(compiled)}")
+            try:
+                _timed(model, prompt, compiled, rows, cfg)
+            except Exception as e:
+                for mode in compiled:
+                    rows[mode]["error"] = f"timing: {type(e).__name__}: {_first(e)}"
+            for mode in compiled:
+                if cfg.again and mode in BACKEND_MODES and not rows[mode]["error"]:
+                    try:
+                        _again(model, prompt, mode, rows[mode], cfg)
+                    except Exception as e:
+                        rows[mode]["error"] = f"again: {type(e).__name__}: {_first(e)}"
+            for row in rows.values():
                 _floor(row, bandwidth)
-                rows.append(row)
-                _speedups(rows)
+            _speedups(list(rows.values()))
+            for row in rows.values():
                 if on_row is not None:
                     on_row(row)
-            out += rows
+            out += rows.values()
         del model
         _reset()
     return out
@@ -479,7 +555,7 @@ def add_arguments(p: Any) -> None:
                    help="default: eager compile max-autotune egraph_mirage (--cpu-smoke: eager "
                    "egraph_mirage); eager always runs, first")
     p.add_argument("--repeats", type=int, default=3, metavar="N",
-                   help="timed generate() pairs per mode (default 3; medians)")
+                   help="timed rounds, each timing every mode in turn (default 3; medians)")
     p.add_argument("--seed", type=int, default=1, help="weights and prompt (default 1)")
     p.add_argument("--again", action="store_true",
                    help="compile the backend's modes once more after a Dynamo reset, from the "
