@@ -356,8 +356,9 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
         def __init__(self, config: Any = None) -> None:
             pass
 
-        def graph(self, fn: Any, sets: Any) -> float:
-            return fn()
+        def graphs(self, fns: Any, sets: Any, rounds: int) -> list[float | None]:
+            assert rounds == inductor_timing.GRAPH_ROUNDS
+            return [fn() for fn in fns]
 
         def back_to_back(self, fn: Any, sets: Any, repeats: int = 7) -> float:
             calls.append(fn.__name__)
@@ -372,6 +373,41 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
     assert times == {"ours_us": 10.0, "inductor_us": 12.0, "ours_plain_us": 10.0,
                      "inductor_plain_us": 12.0, "ours_flushed_us": 13.0,
                      "inductor_flushed_us": 15.0}
+
+
+def test_two_graphs_are_replayed_in_alternation_and_the_fastest_round_counts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU drifts between two measurements (the same compiled decode graph measured 4 %
+    slower a minute later on an H200): ``CudaTimer.graphs`` captures each program once and
+    replays them in alternation, round after round, so that a drift falls on both; each one's
+    fastest round counts, and a program that cannot be captured gets None."""
+    from egraph_mirage.gpu import timing
+
+    replays: list[str] = []
+    drift = iter([1.0] * 6 + [1.5] * 100)  # a slow spell from the second round on
+
+    class Graph:
+        def __init__(self, name: str, ms: float) -> None:
+            self.name, self.ms = name, ms
+
+        def replay(self) -> float:
+            replays.append(self.name)
+            return self.ms * next(drift)
+
+    def captured(self: Any, fn: Any, sets: Any) -> tuple[Graph, int]:
+        if fn.__name__ == "inductor":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return Graph(fn.__name__, fn()), 2  # two calls per replay
+
+    def ours_again() -> float:
+        return 0.030
+
+    monkeypatch.setattr(timing.CudaTimer, "_captured", captured)
+    monkeypatch.setattr(timing, "_event_ms", lambda work: work())
+    timer = timing.CudaTimer(timing.TimingConfig(graph_replays=3))
+    got = timer.graphs([ours, inductor, ours_again], [], rounds=3)
+    assert replays == (["ours"] * 3 + ["ours_again"] * 3) * 3
+    assert got == [pytest.approx(10.0 / 2 * 1e3), None, pytest.approx(0.030 / 2 * 1e3)]
 
 
 @pytest.mark.parametrize("ours_captures", [True, False])
@@ -389,10 +425,10 @@ def test_graphs_that_record_their_own_cuda_graphs_are_timed_by_their_calls(
         def __init__(self, config: Any = None) -> None:
             pass
 
-        def graph(self, fn: Any, sets: Any) -> float:
-            if fn.__name__ == "inductor" or not ours_captures:
-                raise RuntimeError("operation not permitted when stream is capturing")
-            return fn()
+        def graphs(self, fns: Any, sets: Any, rounds: int) -> list[float | None]:
+            # None: "operation not permitted when stream is capturing"
+            return [None if fn.__name__ == "inductor" or not ours_captures else fn()
+                    for fn in fns]
 
         def back_to_back(self, fn: Any, sets: Any, repeats: int = 7) -> float:
             return fn() + 1.0

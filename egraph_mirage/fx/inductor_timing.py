@@ -35,6 +35,9 @@ TIME_FIELDS = tuple(f for pair in TIMES.values() for f in pair)
 
 #: rounds of plain-launch timing in ``time_pair`` (ours, then Inductor's, in each)
 PLAIN_ROUNDS = 7
+#: rounds of CUDA-graph replay in ``time_pair``: both graphs captured once, replayed in
+#: alternation (``CudaTimer.graphs``), the fastest round of each counts
+GRAPH_ROUNDS = 5
 #: how a piece's inputs are read when timed, as the cache keys record it: from device memory,
 #: not L2 (``rotated``)
 PIECE_INPUTS = "a piece's inputs rotated over copies covering 3 x L2"
@@ -44,7 +47,9 @@ PLAIN_TIMING = (f"back to back and after an L2 flush, alternated, fastest of {PL
 #: how CUDA-graph replay is timed, as the cache keys record it (before, a piece's Inductor code
 #: compiled in a mode with CUDA graphs of its own could not be captured: such records miss)
 GRAPH_TIMING = ("captured by the timer, a piece's Inductor code compiled without CUDA graphs "
-                f"of its own; where neither side can be captured, a call of each; {PIECE_INPUTS}")
+                "of its own, both sides replayed in alternation, fastest of "
+                f"{GRAPH_ROUNDS}; where neither side can be captured, a call of each; "
+                f"{PIECE_INPUTS}")
 #: how ours is launched when timed, per the backend's ``launch`` option: "inductor", as the
 #: compiled graph launches a replaced piece's kernels (from Inductor's code, no operator call on
 #: the host), where that compiles; "op", through the piece's custom operator
@@ -109,8 +114,10 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
               ) -> dict[str, float | None]:
     """Ours and Inductor's µs per call on inputs ``xs`` (or cycling through ``sets`` of them,
     ``rotated``) under each kind of timing in ``which``
-    ("graph", "plain"): CUDA-graph replay (None where one side's graph cannot be captured;
-    where neither can, both record their own graphs and a call of each is timed) and plain
+    ("graph", "plain"): CUDA-graph replay (both graphs captured once and replayed in
+    alternation, ``GRAPH_ROUNDS`` rounds, the fastest of each: ``CudaTimer.graphs``; None where
+    one side's graph cannot be captured; where neither can, both record their own graphs and a
+    call of each is timed) and plain
     launches, issued back to back (``CudaTimer.back_to_back``, so that a call's host time
     counts) and each after an L2 flush (``CudaTimer.plain``); keys from ``TIMES``.
     Plain launches are bound by the host, whose speed drifts between measurements (the same
@@ -122,11 +129,9 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
     fns = ((0, ours), (1, inductor))
     sets = list(sets) if sets is not None else [xs]
     if "graph" in which:
-        for who, fn in fns:
-            try:
-                times[TIMES["graph"][who]] = timer.graph(fn, sets)
-            except Exception:  # not capturable
-                times[TIMES["graph"][who]] = None
+        replayed = timer.graphs([ours, inductor], sets, GRAPH_ROUNDS)  # None: not capturable
+        for who, _ in fns:
+            times[TIMES["graph"][who]] = replayed[who]
         if all(times[f] is None for f in TIMES["graph"]):
             # neither can be captured: graphs compiled in a mode with CUDA graphs (Inductor's
             # "reduce-overhead", "max-autotune") record and replay their own, which no graph
@@ -283,6 +288,6 @@ def fmt_times(times: Mapping[str, float | None]) -> str:
     return f"ours {cell(0)} µs, Inductor {cell(1)} µs ({' / '.join(say[k] for k in present)})"
 
 
-__all__ = ["GRAPH_TIMING", "PIECE_INPUTS", "PLAIN_ROUNDS", "PLAIN_TIMING", "TIMED", "TIMES",
-           "TIME_FIELDS", "fmt_times", "key_settings", "kinds", "rotated",
+__all__ = ["GRAPH_ROUNDS", "GRAPH_TIMING", "PIECE_INPUTS", "PLAIN_ROUNDS", "PLAIN_TIMING",
+           "TIMED", "TIMES", "TIME_FIELDS", "fmt_times", "key_settings", "kinds", "rotated",
            "time_against_inductor", "time_graphs", "time_inductor", "time_pair"]

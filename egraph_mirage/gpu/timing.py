@@ -22,7 +22,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -144,6 +144,39 @@ class CudaTimer:
         return float(ms) * 1e3
 
     def graph(self, fn: Program, input_sets: Sequence[InputSet]) -> float:
+        graph, calls = self._captured(fn, input_sets)
+        times = [_event_ms(graph.replay) / calls for _ in range(self.config.graph_replays)]
+        del graph
+        return statistics.median(times) * 1e3
+
+    def graphs(self, fns: Sequence[Program], input_sets: Sequence[InputSet], rounds: int
+               ) -> list[float | None]:
+        """Each of ``fns``' µs per call under CUDA-graph replay, as ``graph`` times one, their
+        graphs captured once and replayed in alternation: ``rounds`` rounds, each replaying
+        every graph ``graph_replays`` times; each one's fastest round's median counts. Two
+        programs timed one after the other see the GPU's drift between them (the same compiled
+        decode graph measured 4 % slower a minute later on an H200); in alternation a drift
+        falls on both, and a slow spell only adds time. None for a program whose calls cannot
+        be captured (a graph that records CUDA graphs of its own)."""
+        captured: list[tuple[Any, int] | None] = []
+        for fn in fns:
+            try:
+                captured.append(self._captured(fn, input_sets))
+            except Exception:  # not capturable: the caller times it otherwise
+                captured.append(None)
+        rounds_ms: list[list[float]] = [[] for _ in fns]
+        for _ in range(rounds):
+            for got, one in zip(captured, rounds_ms):
+                if got is not None:
+                    graph, calls = got
+                    one.append(statistics.median([_event_ms(graph.replay) / calls
+                                                  for _ in range(self.config.graph_replays)]))
+        del captured
+        return [min(one) * 1e3 if one else None for one in rounds_ms]
+
+    def _captured(self, fn: Program, input_sets: Sequence[InputSet]) -> tuple[Any, int]:
+        """A CUDA graph of as many calls of ``fn`` (cycling through ``input_sets``) as take
+        about ``graph_replay_ms``, warmed up off the capture and uploaded, and its calls."""
         c = self.config
         call = _Cycle(fn, input_sets)
         with torch.no_grad():
@@ -163,9 +196,7 @@ class CudaTimer:
                     call()
             graph.replay()  # the first replay uploads the graph
             torch.cuda.synchronize()
-            times = [_event_ms(graph.replay) / calls for _ in range(c.graph_replays)]
-            del graph
-        return statistics.median(times) * 1e3
+        return graph, calls
 
     def back_to_back(self, fn: Program, input_sets: Sequence[InputSet], calls: int = 200,
                      repeats: int = 7) -> float:
