@@ -2,7 +2,7 @@
 # One device call: `bench generate` (a whole transformers model's generate() with a static cache:
 # decode tokens/s of eager, torch.compile with CUDA graphs in its default and max-autotune modes,
 # and the egraph_mirage backend) at the given batch sizes, each batch's rows appended to
-# OUT/bench_generate_b<B>.jsonl as each mode is measured (a run cut short by TIMEOUT keeps them),
+# OUT/bench_generate_b<B>.jsonl once its modes are measured (a run cut short by TIMEOUT keeps them),
 # the table of every row printed last. With WARM_LAYERS set, each batch first compiles the backend
 # on a model of that many layers into the same cache (2 cover every distinct piece: the first
 # layer's, an interior one's, the last's), so that the measured model's identical layers are all

@@ -107,11 +107,11 @@ def test_qwen3_through_the_backend(tmp_path: Path) -> None:
 
 
 @CPU_ONLY
-def test_the_modes_are_timed_in_alternating_rounds_each_with_its_own_compiled_code(
+def test_the_modes_are_timed_in_alternating_rounds_without_compiling_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # two backend modes (two Backends) and eager, compiled one after the other, then timed in
     # rounds that each start from the next mode; no mode compiles again while timed (else the
-    # rows say so), and each mode's calls run its own compiled code
+    # rows say so: Dynamo keeps each mode's code, guarded by its backend)
     calls: list[tuple[str, int]] = []
     generate = gb._generate
 

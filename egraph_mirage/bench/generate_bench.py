@@ -529,8 +529,8 @@ def add_arguments(p: Any) -> None:
     """The options of ``egraph-mirage bench generate``."""
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--out", metavar="PATH", default=DEFAULT_OUT,
-                   help=f"write each row to PATH as one JSON line as soon as it is measured "
-                   f"(the file is started afresh; default {DEFAULT_OUT})")
+                   help=f"write each row to PATH as one JSON line once its batch's modes are "
+                   f"measured (the file is started afresh; default {DEFAULT_OUT})")
     p.add_argument("--models", nargs="+", choices=tuple(FAMILIES), default=["llama", "qwen3"],
                    help="LlamaForCausalLM, Qwen3ForCausalLM (default both)")
     p.add_argument("--preset", choices=tuple(PRESETS), default=None,
@@ -619,7 +619,7 @@ def config_from(args: Any, cuda: bool) -> GenerateBenchConfig:
 
 def run_command(args: Any) -> int:
     """``egraph-mirage bench generate``: measure, append each row to ``--out`` as a JSON line
-    when measured, print the table (or JSON). Exits 1 when a backend mode failed.
+    once its batch is measured, print the table (or JSON). Exits 1 when a backend mode failed.
     ``--table-of``: print the table of rows files, measure nothing."""
     if args.table_of:
         return _print_table_of(args.table_of, args.json)
