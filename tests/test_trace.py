@@ -181,6 +181,23 @@ def test_a_repeat_of_kv_heads_with_a_computed_query_splits_its_heads() -> None:
     assert (2, 2, 1, 4, 5) in [t.dims for t in traced.graph.inputs]  # K not repeated
 
 
+def test_a_projection_split_into_heads_times_a_computed_per_head_factor() -> None:
+    """RoPE's ``q * cos`` in the first layer of a decode step: Q is a projection's output split
+    into heads (laid out as the projection's columns, heads merged), and the factor shared by
+    every head is computed in the same piece (a cast of the float32 table), so it cannot be an
+    input laid out at will. Broadcast over heads, it fits only a layout with the heads apart:
+    the projection is laid out again in that one (``Relayout``), rather than the trace refused
+    ("an earlier reshape laid out unlike the other operand")."""
+    def f(x: Any, w: Any, cos: Any) -> Any:
+        q = (x @ w).view(1, 1, 4, 8).transpose(1, 2)  # (1, 4, 1, 8): heads of the projection
+        return q * (cos.to(torch.float16) * 2).unsqueeze(1)  # (1, 1, 1, 8) over every head
+
+    xs = (_rand(1, 1, 16).half(), (_rand(16, 32) / 4).half(), _rand(1, 1, 8))
+    traced = trace(f, *xs)
+    torch.testing.assert_close(traced.reference(*xs)[0], f(*xs), rtol=2e-3, atol=2e-3)
+    assert traced.graph.inputs[2].dims[-1] == 8  # the factor read once, not per head
+
+
 def _sorted_exp(x: Any) -> Any:
     y = x.exp()
     return torch.sort(y, -1).values * 2

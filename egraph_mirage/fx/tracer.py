@@ -368,6 +368,13 @@ class Tracer:
                             raise UnsupportedOpError(f"{what}: a broadcast computed value held "
                                                      f"as graph dims {v.full} does not fit "
                                                      f"{R} as graph dims {L}")
+                    else:  # computed: laid out again where it must, if it can be at all
+                        S = v.shape[:len(v.shape) - tail]
+                        if fit((1,) * (len(R) - len(S)) + S, R, L) is None:
+                            raise UnsupportedOpError(
+                                f"{what}: an operand of torch shape {v.shape} is held as graph "
+                                f"dims {v.tensor.dims}, which an earlier reshape laid out "
+                                f"unlike the other operand ({R} as {L})")
             except UnsupportedOpError as exc:
                 error = error or exc
                 continue
