@@ -11,6 +11,7 @@ program's inputs, loaded beside them, were unused.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,15 @@ from egraph_mirage.ops import OPS
 from egraph_mirage.search import SearchConfig
 from egraph_mirage.search import dims as dims_mod
 from egraph_mirage.search.prepare import prepare
-from egraph_mirage.search.tasks import BESIDE, SPLIT, Context, list_tasks, run_task
+from egraph_mirage.search.tasks import (
+    BESIDE,
+    SPLIT,
+    Context,
+    TaskResult,
+    dispatch_order,
+    list_tasks,
+    run_task,
+)
 from egraph_mirage.search.tiling import KernelShape, kernel_shapes, split_of
 
 #: split tasks of 5 operators a small search may run before the test gives up
@@ -240,3 +249,44 @@ def test_a_combine_block_reads_its_own_copy_but_every_partial() -> None:
     assert split_of(sums.dcls[1]) == copy_of(copies.dcls[1]) == ("V", 8)
     assert _axis_dim(sums, "V", 8) == -1 and _axis_dim(copies, "V", 8) == 1
     assert _axis_dim(copies, "V", 4) == -1  # another cut: no copy per block
+
+
+def test_a_pool_with_a_worker_for_each_lead_split_task_is_handed_them_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lead split tasks (split-KV attention at gqa's paper sizes, every first-kernel size)
+    come in the list after the one-kernel tasks of a few operators: a process running the list
+    reaches them late, and the largest is long. A pool with more workers than there are of
+    them is handed them first, so that they run beside the list and finish within a budget
+    that would end before the list reached them; a smaller pool takes the list as it is."""
+    import concurrent.futures as cf
+
+    from egraph_mirage.pipeline import superoptimize
+    from egraph_mirage.search import run as run_module
+
+    g = em.benchmarks.get("gqa")
+    payload = prepare(g, SearchConfig())
+    ctx = Context(payload)
+    tasks = list_tasks(payload, ctx)
+    lead = [t for t in tasks if t.kind == SPLIT and t.index == ctx.early_splits[0]]
+    assert len(lead) > 2 and tasks.index(lead[0]) > 100  # late in the list
+    rest = [t for t in tasks if t not in lead]
+    assert dispatch_order(tasks, ctx, len(lead) + 1) == lead + rest
+    assert dispatch_order(tasks, ctx, len(lead)) == dispatch_order(tasks, ctx, 1) == tasks
+
+    # the search hands a pool its tasks in that order (each task a stand-in that finds nothing)
+    handed: list[str] = []
+    payloads: list[Any] = []
+
+    class Pool(cf.ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            payloads.append(args[0])
+            handed.append(args[1].name)
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "run_task", lambda payload, task, *a: TaskResult(task.name))
+    with Pool(len(lead) + 1) as pool:
+        superoptimize(g, SearchConfig(), workers=pool, progress=False)
+    searched = Context(payloads[0])  # the search's own payload (its program as it searched it)
+    listed = list_tasks(payloads[0], searched)
+    assert handed == [t.name for t in dispatch_order(listed, searched, len(lead) + 1)]
+    assert handed[0].startswith("split:") and handed != [t.name for t in listed]

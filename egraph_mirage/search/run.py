@@ -31,7 +31,7 @@ from .config import SearchConfig
 from .explain import INTERRUPTED, MAX_RESULTS, TASK_BUDGET, TASKS_LOST, TIME_BUDGET
 from .progress import Progress, mode
 from .results import SearchResult, SearchStats
-from .tasks import Context, Payload, Task, TaskResult, run_task
+from .tasks import Context, Payload, Task, TaskResult, dispatch_order, run_task
 
 
 def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Context,
@@ -157,7 +157,13 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
                 executor = processes.worker_pool(workers)  # type: ignore[arg-type]
                 return [submit(by_name[n]) for n in again]
 
-            futures = [submit(task) for task in todo]
+            # handed out in the pool's order (the lead split tasks first where each gets a
+            # worker), absorbed as the list orders those that come back together; a caller's
+            # executor of the standard library's kinds (the backend's pool) says its size,
+            # another is taken as one worker
+            size = workers if isinstance(workers, int) else getattr(workers, "_max_workers", 1)
+            handed = {t.name: submit(t) for t in dispatch_order(todo, ctx, int(size))}
+            futures = [handed[t.name] for t in todo]
             behind = [0]
             complete = _collect(futures, deadline, absorb, enough, report,
                                 lambda: report.update(stats, results, idle=True), behind,

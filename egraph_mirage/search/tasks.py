@@ -286,6 +286,26 @@ def list_tasks(payload: Payload, ctx: Context | None = None) -> list[Task]:
     return tasks
 
 
+def dispatch_order(tasks: Sequence[Task], ctx: Context, workers: int) -> list[Task]:
+    """``tasks`` in the order a pool of ``workers`` processes is handed them. The lead split
+    tasks (``SPLIT_LEAD``'s: in the list after the one-kernel tasks of ``SHALLOW`` operators)
+    are long (a split-KV first kernel of 9 operators: ~10 s, its second kernels searched after
+    each first one) and likely; a pool that has a worker for each of them and more starts them
+    all at once, and the other workers go down the list: the split forms are then found within
+    a time budget that would end before the list reached them and they finished. A smaller
+    pool (or one process) takes the list as it is. Which tasks run does not change (nor,
+    without a time budget, what they find); what a time budget cuts short does."""
+    lead = set(ctx.early_splits[:SPLIT_LEAD])
+
+    def leads(t: Task) -> bool:
+        return t.kind == SPLIT and t.index in lead
+
+    first = [t for t in tasks if leads(t)]
+    if not first or workers <= len(first):
+        return list(tasks)
+    return first + [t for t in tasks if not leads(t)]
+
+
 #: a tile a first kernel's block graph also consumes is written (handed on to the next kernel)
 #: only when it has at most this many times the elements of the program's outputs: handing a
 #: loop's result on then costs about what writing the output costs (a vocabulary's logits, not
