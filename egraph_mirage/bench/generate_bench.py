@@ -409,7 +409,7 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
     sizes = cfg.sizes()
     dtype = getattr(torch, cfg.dtype)
     device = torch.cuda.get_device_name() if cfg.device == "cuda" else "cpu"
-    modes = ["eager", *[m for m in cfg.modes if m != "eager"]]
+    modes = list(dict.fromkeys(["eager", *cfg.modes]))  # each once, eager first
     bandwidth = None
     if cfg.device == "cuda":
         from ..gpu.floor import measure_copy_bandwidth
@@ -452,7 +452,8 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
             say(f"{family} L={cfg.layers} b={batch}: {cfg.repeats} rounds of "
                 f"{', '.join(compiled)}")
             try:
-                _timed(model, prompt, compiled, rows, cfg)
+                if compiled:
+                    _timed(model, prompt, compiled, rows, cfg)
             except Exception as e:
                 for mode in compiled:
                     rows[mode]["error"] = f"timing: {type(e).__name__}: {_first(e)}"
