@@ -74,6 +74,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -210,14 +211,17 @@ class Backend:
         with report.stage("rooms"):
             gains, rooms = self._gains(parts.pieces, traced, moved, keys, mode)
         self._budget.extend(report.stages["rooms"])  # the searches' budget starts after them
-        distinct = {k: m for k, m in zip(keys, gains, strict=True)}
+        # a program that comes several times (a model's identical layers) is searched once and
+        # weighs its gain in every place: a faster form of it gains there all
+        times = Counter(keys)
+        distinct = {k: m * times[k] for k, m in zip(keys, gains, strict=True)}
         reserve = self._budget.pieces(list(distinct.values()), self.options.refine)
         reached: set[str] = set()
-        unfound: list[tuple[int, Piece, rep.PieceReport]] = []
+        unfound: list[tuple[int, Piece, rep.PieceReport, float, int]] = []
         # every piece whole first, those that move the most bytes first: where the time is
         for i in sorted(range(len(traced)), key=lambda k: -moved[k]):
             piece = parts.pieces[i]
-            weight = self._budget.weigh(gains[i])
+            weight = self._budget.weigh(distinct[keys[i]])
             with report.stage("pieces"):
                 piece_report, replacement = self._piece(i, piece, weight, mode, traced[i],
                                                         rooms.get(i))
@@ -226,14 +230,15 @@ class Backend:
                 self._budget.reached(weight)
             report.pieces.append(piece_report)
             if replacement is None and self.options.refine and piece_report.nothing_found():
-                unfound.append((i, piece, piece_report, gains[i] / max(moved[i], 1)))
+                unfound.append((i, piece, piece_report, gains[i] / max(moved[i], 1),
+                                times[keys[i]]))
             if replacement is not None:
                 chosen[piece.name] = replacement
         if self.options.refine:
             self._budget.reached(reserve)  # the reserved share joins what the parts share
-        for i, piece, piece_report, per_byte in unfound:  # then the parts, with the time left
+        for i, piece, piece_report, per_byte, n in unfound:  # then the parts, with the time left
             with report.stage("refine"):
-                replacement = self._refine(i, piece, piece_report, report, mode, per_byte)
+                replacement = self._refine(i, piece, piece_report, report, mode, per_byte, n)
             if replacement is not None:
                 chosen[piece.name] = replacement
         report.searches = sum(p.search_seconds is not None for p in report.pieces)
@@ -424,7 +429,7 @@ class Backend:
 
     def _refine(self, index: int, piece: Piece, piece_report: rep.PieceReport,
                 report: rep.CompileReport, mode: str | None = None, per_byte: float = 1.0,
-                depth: int = 0, label: str | None = None) -> Any:
+                times: int = 1, depth: int = 0, label: str | None = None) -> Any:
         """Piece ``index``, which the search found nothing for, cut at its matmuls' inputs
         (``partition(..., levels=True)``) into parts decided one by one (``_piece``; their
         reports follow the piece's in ``report``); a part the search finds nothing for either
@@ -433,7 +438,8 @@ class Backend:
         Returns the piece's module with the chosen parts replaced, or None (fewer than two
         parts, or none replaced). Where the backend times on a GPU each part is weighed by its
         own room (``_gains``); elsewhere by the bytes it moves times ``per_byte``, the piece's
-        weight per byte it moves (1 where weights are bytes)."""
+        gain per byte it moves (1 where gains are bytes); either times ``times``, how often the
+        piece's program comes in the graph (its parts come as often)."""
         parts = None
         for levels in ((True, EPILOGUES) if depth == 0 else (EPILOGUES,)):
             try:
@@ -456,7 +462,7 @@ class Backend:
         moved = [_moved(t) for t in traced]
         gains, rooms = self._gains(parts.pieces, traced, moved,
                                    [str(j) for j in range(len(traced))], mode)
-        weights = [self._budget.weigh(g if rooms else m * per_byte)
+        weights = [self._budget.weigh((g if rooms else m * per_byte) * times)
                    for g, m in zip(gains, moved, strict=True)]
         self._budget.add(sum(weights))  # the parts share what is left with the pieces
         for j, part in enumerate(parts.pieces):
@@ -469,7 +475,7 @@ class Backend:
             if replacement is None and depth == 0 and part_report.nothing_found():
                 part_piece = replace(part, name=part_report.name)
                 replacement = self._refine(index, part_piece, part_report, report, mode,
-                                           per_byte, 1, f"{label}.{j}")
+                                           per_byte, times, 1, f"{label}.{j}")
             if replacement is not None:
                 setattr(parts.module, part.name, replacement)
                 replaced += 1

@@ -33,7 +33,10 @@ are searched: it is kept for the parts, which share it with whatever the pieces 
 
 With the backend's cache on, pieces that are the same program under the same settings (a
 model's identical layers) count once: the first is searched, the others are cache hits. So a
-compilation of 32 identical layers shares its budget among one layer's pieces.
+compilation of 32 identical layers shares its budget among one layer's pieces. Such a program
+weighs its gain times the number of places it comes in (a faster form gains in each): a decode
+step's attention core, the same in 7 of 8 layers, weighs 7 times the first layer's own form of
+it, and the pieces of one repeated layer keep their proportions among themselves.
 
 So a piece decided without a search (a cache hit, a piece the tracer refuses) leaves its share
 to the pieces after it, a search that ends early leaves the rest of its share to the others, and
