@@ -315,9 +315,8 @@ def _timed(model: Any, prompt: Any, compiled: Mapping[str, _Compiled],
         if r == 1:
             graphs = counters["stats"]["unique_graphs"]
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
-            compiled[mode].use(model)
+            compiled[mode].use(model)  # both calls find it: the same config keeps it
             first = _generate(model, prompt, 1, compiled[mode].config, cfg)[1]
-            compiled[mode].use(model)
             whole = _generate(model, prompt, n, compiled[mode].config, cfg)[1]
             if r:
                 short[mode].append(first)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from . import inductor_timing as timing
-from .runtime import PieceCall, piece_calls
+from .runtime import PieceCall, inductor_launches, piece_calls
 
 
 def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None,
@@ -37,7 +37,7 @@ def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: st
         # launches every piece's kernels, the graph it compiles holds ``wrap_triton`` calls
         # instead, which its cache keys on the kernels' source and constants: a second
         # compilation of the graph finds it there
-        if not all(c.by_inductor and c.inductor_launch is not None for c in calls):
+        if not (inductor_launches(calls) and all(c.by_inductor for c in calls)):
             patches["fx_graph_cache"] = False
         patches.update(timing.ours_launched_patches())  # their launches as cheap as Inductor's
     return compile_fx(module, list(example_inputs), config_patches=patches or None)
