@@ -165,6 +165,62 @@ def test_inductors_code_for_the_partitioned_graph_takes_dynamos_inputs_as_they_a
             torch.testing.assert_close(a, b)
 
 
+def test_a_graph_whose_pieces_inductor_launches_comes_from_inductors_caches_when_compiled_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Inductor launches every replaced piece's kernels, the rest compiler traces each
+    piece's launch into the graph it hands Inductor (``fx.rest.inlined``): no module of ours
+    is left in it, its counters a buffer of the graph. AOTAutograd's cache of compiled graphs
+    could not key on a graph holding our modules (their operators' registrations cannot be
+    pickled), so every compilation of a model with pieces replaced traced and compiled it all
+    again; now a second compilation is a hit in both of Inductor's caches. (On the CPU a piece
+    has no Inductor launch: a stand-in computes it with torch operators.)"""
+    import torch._inductor.compile_fx as inductor
+    from torch._dynamo.utils import counters
+
+    from egraph_mirage.fx import rest
+    from egraph_mirage.fx.pieces import partition
+    from egraph_mirage.fx.runtime import PieceCall
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    given: list[Any] = []
+    compile_fx = inductor.compile_fx
+
+    def seen(module: Any, *args: Any, **kwargs: Any) -> Any:
+        given.append(module)
+        return compile_fx(module, *args, **kwargs)
+
+    monkeypatch.setattr(inductor, "compile_fx", seen)
+
+    class Op:  # stands in for a PieceOp: its kernels are never called
+        op = staticmethod(lambda xs: [xs[0] * float("nan")])
+
+    def backend(gm: Any, xs: Any) -> Any:
+        parts = partition(gm, xs)
+        for piece in parts.pieces:
+            def launch(*ys: Any, module: Any = piece.module, counters: Any = None) -> Any:
+                assert counters is not None and counters.dtype == torch.int32
+                return tuple(module(*ys))
+
+            launch.counters = 4  # type: ignore[attr-defined]
+            call = PieceCall(Op(), launch, device="cpu")  # type: ignore[arg-type]
+            call.by_inductor = True
+            setattr(parts.module, piece.name, call)
+        return rest.compile_rest(parts.module, xs, "inductor", None, gm)
+
+    x, w = inputs(torch.float32)
+    for again in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        with torch.no_grad():
+            got = torch.compile(relu_mm, backend=backend, dynamic=False)(x, w)
+        torch.testing.assert_close(got, relu_mm(x, w))
+        module = given[-1]
+        assert not any(isinstance(m, PieceCall) for m in module.modules())
+        assert [name for name, _ in module.named_buffers()] == ["egm_0_counters"]
+        hits = counters["aot_autograd"]["autograd_cache_hit"]
+        assert hits == int(again), dict(counters["aot_autograd"])
+
+
 def test_an_unsupported_operator_runs_in_the_rest(tmp_path: Path) -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(relu_mm(x, w), dim=0)

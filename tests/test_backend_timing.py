@@ -330,6 +330,8 @@ def test_inductor_launches_the_generated_kernels_on_a_gpu(tmp_path: Path) -> Non
     torch.testing.assert_close(again, got, rtol=0, atol=0)
     assert backend.reports[0].launch == "inductor" and ops == []
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1, dict(counters["inductor"])
+    # and AOTAutograd's, keyed on the graph with the pieces' launches traced in
+    assert counters["aot_autograd"]["autograd_cache_hit"] >= 1, dict(counters["aot_autograd"])
 
 
 def ours() -> float:
@@ -605,6 +607,81 @@ def test_autotune_compiles_the_rest_with_max_autotune_where_the_mode_does_not_as
         torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs())
     assert modes and set(modes) == {"max-autotune-no-cudagraphs"}
     assert "rest by inductor (max-autotune-no-cudagraphs)" in backend.reports[0].text()
+
+
+@pytest.mark.parametrize("default_faster", [True, False])
+def test_inductors_code_for_the_graph_is_timed_in_both_modes_and_the_faster_one_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, default_faster: bool) -> None:
+    """With ``autotune`` and ``profile`` on, Inductor could compile the rest in torch.compile's
+    mode or in its max-autotune counterpart, whose GEMM templates, each chosen alone, can make
+    a graph slower. Inductor's code for Dynamo's graph is compiled and timed in both: the
+    given mode is kept only where it is faster, and then the graph with its pieces is compiled
+    and judged in it, with or without a piece to replace. The choice is cached: a second
+    compile compiles Inductor's code in one mode only."""
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx import whole as whole_graph
+    from egraph_mirage.fx.runtime import PieceCall
+
+    autotuned = "max-autotune-no-cudagraphs"
+    built: list[tuple[bool, Any]] = []  # per compilation: (calls a replaced piece, mode)
+    rest = be.compile_rest
+
+    def compiled(module: Any, xs: Any, how: str, mode: Any, *a: Any) -> Any:
+        fn = rest(module, xs, "eager", mode, *a)
+
+        def run(*args: Any) -> Any:
+            return fn(*args)
+
+        run.mode, run.pieces = mode, any(isinstance(m, PieceCall) for m in module.modules())
+        built.append((run.pieces, mode))
+        return run
+
+    def us(fn: Any) -> float:  # a replaced piece gains 0.5 µs in either mode
+        return ({autotuned: 3.0}.get(fn.mode, 2.0 if default_faster else 4.0)
+                - 0.5 * fn.pieces)
+
+    def time_graphs(a: Any, b: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
+        return {"ours_us": us(a), "inductor_us": us(b), "ours_plain_us": us(a),
+                "inductor_plain_us": us(b), "ours_flushed_us": us(a),
+                "inductor_flushed_us": us(b)}
+
+    monkeypatch.setattr(be, "compile_rest", compiled)
+    monkeypatch.setattr(whole_graph, "compile_rest", compiled)
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: {
+        "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
+        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
+    monkeypatch.setattr(inductor_timing, "time_graphs", time_graphs)
+    kept = None if default_faster else autotuned
+    for rerun in (False, True):
+        torch._dynamo.reset()
+        built.clear()
+        backend = Backend(**options(tmp_path, search=StandIn(), profile=True, autotune=True,
+                                    rest="inductor"))
+        with torch.no_grad():
+            got = torch.compile(relu_mm, backend=backend, dynamic=False)(*inputs())
+        torch.testing.assert_close(got, relu_mm(*inputs()), rtol=2e-3, atol=2e-3)
+        report = backend.reports[0]
+        assert report.pieces[0].status == REPLACED
+        # Dynamo's graph in both modes, then the graph with the piece in the faster one;
+        # again, only the graph that runs
+        assert built == ([(True, kept)] if rerun else
+                         [(False, autotuned), (False, None), (True, kept)])
+        assert f"rest by inductor ({kept or 'default'})" in report.text()
+        ours, theirs = (2.0, 3.0) if default_faster else (4.0, 3.0)
+        assert (f"  Inductor's modes: default {ours} / {ours} / {ours} µs, {autotuned} "
+                f"{theirs} / {theirs} / {theirs} µs (graph replay / plain launches / plain, "
+                f"L2 flushed) | cache {'hit' if rerun else 'miss'}") in report.text()
+    # a graph with no piece to replace runs in the faster mode too
+    torch._dynamo.reset()
+    built.clear()
+    backend = Backend(**options(tmp_path, search=StandIn(), profile=True, autotune=True,
+                                rest="inductor"))
+    with torch.no_grad():
+        torch.compile(lambda x: torch.cumsum(x, 0) * 2, backend=backend, dynamic=False)(
+            inputs()[0])
+    assert not backend.reports[0].pieces and built == [(False, autotuned), (False, None)]
+    assert f"rest by inductor ({kept or 'default'})" in backend.reports[0].text()
 
 
 def test_a_winner_that_loses_its_plain_launches_unfused_is_timed_with_its_combines_fused(

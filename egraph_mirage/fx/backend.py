@@ -147,7 +147,8 @@ class Backend:
                                "to torch.compile(options=...), when passing a Backend object")
         t0 = time.perf_counter()
         self._budget = CompileBudget.start(self.options.budget)
-        mode = self.options.inductor_mode(mode)
+        modes = self.options.inductor_modes(mode)
+        mode = modes[0]
         rest = self.options.rest + (f" ({mode})" if self.options.rest == "inductor" and mode
                                     not in (None, "default") else "")
         report = rep.CompileReport(next(self._graphs), len(example_inputs), rest=rest)
@@ -172,14 +173,18 @@ class Backend:
                 # the model's state among the inputs (a static cache, a step counter) as the
                 # compiled call will find it, however often compiling runs the graph on it
                 with preserved(gm, example_inputs):
-                    compiled = self._compile(gm, example_inputs, report, mode)
+                    compiled = self._compile(gm, example_inputs, report, modes)
             finally:
                 self._close_pool()
         report.seconds = time.perf_counter() - t0
         return self._finish(compiled, report)
 
     def _compile(self, gm: Any, example_inputs: Sequence[Any], report: rep.CompileReport,
-                 mode: str | None) -> Callable[..., Any]:
+                 modes: Sequence[str | None]) -> Callable[..., Any]:
+        """Dynamo's graph with its pieces searched and the winners that make it faster replaced,
+        compiled by Inductor in the first of ``modes`` (``BackendOptions.inductor_modes``) or,
+        where its code for the graph is faster, in the other (``fx.whole``)."""
+        mode = modes[0]
         try:
             with report.stage("partition"):
                 parts = partition(gm, example_inputs, max_matmuls=self.options.max_matmuls,
@@ -246,10 +251,10 @@ class Backend:
         if self.cache is not None and record_key is not None:
             self.cache.put(record_key, {"unsearched": sorted(self._spent)})
 
-        def build(names: Sequence[str]) -> Callable[..., Any]:
+        def build(names: Sequence[str], mode: str | None = mode) -> Callable[..., Any]:
             """The graph with the pieces ``names`` replaced (by ``chosen``), the others as
-            they were; none replaced: the whole graph as Dynamo gave it, compiled exactly as
-            torch.compile would without the backend."""
+            they were, compiled in ``mode``; none replaced: the whole graph as Dynamo gave it,
+            compiled exactly as torch.compile would without the backend."""
             for p in parts.pieces:
                 setattr(parts.module, p.name, chosen[p.name] if p.name in names else p.module)
             with report.stage("Inductor"):
@@ -264,9 +269,9 @@ class Backend:
             return ("inductor" if inductor_launches(piece_calls(chosen[p] for p in names))
                     else "op")
 
-        if chosen and self.options.profiling() and _on_gpu():
+        if (chosen or len(modes) > 1) and self.options.profiling() and _on_gpu():
             whole = WholeGraph(gm, example_inputs, report, mode, self.options, self.cache, build,
-                               launched)
+                               launched, tuple(modes[1:]))
             return whole.never_slower(list(chosen))
         return build(list(chosen))
 

@@ -145,19 +145,22 @@ def piece_key(graph: KernelGraph, settings: Mapping[str, Any],
 
 
 def whole_key(gm: Any, example_inputs: Sequence[Any], replaced: Sequence[Sequence[str]],
-              launch: str, settings: Mapping[str, Any], timed: Mapping[str, Any]) -> CacheKey:
+              launch: str, settings: Mapping[str, Any], timed: Mapping[str, Any],
+              modes: Sequence[str | None] = ()) -> CacheKey:
     """The key of a whole-graph check (``fx.backend``): Dynamo's graph ``gm`` (its code), its
     inputs' shapes, strides and dtypes, the ``replaced`` pieces (each ``[name, winner]``, the
     winner's digest) and who launches their kernels (``launch``), the rules, lowering and
     device (``CacheKey``'s defaults), the search settings and how the graphs are timed
-    (``timed``)."""
+    (``timed``); with ``modes``, the check of Inductor's code for ``gm`` in those modes
+    (``fx.whole``)."""
     import torch
 
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     layout = [[list(x.shape), list(x.stride()), str(x.dtype).removeprefix("torch.")]
               for x in tensors]
     program = json.dumps({"code": gm.code, "inputs": layout,
-                          "replaced": [list(r) for r in replaced], "launch": launch},
+                          "replaced": [list(r) for r in replaced], "launch": launch,
+                          **({"modes": [m or "default" for m in modes]} if modes else {})},
                          sort_keys=True)
     return CacheKey(program=hashlib.sha256(program.encode()).hexdigest(),
                     operators=("whole graph",), shapes=tuple(tuple(s) for s, _, _ in layout),

@@ -275,9 +275,10 @@ def _restoring(fn: Callable[..., Any], state: Saved) -> Callable[..., Any]:
     return call
 
 
-def fmt_times(times: Mapping[str, float | None]) -> str:
+def fmt_times(times: Mapping[str, float | None], names: tuple[str, str] = ("ours", "Inductor")
+              ) -> str:
     """``ours 1.0 / 2.0 µs, Inductor 1.5 / 2.5 µs (graph replay / plain launches)``: the kinds
-    of timing in ``times``."""
+    of timing in ``times``, the two sides so ``names``d."""
     present = [k for k in ("graph", "plain", "flushed") if TIMES[k][0] in times]
     say = {"graph": "graph replay", "plain": "plain launches", "flushed": "plain, L2 flushed"}
 
@@ -285,7 +286,8 @@ def fmt_times(times: Mapping[str, float | None]) -> str:
         vals = [times[TIMES[k][who]] for k in present]
         return " / ".join("–" if v is None else f"{v:.1f}" for v in vals)
 
-    return f"ours {cell(0)} µs, Inductor {cell(1)} µs ({' / '.join(say[k] for k in present)})"
+    return (f"{names[0]} {cell(0)} µs, {names[1]} {cell(1)} µs "
+            f"({' / '.join(say[k] for k in present)})")
 
 
 __all__ = ["GRAPH_ROUNDS", "GRAPH_TIMING", "PIECE_INPUTS", "PLAIN_ROUNDS", "PLAIN_TIMING",

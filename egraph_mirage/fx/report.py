@@ -143,6 +143,9 @@ class CompileReport:
     whole_cache: str = ""
     #: that check's times: the graph with its replaced pieces and Inductor's code for it
     whole_times: str = ""
+    #: where Inductor could compile the rest in two modes (``fx.whole``): its code for the
+    #: graph in each, timed, and whether the times came from the cache
+    mode_times: str = ""
     #: how the replaced pieces' kernels are launched: "inductor" (from Inductor's code), "op"
     #: (their custom ops), "" (nothing replaced); and why not by Inductor where that failed
     launch: str = ""
@@ -200,6 +203,8 @@ class CompileReport:
         if self.launch:
             lines.append(f"  kernels launched by: {self.launch}"
                          + (f" ({self.launch_note})" if self.launch_note else ""))
+        if self.mode_times:
+            lines.append(f"  Inductor's modes: {self.mode_times}")
         if self.whole_times:
             lines.append(f"  whole graph: {self.whole_times} | cache {self.whole_cache}")
         if self.stages:

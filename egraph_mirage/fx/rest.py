@@ -25,22 +25,87 @@ def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: st
     # a plain GraphModule: torch.export's module carries a lambda that Inductor's cache of
     # compiled graphs cannot pickle
     graph = module.graph if dynamo is None else flat_graph(module.graph)
-    module = as_dynamo_s(torch.fx.GraphModule(module, graph), source)
+    module = torch.fx.GraphModule(module, graph)
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
     patches = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
     calls = piece_calls([module])
+    own: list[str] = []
     if calls:
-        # Inductor's on-disk cache of compiled graphs would key on our ops by name only (and
+        # Inductor's on-disk caches of compiled graphs would key on our ops by name only (and
         # cannot pickle their implementations): off for graphs that call them. Where Inductor
         # launches every piece's kernels, the graph it compiles holds ``wrap_triton`` calls
-        # instead, which its cache keys on the kernels' source and constants: a second
-        # compilation of the graph finds it there
-        if not (inductor_launches(calls) and all(c.by_inductor for c in calls)):
+        # instead (``inlined``), which its caches key on the kernels' source and constants: a
+        # second compilation of the graph finds it there
+        if inductor_launches(calls) and all(c.by_inductor for c in calls):
+            module, own = inlined(module)
+        else:
             patches["fx_graph_cache"] = False
         patches.update(timing.ours_launched_patches())  # their launches as cheap as Inductor's
+    module = as_dynamo_s(module, source, own)
     return compile_fx(module, list(example_inputs), config_patches=patches or None)
+
+
+def inlined(module: Any) -> tuple[Any, list[str]]:
+    """A copy of ``module`` whose graph calls none of its replaced pieces' modules
+    (``PieceCall``, each with an Inductor launch): each call is traced (``make_fx`` on fake
+    tensors of its inputs' sizes, strides and dtypes) into the graph's own nodes: the views as
+    aten operators, each kernel a ``triton_kernel_wrapper_mutation``, its counters
+    (``PieceCall.counters``) a buffer of the copy. AOTAutograd's cache of compiled graphs
+    keys on the module Dynamo's graph becomes, and cannot key on one that holds a piece's
+    operator (its ``torch.library`` registration cannot be pickled): a second compilation of
+    the graph then traced and compiled it all again (24 s of a 33 s recompile of an 8-layer
+    Llama decode step, H200). Returns the copy and the names of the counters buffers. A call
+    whose inputs carry no recorded sizes, or whose outputs are used other than by index, is
+    left as it is."""
+    import operator
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = torch.fx.GraphModule(module, copy.deepcopy(module.graph))
+    graph, own = gm.graph, []
+    for node in list(graph.nodes):
+        call = gm.get_submodule(node.target) if node.op == "call_module" else None
+        if not isinstance(call, PieceCall) or call.inductor_launch is None:
+            continue
+        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+        if node.kwargs or any(isinstance(a, torch.fx.Node) and not isinstance(v, torch.Tensor)
+                              for a, v in zip(node.args, vals, strict=True)) or not all(
+                u.target is operator.getitem and isinstance(u.args[1], int) for u in node.users):
+            continue
+        xs = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+              if isinstance(v, torch.Tensor) else v for v in vals]
+        launch, args = call.inductor_launch, list(node.args)
+        if call.counters is not None:
+            name = f"{node.target}_counters"
+            gm.register_buffer(name, call.counters, persistent=False)
+            own.append(name)
+            xs.append(call.counters)
+            with graph.inserting_before(node):
+                args.append(graph.get_attr(name))
+            launch = (lambda f: lambda *a: f(*a[:-1], counters=a[-1]))(launch)
+        traced = make_fx(launch, tracing_mode="fake")(*xs)
+        env: dict[Any, Any] = dict(zip([n for n in traced.graph.nodes if n.op == "placeholder"],
+                                       args, strict=True))
+        with graph.inserting_before(node):
+            for n in traced.graph.nodes:
+                if n.op == "get_attr":  # a constant of the piece (a tensor it was traced with)
+                    name = f"{node.target}_{n.target}"
+                    setattr(gm, name, getattr(traced, n.target))
+                    env[n] = graph.get_attr(name)
+                elif n.op == "output":
+                    outs = n.args[0]
+                elif n.op != "placeholder":
+                    env[n] = graph.node_copy(n, lambda a: env[a])
+        for user in list(node.users):
+            user.replace_all_uses_with(env[outs[user.args[1]]])
+            graph.erase_node(user)
+        graph.erase_node(node)
+        gm.delete_submodule(node.target)
+    graph.lint()
+    gm.recompile()
+    return gm, own
 
 
 def flat_graph(graph: Any) -> Any:
@@ -71,15 +136,16 @@ def flat_graph(graph: Any) -> Any:
     return flat
 
 
-def as_dynamo_s(module: Any, dynamo: Any) -> Any:
+def as_dynamo_s(module: Any, dynamo: Any, own: Sequence[str] = ()) -> Any:
     """``module`` with the metadata by which Inductor knows a graph of Dynamo's (``dynamo``'s
     ``meta``, its parameters' sources, each input's source and recorded tensor attributes, by
     position), where both have as many inputs. From these Inductor reads which inputs have
     static addresses (parameters, and buffers marked so, as transformers' static cache is):
     without them a graph that writes such an input in place runs without CUDA graphs under
     ``mode="reduce-overhead"`` ("skipping cudagraphs due to mutated inputs"). The pieces' own
-    buffers (``PieceCall.counters``, which no source of Dynamo's names) get a source each
-    (``ConstantSource``), so that Inductor takes them as the static inputs they are."""
+    buffers (``PieceCall.counters``, and ``own``: the module's own buffers that hold them,
+    ``inlined``), which no source of Dynamo's names, get a source each (``ConstantSource``),
+    so that Inductor takes them as the static inputs they are."""
     from torch._dynamo.source import ConstantSource
 
     ours = [n for n in module.graph.nodes if n.op == "placeholder"]
@@ -90,7 +156,7 @@ def as_dynamo_s(module: Any, dynamo: Any) -> Any:
         module.meta.setdefault(key, value)
     sources = getattr(dynamo, "_param_name_to_source", None)
     pieces = {f"{name}.counters" for name, m in module.named_modules()
-              if isinstance(m, PieceCall) and m.counters is not None}
+              if isinstance(m, PieceCall) and m.counters is not None} | set(own)
     held = itertools.chain(module.named_parameters(), module.named_buffers())
     if sources is not None and all(name in sources or name in pieces for name, _ in held):
         module._param_name_to_source = {
@@ -103,4 +169,4 @@ def as_dynamo_s(module: Any, dynamo: Any) -> Any:
     return module
 
 
-__all__ = ["as_dynamo_s", "compile_rest", "flat_graph"]
+__all__ = ["as_dynamo_s", "compile_rest", "flat_graph", "inlined"]

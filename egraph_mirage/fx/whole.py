@@ -12,6 +12,13 @@ and Inductor's code is returned. The times are cached per set of replaced pieces
 decisions are made from them at each compile, as for a piece: a set of pieces whose graph the
 cache holds as slower is not built again (a second compilation of a model compiles Inductor's
 code for its graph once, not the graph with pieces first).
+
+Where Inductor may compile the rest in two modes (``BackendOptions.inductor_modes``: its
+max-autotune counterpart and ``torch.compile``'s own), Inductor's code for Dynamo's graph is
+first compiled and timed in both, with or without replaced pieces: the other mode is kept only
+where its code is faster under every kind of timing the ``timing`` option asks for, and then
+the rest and the code the graph is judged against are compiled in it. The choice is cached per
+graph (``fx.cache.whole_key`` with the modes), so a second compilation compiles one mode.
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ LOG = logging.getLogger("egraph_mirage.fx")
 class WholeGraph:
     """Dynamo's graph ``gm`` on its example inputs, compiled in ``mode``, with its report, the
     backend's options and cache, ``build``: the graph with the pieces it names replaced,
-    compiled, and ``launched``: who would launch that graph's kernels (``report.launch``,
-    part of the times' cache key) before it is built."""
+    compiled in the mode given, and ``launched``: who would launch that graph's kernels
+    (``report.launch``, part of the times' cache key) before it is built. ``others``: modes
+    Inductor may compile the rest in instead (module docstring)."""
 
     gm: Any
     example_inputs: Sequence[Any]
@@ -47,22 +55,26 @@ class WholeGraph:
     mode: str | None
     options: BackendOptions
     cache: SearchCache | None
-    build: Callable[[Sequence[str]], Callable[..., Any]]
+    build: Callable[[Sequence[str], str | None], Callable[..., Any]]
     launched: Callable[[Sequence[str]], str]
+    others: tuple[str | None, ...] = ()
 
     def never_slower(self, names: list[str]) -> Callable[..., Any]:
         """The graph with the pieces ``names`` replaced, or with fewer of them, or Inductor's
         code for ``gm``: the first not slower than Inductor's code (module docstring), each
-        built only where its times are not cached or say it is not slower. The report's pieces
-        kept so say why."""
+        built only where its times are not cached or say it is not slower, in the mode whose
+        code for ``gm`` is faster (``_faster_mode``). The report's pieces kept so say why."""
         report = self.report
-        inductor = compiled = None
+        inductor = self._faster_mode()
+        if not names:
+            return inductor if inductor is not None else self._inductor()
+        compiled = None
         tried: list[str] = []
         while True:
             expected = report.launch = self.launched(names)
             record = self._cached(names)
             if record is None or not slower(record, self.options.timing):
-                compiled = self.build(names)  # sets report.launch: its key may differ
+                compiled = self.build(names, self.mode)  # sets report.launch: its key may differ
                 if record is None or report.launch != expected:
                     record, inductor = self._measured(compiled, names, inductor)
             if record is None:
@@ -88,13 +100,49 @@ class WholeGraph:
                     else "every piece kept")
             report.note = f"the graph {'; '.join(tried)}; {kept}"
         if names:
-            return compiled if compiled is not None else self.build(names)
+            return compiled if compiled is not None else self.build(names, self.mode)
         return inductor if inductor is not None else self._inductor()
 
-    def _inductor(self) -> Callable[..., Any]:
-        """Inductor's code for Dynamo's graph, as ``torch.compile`` would compile it."""
+    def _inductor(self, mode: Any = "") -> Callable[..., Any]:
+        """Inductor's code for Dynamo's graph, as ``torch.compile`` would compile it, in
+        ``mode`` (default: ``self.mode``)."""
         with self.report.stage("Inductor"):
-            return compile_rest(self.gm, self.example_inputs, self.options.rest, self.mode)
+            return compile_rest(self.gm, self.example_inputs, self.options.rest,
+                                self.mode if mode == "" else mode)
+
+    def _faster_mode(self) -> Callable[..., Any] | None:
+        """Sets ``mode`` to the mode, of ``mode`` and ``others``, whose code for Dynamo's graph
+        is faster (module docstring), the times cached; returns that code where it was compiled
+        to be timed (None: the choice was cached). The report's ``rest`` names the mode, and
+        ``mode_times`` gives the times."""
+        if not self.others:
+            return None
+        report, (other,) = self.report, self.others[:1]
+        key = whole_key(self.gm, self.example_inputs, [], "", self.options.search_settings(),
+                        timing.key_settings(self.mode), modes=[self.mode, other])
+        record = self.cache.get(key) if self.cache is not None else None
+        cached = "off" if self.cache is None else "miss" if record is None else "hit"
+        codes: dict[Any, Callable[..., Any]] = {}
+        if record is None:
+            codes = {self.mode: self._inductor(), other: self._inductor(other)}
+            try:
+                with report.stage("whole-graph timing"):
+                    # "ours": the other mode's code, which must be faster to be kept
+                    record = timing.time_graphs(codes[other], codes[self.mode],
+                                                self.example_inputs, written(self.gm))
+            except Exception as e:  # not measurable: the first mode, as without a choice
+                LOG.warning("egraph-mirage: Inductor's modes could not be timed: %s: %s",
+                            type(e).__name__, e)
+                return codes[self.mode]
+            if self.cache is not None:
+                self.cache.put(key, record)
+        first = self.mode
+        if not slower(record, self.options.timing):
+            self.mode = other
+        report.rest = f"{self.options.rest} ({self.mode or 'default'})"
+        names = (other or "default", first or "default")
+        report.mode_times = f"{timing.fmt_times(record, names)} | cache {cached}"
+        return codes.get(self.mode)
 
     def _key(self, names: list[str]) -> Any:
         """The cache key of the times of the graph with the pieces ``names`` replaced, their

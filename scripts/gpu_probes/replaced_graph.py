@@ -150,7 +150,7 @@ def main() -> None:
     if os.environ.get("FORCE"):  # every timed winner tried in the graph, faster alone or not
         decision.slower_alone = lambda times, timing: ""
     model = build_model("llama", PRESETS["llama3_8b"], layers, 128256, torch.float16, "cuda", 1)
-    backend = Backend(budget=budget, workers=max(1, (os.cpu_count() or 2) - 1),
+    backend = Backend(budget=budget, workers=max(1, len(os.sched_getaffinity(0)) - 1),
                       cache_dir=os.path.join(out, "cache"))
     prompt = torch.randint(1, 1000, (1, 128), device="cuda")
     config = GenerationConfig(
