@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -105,7 +106,29 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
         gm.delete_submodule(node.target)
     graph.lint()
     gm.recompile()
+    _hashed_without_kernel_indices(gm)
     return gm, own
+
+
+#: a kernel's and its constants' positions in torch's side table, in a graph's code
+_SIDE_TABLE_INDEX = re.compile(r"\b(kernel_idx|constant_args_idx) = \d+")
+
+
+def _hashed_without_kernel_indices(gm: Any) -> None:
+    """Pickles ``gm`` (its class is its own: ``GraphModule.__new__``) with the side-table
+    positions of its kernels and their constants left out of its code (``kernel_idx = None``:
+    unpickled, it cannot launch a wrong kernel). AOTAutograd's cache key pickles Dynamo's
+    graph; the positions depend on the order kernels were traced in this process (the
+    search's timings trace theirs first), so the same graph got another key at every
+    compilation. The key holds each kernel's source and constants besides (Inductor's
+    ``FxGraphHashDetails``), as Inductor's own cache of compiled graphs keys on them."""
+
+    def reduce(self: Any) -> Any:
+        fn, (data, imports) = torch.fx.GraphModule.__reduce__(self)
+        data = {**data, "_code": _SIDE_TABLE_INDEX.sub(r"\1 = None", data["_code"])}
+        return fn, (data, imports)
+
+    type(gm).__reduce__ = reduce
 
 
 def flat_graph(graph: Any) -> Any:
