@@ -217,6 +217,9 @@ def test_a_graph_whose_pieces_inductor_launches_comes_from_inductors_caches_when
         module = given[-1]
         assert not any(isinstance(m, PieceCall) for m in module.modules())
         assert [name for name, _ in module.named_buffers()] == ["egm_0_counters"]
+        # named to Inductor as a static input, beside Dynamo's sources
+        source = module._param_name_to_source["egm_0_counters"]
+        assert source.name == "egraph_mirage:egm_0_counters"
         hits = counters["aot_autograd"]["autograd_cache_hit"]
         assert hits == int(again), dict(counters["aot_autograd"])
 

@@ -112,7 +112,10 @@ def test_a_replaced_pieces_counters_are_named_to_inductor_as_static_inputs(
     combines' counters as a buffer (``PieceCall.counters``), which Inductor lifts as an input.
     The graph handed to Inductor names a source for it (``ConstantSource``) beside Dynamo's
     own, so that Inductor still takes Dynamo's metadata (the static cache's static address)
-    and the counters as a static input, and the piece's launch is passed the buffer."""
+    and the counters as a static input, and the piece's launch is passed the buffer. (This
+    stand-in launch computes in numpy, so it cannot be traced into the graph on fake tensors,
+    ``fx.rest.inlined``: its module stays in the graph; ``test_backend.py`` covers a launch
+    traced in.)"""
     import torch._inductor.compile_fx as inductor
 
     from egraph_mirage.fx import backend as be
@@ -151,7 +154,10 @@ def test_a_replaced_pieces_counters_are_named_to_inductor_as_static_inputs(
     assert backend.reports[0].launch == "inductor"
     gm = handed[-1]  # the graph with the piece launched by Inductor
     (name,) = [n for n, _ in gm.named_buffers() if n.endswith(".counters")]
-    assert passed and all(c is dict(gm.named_buffers())[name] for c in passed)
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    real = [c for c in passed if not isinstance(c, FakeTensor)]  # not the tries to trace it
+    assert real and all(c is dict(gm.named_buffers())[name] for c in real)
     source = gm._param_name_to_source[name]
     assert source.name == f"egraph_mirage:{name}"
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -58,8 +58,9 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
     operator (its ``torch.library`` registration cannot be pickled): a second compilation of
     the graph then traced and compiled it all again (24 s of a 33 s recompile of an 8-layer
     Llama decode step, H200). Returns the copy and the names of the counters buffers. A call
-    whose inputs carry no recorded sizes, or whose outputs are used other than by index, is
-    left as it is."""
+    whose inputs carry no recorded sizes, whose outputs are used other than by index, or whose
+    launch cannot be traced on fake tensors is left as it is (Inductor traces it then, or
+    says why not)."""
     import operator
 
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -79,14 +80,18 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
               if isinstance(v, torch.Tensor) else v for v in vals]
         launch, args = call.inductor_launch, list(node.args)
         if call.counters is not None:
+            xs.append(call.counters)
+            launch = (lambda f: lambda *a: f(*a[:-1], counters=a[-1]))(launch)
+        try:
+            traced = make_fx(launch, tracing_mode="fake")(*xs)
+        except Exception:  # left to Inductor's own tracing, which reports it
+            continue
+        if call.counters is not None:
             name = f"{node.target}_counters"
             gm.register_buffer(name, call.counters, persistent=False)
             own.append(name)
-            xs.append(call.counters)
             with graph.inserting_before(node):
                 args.append(graph.get_attr(name))
-            launch = (lambda f: lambda *a: f(*a[:-1], counters=a[-1]))(launch)
-        traced = make_fx(launch, tracing_mode="fake")(*xs)
         env: dict[Any, Any] = dict(zip([n for n in traced.graph.nodes if n.op == "placeholder"],
                                        args, strict=True))
         with graph.inserting_before(node):
