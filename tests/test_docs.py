@@ -31,7 +31,7 @@ def test_the_readme_is_short_and_starts_with_the_set_up_commands() -> None:
     assert len(lines) <= 260, f"README.md has {len(lines)} lines: move reference to docs/"
     first_screen = "\n".join(lines[:40])
     for command in ("bash scripts/setup.sh && python3 -m egraph_mirage optimize rmsnorm_linear "
-                    "--budget 60", "bash scripts/setup.sh --dev && python3 -m pytest -q"):
+                    "--budget 60", "bash scripts/setup.sh --dev && python3 -m pytest -q -n 2"):
         assert command in first_screen, command
 
 
