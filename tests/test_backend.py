@@ -165,15 +165,17 @@ def test_inductors_code_for_the_partitioned_graph_takes_dynamos_inputs_as_they_a
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("refined", [False, True])
 def test_a_graph_whose_pieces_inductor_launches_comes_from_inductors_caches_when_compiled_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refined: bool) -> None:
     """Where Inductor launches every replaced piece's kernels, the rest compiler traces each
     piece's launch into the graph it hands Inductor (``fx.rest.inlined``): no module of ours
     is left in it, its counters a buffer of the graph. AOTAutograd's cache of compiled graphs
     could not key on a graph holding our modules (their operators' registrations cannot be
     pickled), so every compilation of a model with pieces replaced traced and compiled it all
-    again; now a second compilation is a hit in both of Inductor's caches. (On the CPU a piece
-    has no Inductor launch: a stand-in computes it with torch operators.)"""
+    again; now a second compilation is a hit in both of Inductor's caches. A refined piece
+    (``refined``: its parts replaced in its own module) is traced in the same way. (On the CPU
+    a piece has no Inductor launch: a stand-in computes it with torch operators.)"""
     import torch._inductor.compile_fx as inductor
     from torch._dynamo.utils import counters
 
@@ -194,8 +196,7 @@ def test_a_graph_whose_pieces_inductor_launches_comes_from_inductors_caches_when
     class Op:  # stands in for a PieceOp: its kernels are never called
         op = staticmethod(lambda xs: [xs[0] * float("nan")])
 
-    def backend(gm: Any, xs: Any) -> Any:
-        parts = partition(gm, xs)
+    def replaced(parts: Any) -> Any:
         for piece in parts.pieces:
             def launch(*ys: Any, module: Any = piece.module, counters: Any = None) -> Any:
                 assert counters is not None and counters.dtype == torch.int32
@@ -205,21 +206,33 @@ def test_a_graph_whose_pieces_inductor_launches_comes_from_inductors_caches_when
             call = PieceCall(Op(), launch, device="cpu")  # type: ignore[arg-type]
             call.by_inductor = True
             setattr(parts.module, piece.name, call)
-        return rest.compile_rest(parts.module, xs, "inductor", None, gm)
+        return parts.module
+
+    def backend(gm: Any, xs: Any) -> Any:
+        parts = partition(gm, xs)
+        if refined:  # the piece cut at its matmul, each part replaced
+            (piece,) = parts.pieces
+            inner = partition(piece.module, piece.example_inputs, levels=True)
+            assert len(inner.pieces) == 2
+            setattr(parts.module, piece.name, replaced(inner))
+            return rest.compile_rest(parts.module, xs, "inductor", None, gm)
+        return rest.compile_rest(replaced(parts), xs, "inductor", None, gm)
 
     x, w = inputs(torch.float32)
+    f = rms_mm if refined else relu_mm
+    held = ["egm_0.egm_0_counters", "egm_0.egm_1_counters"] if refined else ["egm_0_counters"]
     for again in (False, True):
         torch._dynamo.reset()
         counters.clear()
         with torch.no_grad():
-            got = torch.compile(relu_mm, backend=backend, dynamic=False)(x, w)
-        torch.testing.assert_close(got, relu_mm(x, w))
+            got = torch.compile(f, backend=backend, dynamic=False)(x, w)
+        torch.testing.assert_close(got, f(x, w))
         module = given[-1]
         assert not any(isinstance(m, PieceCall) for m in module.modules())
-        assert [name for name, _ in module.named_buffers()] == ["egm_0_counters"]
-        # named to Inductor as a static input, beside Dynamo's sources
-        source = module._param_name_to_source["egm_0_counters"]
-        assert source.name == "egraph_mirage:egm_0_counters"
+        assert sorted(name for name, _ in module.named_buffers()) == held
+        # named to Inductor as static inputs, beside Dynamo's sources
+        for name in held:
+            assert module._param_name_to_source[name].name == f"egraph_mirage:{name}"
         hits = counters["aot_autograd"]["autograd_cache_hit"]
         assert hits == int(again), dict(counters["aot_autograd"])
 

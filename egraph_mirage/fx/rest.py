@@ -57,7 +57,9 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
     keys on the module Dynamo's graph becomes, and cannot key on one that holds a piece's
     operator (its ``torch.library`` registration cannot be pickled): a second compilation of
     the graph then traced and compiled it all again (24 s of a 33 s recompile of an 8-layer
-    Llama decode step, H200). Returns the copy and the names of the counters buffers. A call
+    Llama decode step, H200). A submodule whose own graph calls pieces (a refined piece, its
+    parts replaced) is replaced by such a copy of itself. Returns the copy and the names of
+    the counters buffers. A call
     whose inputs carry no recorded sizes, whose outputs are used other than by index, or whose
     launch cannot be traced on fake tensors is left as it is (Inductor traces it then, or
     says why not)."""
@@ -69,6 +71,12 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
     graph, own = gm.graph, []
     for node in list(graph.nodes):
         call = gm.get_submodule(node.target) if node.op == "call_module" else None
+        if (isinstance(call, torch.fx.GraphModule) and "." not in node.target
+                and piece_calls([call])):  # a refined piece: its parts replaced
+            inner, held = inlined(call)
+            setattr(gm, node.target, inner)
+            own += [f"{node.target}.{name}" for name in held]
+            continue
         if not isinstance(call, PieceCall) or call.inductor_launch is None:
             continue
         vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
@@ -76,8 +84,7 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
                               for a, v in zip(node.args, vals, strict=True)) or not all(
                 u.target is operator.getitem and isinstance(u.args[1], int) for u in node.users):
             continue
-        xs = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
-              if isinstance(v, torch.Tensor) else v for v in vals]
+        xs = [_stand_in(v) if isinstance(v, torch.Tensor) else v for v in vals]
         launch, args = call.inductor_launch, list(node.args)
         if call.counters is not None:
             xs.append(call.counters)
@@ -113,6 +120,13 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
     gm.recompile()
     _hashed_without_kernel_indices(gm)
     return gm, own
+
+
+def _stand_in(v: Any) -> Any:
+    """An empty tensor of recorded value ``v``'s sizes, strides, dtype and device (sizes a
+    the export of a refined piece's parts holds as symbols, by their values)."""
+    return torch.empty_strided([int(d) for d in v.shape], [int(d) for d in v.stride()],
+                               dtype=v.dtype, device=v.device)
 
 
 #: a kernel's and its constants' positions in torch's side table, in a graph's code
