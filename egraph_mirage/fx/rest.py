@@ -59,10 +59,9 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
     the graph then traced and compiled it all again (24 s of a 33 s recompile of an 8-layer
     Llama decode step, H200). A submodule whose own graph calls pieces (a refined piece, its
     parts replaced) is replaced by such a copy of itself. Returns the copy and the names of
-    the counters buffers. A call
-    whose inputs carry no recorded sizes, whose outputs are used other than by index, or whose
-    launch cannot be traced on fake tensors is left as it is (Inductor traces it then, or
-    says why not)."""
+    the counters buffers. A call whose inputs carry no recorded sizes, whose outputs are used
+    other than by index, or whose launch cannot be traced on fake tensors is left as it is
+    (Inductor traces it then, or says why not)."""
     import operator
 
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -123,8 +122,8 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
 
 
 def _stand_in(v: Any) -> Any:
-    """An empty tensor of recorded value ``v``'s sizes, strides, dtype and device (sizes a
-    the export of a refined piece's parts holds as symbols, by their values)."""
+    """An empty tensor of recorded value ``v``'s sizes, strides, dtype and device (sizes that
+    the export of a refined piece's parts holds as symbols taken by their values)."""
     return torch.empty_strided([int(d) for d in v.shape], [int(d) for d in v.stride()],
                                dtype=v.dtype, device=v.device)
 
