@@ -255,7 +255,8 @@ def test_an_unsupported_operator_runs_in_the_rest(tmp_path: Path) -> None:
 def test_the_real_search_on_a_tiny_space_with_inductor_for_the_rest(tmp_path: Path) -> None:
     config = {**asdict(TINY), "max_results": 1}
     compiled = torch.compile(relu_mm, backend=NAME, dynamic=False,
-                             options=options(tmp_path, config=config, rest="inductor"))
+                             options=options(tmp_path, config=config, rest="inductor",
+                                             budget=None))  # bounded by its space
     x, w = inputs()
     with torch.no_grad():
         got, ops = ops_called(compiled, x, w)

@@ -332,6 +332,7 @@ def test_torch_compile_replaces_the_norm_and_projection(dtype: torch.dtype,
     m, x = _norm_projection(dtype)
     fast = torch.compile(m, backend="egraph_mirage", dynamic=False,
                          options={"max_tasks": TASKS, "workers": 1, "rest": "eager",
+                                  "budget": None,  # bounded by tasks, not seconds
                                   "config": em.SearchConfig(max_results=1),
                                   "cache_dir": str(tmp_path)})
     with torch.no_grad():

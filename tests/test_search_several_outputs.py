@@ -112,6 +112,7 @@ def test_torch_compile_replaces_a_norm_and_three_projections_as_one_piece(
     x = torch.randn(2, 64, dtype=torch.float16)
     fast = torch.compile(m, backend="egraph_mirage", dynamic=False,
                          options={"max_tasks": TASKS, "workers": 1, "rest": "eager",
+                                  "budget": None,  # bounded by tasks, not seconds
                                   "config": em.SearchConfig(max_results=1),
                                   "cache_dir": str(tmp_path)})
     with torch.no_grad():
