@@ -23,7 +23,9 @@ alone (so that the probe does not depend on a close call: at 4 layers, budget 60
 layer's key RoPE won 1.09 against 1.11 µs in one run and lost in the next two).
 
 Usage, on the GPU machine from the repository root (JAX on the CPU, egglog on the path):
-  [FORCE=1] [PER_WINNER=1] python3 scripts/gpu_probes/replaced_graph.py OUT [LAYERS] [BUDGET] [MODE]
+  [FORCE=1] [PER_WINNER=1] [FAMILY=qwen3] python3 scripts/gpu_probes/replaced_graph.py OUT \
+    [LAYERS] [BUDGET] [MODE]
+(FAMILY: the model family of ``bench generate``, default llama.)
 
 Seen (H200, 4 layers, budget 60, commit 502779f, MODE max-autotune-no-cudagraphs): with the
 key RoPE replaced the graph took 1,046.6 µs against 878.4 (twice the same): Inductor's kernels
@@ -149,7 +151,8 @@ def main() -> None:
     WholeGraph.never_slower = probed  # type: ignore[method-assign]
     if os.environ.get("FORCE"):  # every timed winner tried in the graph, faster alone or not
         decision.slower_alone = lambda times, timing: ""
-    model = build_model("llama", PRESETS["llama3_8b"], layers, 128256, torch.float16, "cuda", 1)
+    model = build_model(os.environ.get("FAMILY", "llama"), PRESETS["llama3_8b"], layers, 128256,
+                        torch.float16, "cuda", 1)
     backend = Backend(budget=budget, workers=max(1, len(os.sched_getaffinity(0)) - 1),
                       cache_dir=os.path.join(out, "cache"))
     prompt = torch.randint(1, 1000, (1, 128), device="cuda")
