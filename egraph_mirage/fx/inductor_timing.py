@@ -18,7 +18,7 @@ import torch
 
 from .mutation import Saved, saved, set_back
 from .pieces import Piece
-from .runtime import Runner, define_piece_op
+from .runtime import Runner, counters_last, define_piece_op
 from .trace import TracedProgram
 
 #: the fields of each kind of timing: ours, Inductor's. Plain launches are timed two ways, back
@@ -233,7 +233,7 @@ def _launched_by_inductor(launch: Callable[..., Any], xs: list[Any]
     n = getattr(launch, "counters", 0)
     if n:  # the fused combines' counters: a persistent input, mutated in place (as in the graph)
         counters = torch.zeros(n, dtype=torch.int32, device=xs[0].device)
-        fn = lambda *a: launch(*a[:-1], counters=a[-1])  # noqa: E731
+        fn = counters_last(launch)
         args.append(counters)
     try:
         compiled = compile_fx(make_fx(fn)(*args), args,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from . import inductor_timing as timing
-from .runtime import PieceCall, inductor_launches, piece_calls
+from .runtime import PieceCall, counters_last, inductor_launches, piece_calls
 
 
 def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None,
@@ -87,7 +87,7 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
         launch, args = call.inductor_launch, list(node.args)
         if call.counters is not None:
             xs.append(call.counters)
-            launch = (lambda f: lambda *a: f(*a[:-1], counters=a[-1]))(launch)
+            launch = counters_last(launch)
         try:
             traced = make_fx(launch, tracing_mode="fake")(*xs)
         except Exception:  # left to Inductor's own tracing, which reports it

@@ -279,11 +279,17 @@ def piece_calls(modules: Iterable[Any]) -> list[PieceCall]:
     return [m for module in modules for m in module.modules() if isinstance(m, PieceCall)]
 
 
+def counters_last(launch: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+    """``launch`` (``make_inductor_launch``'s) taking its fused combines' counters as its last
+    positional input, as a traced graph passes every input."""
+    return lambda *a: launch(*a[:-1], counters=a[-1])
+
+
 def inductor_launches(calls: Sequence[PieceCall]) -> bool:
     """Whether Inductor can launch the kernels of all of ``calls`` (there are some, and each
     has an Inductor launch)."""
     return bool(calls) and all(c.inductor_launch is not None for c in calls)
 
 
-__all__ = ["NAMESPACE", "PieceCall", "PieceOp", "Runner", "define_piece_op",
+__all__ = ["NAMESPACE", "PieceCall", "PieceOp", "Runner", "counters_last", "define_piece_op",
            "inductor_launches", "make_inductor_launch", "make_runner", "piece_calls"]

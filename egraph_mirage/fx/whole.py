@@ -67,7 +67,7 @@ class WholeGraph:
         report = self.report
         inductor = self._faster_mode()
         if not names:
-            return inductor if inductor is not None else self._inductor()
+            return inductor if inductor is not None else self._inductor(self.mode)
         compiled = None
         tried: list[str] = []
         while True:
@@ -101,14 +101,13 @@ class WholeGraph:
             report.note = f"the graph {'; '.join(tried)}; {kept}"
         if names:
             return compiled if compiled is not None else self.build(names, self.mode)
-        return inductor if inductor is not None else self._inductor()
+        return inductor if inductor is not None else self._inductor(self.mode)
 
-    def _inductor(self, mode: Any = "") -> Callable[..., Any]:
-        """Inductor's code for Dynamo's graph, as ``torch.compile`` would compile it, in
-        ``mode`` (default: ``self.mode``)."""
+    def _inductor(self, mode: str | None) -> Callable[..., Any]:
+        """Inductor's code for Dynamo's graph, as ``torch.compile`` would compile it in
+        ``mode``."""
         with self.report.stage("Inductor"):
-            return compile_rest(self.gm, self.example_inputs, self.options.rest,
-                                self.mode if mode == "" else mode)
+            return compile_rest(self.gm, self.example_inputs, self.options.rest, mode)
 
     def _faster_mode(self) -> Callable[..., Any] | None:
         """Sets ``mode`` to the mode, of ``mode`` and ``others``, whose code for Dynamo's graph
@@ -124,7 +123,7 @@ class WholeGraph:
         cached = "off" if self.cache is None else "miss" if record is None else "hit"
         codes: dict[Any, Callable[..., Any]] = {}
         if record is None:
-            codes = {self.mode: self._inductor(), other: self._inductor(other)}
+            codes = {m: self._inductor(m) for m in (self.mode, other)}
             try:
                 with report.stage("whole-graph timing"):
                     # "ours": the other mode's code, which must be faster to be kept
@@ -172,7 +171,7 @@ class WholeGraph:
         if self.cache is not None:
             report.whole_cache = "miss"
         if inductor is None:
-            inductor = self._inductor()
+            inductor = self._inductor(self.mode)
         try:
             with report.stage("whole-graph timing"):
                 record = timing.time_graphs(compiled, inductor, self.example_inputs,

@@ -86,7 +86,7 @@ def main() -> None:
                     o: v for o, v in modes(*a, **k).items() if o != "coordinate_descent_tuning"})
                 with torch._inductor.config.patch(coordinate_descent_tuning=False,
                                                   fx_graph_cache=False):
-                    inductor = self._inductor()
+                    inductor = self._inductor(self.mode)
                     k_ind = _kernels(inductor, xs)
                     for label, chosen in sets:
                         compiled = self.build(chosen)
