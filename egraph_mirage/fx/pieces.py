@@ -36,7 +36,11 @@
    adds; otherwise the run is cut at the node over the caps (a norm just before it moving
    along the same way). A node over the caps on its own runs as is; each run is
    split into cones again. Cutting a convex set of nodes in topological order leaves every
-   piece convex. A view of an input joins the piece of its users; one that several pieces (or
+   piece convex. A reduction over the whole output of a projection (an RMSNorm of the residual
+   stream after a down projection) counts as over the caps for a projection it feeds
+   (``_barrier``): no kernel fuses across it, so the norm starts the next run with the
+   projections it feeds, and a model's later layers give the first layer's program (searched
+   once). A view of an input joins the piece of its users; one that several pieces (or
    nodes outside) use runs as is. The default of two
    matmuls keeps a gated MLP's two projections together and its down projection apart; a
    program of three matmuls searched whole (LoRA) needs ``max_matmuls=3``.
@@ -348,8 +352,10 @@ def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reduct
             continue
         while True:
             run = chunks[-1]
-            used = _counts(_ancestors(n, set(run)))  # the caps bound each output's cone
-            if used[0] + mm <= max_matmuls and used[1] + rd <= max_reductions:
+            above = _ancestors(n, set(run))
+            used = _counts(above)  # the caps bound each output's cone
+            if used[0] + mm <= max_matmuls and used[1] + rd <= max_reductions \
+                    and not (mm and _barrier(n, above)):
                 break
             start = next(((i, moved) for i, moved in reversed(starts)
                           if len(run[:i]) > len(moved)), None)
@@ -546,15 +552,71 @@ class _Group:
 def _within_caps(nodes: set[Any], order: Mapping[Any, int], max_matmuls: int,
                  max_reductions: int) -> bool:
     """Whether the cone of each node of ``nodes`` within them (it and its ancestors there)
-    holds at most ``max_matmuls`` matmuls and ``max_reductions`` reductions; ``order``: the
+    holds at most ``max_matmuls`` matmuls and ``max_reductions`` reductions, and no projection
+    in it reads a reduction over another's whole output (``_barrier``); ``order``: the
     nodes' places in the graph (a topological order)."""
     above: dict[Any, set[Any]] = {}
     for n in sorted(nodes, key=order.__getitem__):
         above[n] = {n}.union(*(above[a] for a in n.all_input_nodes if a in nodes))
         mm, rd = _counts(list(above[n]))
-        if mm > max_matmuls or rd > max_reductions:
+        if mm > max_matmuls or rd > max_reductions or (mm and _barrier(n, above[n] - {n})):
             return False
     return True
+
+
+def _barrier(matmul: Any, above: Iterable[Any]) -> bool:
+    """Whether projection ``matmul`` (``_projection``) reads, among the nodes ``above`` it, a
+    reduction over the whole output of another projection there (an RMSNorm of the residual
+    stream after a down projection, before the next layer's query projection). No kernel graph
+    fuses across it: the reduction needs every block's part of the first projection's output,
+    so a search of both finds a kernel boundary there at best. The caps hold no such pair in
+    one output's cone: the second projection's piece is then the same program as where the
+    norm reads an input (a model's first layer), and identical layers are searched once."""
+    if not _rule(matmul).matmuls or not _projection(matmul):  # type: ignore[union-attr]
+        return False
+    within = set(above)
+    return any(_rule(r) is not None and _rule(r).reductions and _over_projection(r, within)  # type: ignore[union-attr]
+               for r in within)
+
+
+def _over_projection(reduction: Any, within: set[Any]) -> bool:
+    """Whether ``reduction`` reduces the last dimension of a value computed element-wise
+    (through nodes of ``within`` of its shape: element-wise operators, casts) from a
+    projection's output in ``within``."""
+    if not reduction.args or not hasattr(reduction.args[0], "op"):
+        return False
+    shape = tuple(getattr(meta_of(reduction.args[0]), "shape", ()))
+    if not shape or not _reduces_last(reduction, len(shape)):
+        return False
+    seen: set[Any] = set()
+    todo = [reduction.args[0]]
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in within or tuple(getattr(meta_of(n), "shape", ())) != shape:
+            continue
+        seen.add(n)
+        rule = _rule(n)
+        if rule is None or rule.reductions or rule.kind == aten.INPUT_VIEW:
+            continue  # element-wise operators, casts and relabelling views are followed
+        if rule.matmuls:
+            if _projection(n):
+                return True
+            continue
+        todo.extend(n.all_input_nodes)
+    return False
+
+
+def _reduces_last(node: Any, rank: int) -> bool:
+    """Whether reduction ``node`` of a value of rank ``rank`` reduces its last dimension."""
+    name = aten_name(node.target)
+    if name in ("aten.rms_norm.default", "aten.layer_norm.default", "aten.sum.default",
+                "aten.mean.default"):
+        return True
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None:
+        return name.startswith(("aten.amax", "aten.sum", "aten.mean"))
+    dims = dims if isinstance(dims, (list, tuple)) else [dims]
+    return any(int(d) % rank == rank - 1 for d in dims) or not dims
 
 
 def _convex(nodes: set[Any], order: Mapping[Any, int]) -> bool:
