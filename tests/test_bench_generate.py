@@ -85,6 +85,12 @@ def test_the_cpu_smoke_run_writes_json_lines_and_searches_identical_layers_once(
     # --again: a new Backend after a Dynamo reset finds every piece in the cache
     assert ours["again_compile_s"] > 0 and ours["again_searches"] == 0
     assert ours["again_cache_hits"] == ours["pieces"]
+    # where the second compile's time went: the backend's stages, torch's caches (no Inductor
+    # on the CPU smoke run: its rest runs eagerly)
+    assert ours["again_stages"].startswith("partition ") and "pieces" in ours["again_stages"]
+    assert ours["again_torch_caches"] == dict.fromkeys(
+        ["autograd_cache_hit", "autograd_cache_miss", "fxgraph_cache_hit", "fxgraph_cache_miss"],
+        0)
     head, line = out.splitlines()[:2]
     assert head.split()[:6] == ["model", "L", "dtype", "b", "eager", "tok/s"]
     assert line.split()[:4] == ["llama", "2", "fp16", "1"]

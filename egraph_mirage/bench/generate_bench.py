@@ -59,8 +59,9 @@ fastest ``torch.compile`` mode's (``compile``, ``max-autotune``). The backend's 
 ``pieces``, ``replaced``, ``searches``, ``cache_hits`` and ``report`` (``em.torch_report``'s
 text); with ``again``, the backend mode is compiled once more after a ``torch._dynamo.reset()``
 with a new ``Backend`` on the same cache (``again_compile_s``, ``again_searches``,
-``again_cache_hits``), after the timed rounds. A mode that fails keeps its row, with
-``error``.
+``again_cache_hits``; torch's cache hits and misses over it, ``again_torch_caches``; the
+backend's stage times, ``again_stages``), after the timed rounds. A mode that fails keeps its
+row, with ``error``.
 
 Without a CUDA GPU the command refuses, unless ``--cpu-smoke``: the small preset, 1 or 2
 layers, eager and ``egraph_mirage`` with its rest run eagerly, a few tokens; it tests the
@@ -116,7 +117,11 @@ KEYS = ("model", "preset", "sizes", "layers", "vocab", "dtype", "attn", "batch",
         "speedup_vs_eager", "speedup_vs_best", "repeats", "tokens_match", "first_diff",
         "param_bytes", "cache_bytes", "floor_bytes", "copy_bandwidth", "floor_us",
         "floor_fraction", "pieces", "replaced", "searches", "cache_hits", "report",
-        "again_compile_s", "again_searches", "again_cache_hits", "error")
+        "again_compile_s", "again_searches", "again_cache_hits", "again_torch_caches",
+        "again_stages", "error")
+#: torch's counters of its caches' hits and misses (group, name), counted over ``--again``
+TORCH_CACHES = (("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"),
+                ("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"))
 DEFAULT_OUT = "egraph-mirage-out/bench_generate.jsonl"
 
 
@@ -335,12 +340,18 @@ def _again(model: Any, prompt: Any, mode: str, row: dict[str, Any],
            cfg: GenerateBenchConfig) -> None:
     """A backend mode compiled once more after a Dynamo reset, with a new ``Backend`` on the
     same cache: ``again_compile_s`` and its counts."""
+    from torch._dynamo.utils import counters
+
     _reset()
     compile_config, backend = _compile_config(mode, cfg)
+    before = {k: counters[group][k] for group, k in TORCH_CACHES}
     row["again_compile_s"] = _generate(model, prompt, cfg.new_tokens + 1, compile_config,
                                        cfg)[1]
     counts = _backend_counts(backend)
-    row.update(again_searches=counts["searches"], again_cache_hits=counts["cache_hits"])
+    row.update(again_searches=counts["searches"], again_cache_hits=counts["cache_hits"],
+               again_torch_caches={k: counters[group][k] - before[k]
+                                   for group, k in TORCH_CACHES},
+               again_stages=" | ".join(r.stages_text() for r in backend.reports))
 
 
 def _backend_counts(backend: Any) -> dict[str, Any]:
