@@ -759,14 +759,13 @@ GRAPH_TOLERANCE = 2.0
 
 def _graph_tolerance(want: Any) -> float:
     """The launch check's tolerance for a graph's outputs ``want`` (``GRAPH_TOLERANCE``)."""
-    from ..dtypes import DType
     from ..gpu.tune import TOLERANCE
+    from .traced import DTYPES
 
     want = list(want) if isinstance(want, (list, tuple)) else [want]
-    loosest = [TOLERANCE[DType(str(w.dtype).removeprefix("torch."))] for w in want
-               if isinstance(w, torch.Tensor) and w.is_floating_point()
-               and str(w.dtype).removeprefix("torch.") in {d.value for d in TOLERANCE}]
-    return GRAPH_TOLERANCE * max(loosest, default=TOLERANCE[DType.float16])
+    loosest = [TOLERANCE[DTYPES[name]] for w in want if isinstance(w, torch.Tensor)
+               and (name := str(w.dtype).removeprefix("torch.")) in DTYPES]
+    return GRAPH_TOLERANCE * max(loosest, default=TOLERANCE[DTYPES["float16"]])
 
 
 def _outputs_error(got: Any, want: Any) -> float:

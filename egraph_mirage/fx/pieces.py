@@ -559,22 +559,23 @@ def _within_caps(nodes: set[Any], order: Mapping[Any, int], max_matmuls: int,
     for n in sorted(nodes, key=order.__getitem__):
         above[n] = {n}.union(*(above[a] for a in n.all_input_nodes if a in nodes))
         mm, rd = _counts(list(above[n]))
-        if mm > max_matmuls or rd > max_reductions or (mm and _barrier(n, above[n] - {n})):
+        if mm > max_matmuls or rd > max_reductions or (mm and _barrier(n, above[n])):
             return False
     return True
 
 
 def _barrier(matmul: Any, above: Iterable[Any]) -> bool:
-    """Whether projection ``matmul`` (``_projection``) reads, among the nodes ``above`` it, a
-    reduction over the whole output of another projection there (an RMSNorm of the residual
-    stream after a down projection, before the next layer's query projection). No kernel graph
+    """Whether projection ``matmul`` (``_projection``) reads, among the nodes ``above`` it (it
+    among them or not), a reduction over the whole output of another projection there (an
+    RMSNorm of the residual stream after a down projection, before the next layer's query
+    projection). No kernel graph
     fuses across it: the reduction needs every block's part of the first projection's output,
     so a search of both finds a kernel boundary there at best. The caps hold no such pair in
     one output's cone: the second projection's piece is then the same program as where the
     norm reads an input (a model's first layer), and identical layers are searched once."""
     if not _rule(matmul).matmuls or not _projection(matmul):  # type: ignore[union-attr]
         return False
-    within = set(above)
+    within = set(above) - {matmul}  # built only for a projection
     return any(_rule(r) is not None and _rule(r).reductions and _over_projection(r, within)  # type: ignore[union-attr]
                for r in within)
 
