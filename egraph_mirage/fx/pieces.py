@@ -568,11 +568,11 @@ def _barrier(matmul: Any, above: Iterable[Any]) -> bool:
     """Whether projection ``matmul`` (``_projection``) reads, among the nodes ``above`` it (it
     among them or not), a reduction over the whole output of another projection there (an
     RMSNorm of the residual stream after a down projection, before the next layer's query
-    projection). No kernel graph
-    fuses across it: the reduction needs every block's part of the first projection's output,
-    so a search of both finds a kernel boundary there at best. The caps hold no such pair in
-    one output's cone: the second projection's piece is then the same program as where the
-    norm reads an input (a model's first layer), and identical layers are searched once."""
+    projection). No kernel graph fuses across it: the reduction needs every block's part of
+    the first projection's output, so a search of both finds a kernel boundary there at best.
+    The caps hold no such pair in one output's cone: the second projection's piece is then the
+    same program as where the norm reads an input (a model's first layer), and identical
+    layers are searched once."""
     if not _rule(matmul).matmuls or not _projection(matmul):  # type: ignore[union-attr]
         return False
     within = set(above) - {matmul}  # built only for a projection
