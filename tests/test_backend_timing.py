@@ -57,12 +57,14 @@ def test_a_winner_replaces_its_piece_only_where_faster_under_the_timing_option(
 
     replay, plain = {"replay": (5.0, 40.0), "plain": (7.0, 10.0), "neither": (7.0, 40.0)}[alone]
     times = {"ours_us": replay, "inductor_us": 6.0, "ours_plain_us": plain,
-             "inductor_plain_us": 20.0, "ours_flushed_us": plain, "inductor_flushed_us": 20.0}
+             "inductor_plain_us": 20.0, "ours_flushed_us": plain, "inductor_flushed_us": 20.0,
+             "ours_synced_us": plain, "inductor_synced_us": 20.0}
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: dict(times))
     monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
         "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": whole_plain,
-        "inductor_plain_us": 2.0, "ours_flushed_us": whole_plain, "inductor_flushed_us": 2.0})
+        "inductor_plain_us": 2.0, "ours_flushed_us": whole_plain, "inductor_flushed_us": 2.0,
+        "ours_synced_us": whole_plain, "inductor_synced_us": 2.0})
     search = StandIn()
     for rerun in (False, True):  # the second compile decides from the cached times
         torch._dynamo.reset()
@@ -102,7 +104,8 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     from egraph_mirage.fx.runtime import PieceCall
 
     faster = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
-              "inductor_plain_us": 20.0, "ours_flushed_us": 10.0, "inductor_flushed_us": 20.0}
+              "inductor_plain_us": 20.0, "ours_flushed_us": 10.0, "inductor_flushed_us": 20.0,
+              "ours_synced_us": 10.0, "inductor_synced_us": 20.0}
     built: list[bool] = []  # per compilation of a graph: whether it calls a replaced piece
     compile_rest = be.compile_rest
 
@@ -120,7 +123,8 @@ def test_the_whole_graph_is_never_slower_than_inductors(
     def time_graphs(*args: Any, **kwargs: Any) -> dict[str, float]:
         timed.append(1)
         return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours,
-                "inductor_plain_us": theirs, "ours_flushed_us": ours, "inductor_flushed_us": theirs}
+                "inductor_plain_us": theirs, "ours_flushed_us": ours, "inductor_flushed_us": theirs,
+                "ours_synced_us": ours, "inductor_synced_us": theirs}
 
     monkeypatch.setattr(inductor_timing, "time_graphs", time_graphs)
     for rerun in (False, True):
@@ -144,15 +148,16 @@ def test_the_whole_graph_is_never_slower_than_inductors(
         assert ("whole-graph timing" in report.stages) == (not rerun)
         assert sum(report.stages.values()) <= report.seconds
         assert f"  time: {report.stages_text()}" in report.text()
-        assert (f"  whole graph: ours 1.0 / {ours} / {ours} µs, Inductor 2.0 / {theirs} / "
-                f"{theirs} µs (graph replay / plain launches / plain, L2 flushed) | cache "
-                f"{report.whole_cache}") in report.text()
+        assert (f"  whole graph: ours 1.0 / {ours} / {ours} / {ours} µs, Inductor 2.0 / "
+                f"{theirs} / {theirs} / {theirs} µs (graph replay / plain launches / plain, L2 "
+                f"flushed / each waited for) | cache {report.whole_cache}") in report.text()
         if not replaced:
             assert piece.reason == "the whole graph was slower with it replaced"
             assert report.note == ("the graph with 1 piece(s) replaced: not faster than "
-                                   "Inductor's code (plain launches): ours 1.0 / 3.0 / 3.0 µs, "
-                                   "Inductor 2.0 / 2.0 / 2.0 µs (graph replay / plain launches "
-                                   "/ plain, L2 flushed); every piece kept")
+                                   "Inductor's code (plain launches): ours 1.0 / 3.0 / 3.0 / "
+                                   "3.0 µs, Inductor 2.0 / 2.0 / 2.0 / 2.0 µs (graph replay / "
+                                   "plain launches / plain, L2 flushed / each waited for); "
+                                   "every piece kept")
     # another graph (here: other shapes) is timed again
     torch._dynamo.reset()
     backend = Backend(**options(tmp_path, search=StandIn(), profile=True))
@@ -178,7 +183,8 @@ def test_where_the_whole_graph_is_slower_the_piece_that_gains_least_is_kept_firs
     def alone(runner: Any, traced: Any, piece: Any, *args: Any, **kwargs: Any) -> dict:
         plain = 20.0 - gains[piece.name]
         return {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": plain,
-                "inductor_plain_us": 20.0, "ours_flushed_us": plain, "inductor_flushed_us": 20.0}
+                "inductor_plain_us": 20.0, "ours_flushed_us": plain, "inductor_flushed_us": 20.0,
+                "ours_synced_us": plain, "inductor_synced_us": 20.0}
 
     timed: list[int] = []
 
@@ -186,7 +192,8 @@ def test_where_the_whole_graph_is_slower_the_piece_that_gains_least_is_kept_firs
         timed.append(1)
         ours = 30.0 if len(timed) == 1 else 15.0  # both pieces replaced: slower; one: faster
         return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": ours,
-                "inductor_plain_us": 20.0, "ours_flushed_us": ours, "inductor_flushed_us": 20.0}
+                "inductor_plain_us": 20.0, "ours_flushed_us": ours, "inductor_flushed_us": 20.0,
+                "ours_synced_us": ours, "inductor_synced_us": 20.0}
 
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(inductor_timing, "time_against_inductor", alone)
@@ -207,7 +214,7 @@ def test_where_the_whole_graph_is_slower_the_piece_that_gains_least_is_kept_firs
         assert report.note.startswith("the graph with 2 piece(s) replaced: not faster than "
                                       "Inductor's code (plain launches)")
         assert report.note.endswith("; egm_0 replaced, the others kept")
-        assert "ours 1.0 / 15.0 / 15.0 µs" in report.text()  # the graph that runs
+        assert "ours 1.0 / 15.0 / 15.0 / 15.0 µs" in report.text()  # the graph that runs
 
 
 def test_identical_layers_pieces_are_kept_together_when_the_graph_is_slower() -> None:
@@ -233,7 +240,8 @@ def test_identical_layers_pieces_are_kept_together_when_the_graph_is_slower() ->
 
 def test_the_timing_criterion() -> None:
     timed = {"ours_us": 5.0, "inductor_us": 6.0, "ours_plain_us": 10.0,
-             "inductor_plain_us": 20.0, "ours_flushed_us": 11.0, "inductor_flushed_us": 21.0}
+             "inductor_plain_us": 20.0, "ours_flushed_us": 11.0, "inductor_flushed_us": 21.0,
+             "ours_synced_us": 11.0, "inductor_synced_us": 21.0}
     assert slower(timed, "both") == slower(timed, "graph") == slower(timed, "plain") == ""
     slow_replay = dict(timed, ours_us=7.0)
     assert slower(slow_replay, "both") == "not faster than Inductor's code (CUDA-graph replay)"
@@ -376,12 +384,17 @@ def test_plain_launches_are_timed_in_alternation_and_the_fastest_round_counts(
         def plain(self, fn: Any, sets: Any) -> float:  # after an L2 flush: the flush's cost
             return fn() + 3.0
 
+        def synced(self, fn: Any, sets: Any, calls: int) -> float:  # + the wait's host time
+            assert calls == inductor_timing.SYNCED_CALLS
+            return fn() + 40.0
+
     monkeypatch.setattr(timing, "CudaTimer", Timer)
     times = inductor_timing.time_pair(ours, inductor, [], ("graph", "plain"))
     assert calls == ["ours", "inductor"] * inductor_timing.PLAIN_ROUNDS
     assert times == {"ours_us": 10.0, "inductor_us": 12.0, "ours_plain_us": 10.0,
                      "inductor_plain_us": 12.0, "ours_flushed_us": 13.0,
-                     "inductor_flushed_us": 15.0}
+                     "inductor_flushed_us": 15.0, "ours_synced_us": 50.0,
+                     "inductor_synced_us": 52.0}
 
 
 def test_two_graphs_are_replayed_in_alternation_and_the_fastest_round_counts(
@@ -453,17 +466,30 @@ def test_graphs_that_record_their_own_cuda_graphs_are_timed_by_their_calls(
         assert times == {"ours_us": 11.0, "inductor_us": 13.0}
 
 
-def test_plain_launches_must_be_faster_back_to_back_and_after_an_l2_flush() -> None:
-    """Plain launches are timed back to back and each after an L2 flush (as ``bench torch``
-    reports them); a replacement faster one way and slower the other is not used."""
+def test_plain_launches_must_be_faster_back_to_back_after_an_l2_flush_and_each_waited_for(
+        ) -> None:
+    """Plain launches are timed back to back, each after an L2 flush (as ``bench torch``
+    reports them) and each waited for before the next (as ``generate()`` runs a decode step:
+    a graph whose call costs more host time loses it there, where back to back its GPU time
+    hides it); a replacement slower any one way is not used."""
     faster = {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 10.0,
-              "inductor_plain_us": 12.0}
-    assert slower({**faster, "ours_flushed_us": 9.0, "inductor_flushed_us": 11.0}, "both") == ""
-    slow = {**faster, "ours_flushed_us": 13.0, "inductor_flushed_us": 11.0}
-    assert slower(slow, "both") == ("not faster than Inductor's code (plain launches, each after "
-                                    "an L2 flush)")
-    assert slower(slow, "plain") and not slower(slow, "graph")
-    assert "plain, L2 flushed" in inductor_timing.fmt_times(slow)
+              "inductor_plain_us": 12.0, "ours_flushed_us": 9.0, "inductor_flushed_us": 11.0,
+              "ours_synced_us": 30.0, "inductor_synced_us": 31.0}
+    assert slower(faster, "both") == "" and slower(faster, "plain") == ""
+    flushed = {**faster, "ours_flushed_us": 13.0}
+    assert slower(flushed, "both") == ("not faster than Inductor's code (plain launches, each "
+                                       "after an L2 flush)")
+    assert slower(flushed, "plain") and not slower(flushed, "graph")
+    assert "plain, L2 flushed" in inductor_timing.fmt_times(flushed)
+    host_bound = {**faster, "ours_synced_us": 33.0}  # its host time adds to its GPU time
+    assert slower(host_bound, "both") == ("not faster than Inductor's code (plain launches, "
+                                          "each waited for)")
+    assert slower(host_bound, "plain") and not slower(host_bound, "graph")
+    assert inductor_timing.fmt_times(host_bound) == (
+        "ours 1.0 / 10.0 / 9.0 / 33.0 µs, Inductor 2.0 / 12.0 / 11.0 / 31.0 µs (graph replay / "
+        "plain launches / plain, L2 flushed / each waited for)")
+    old = {k: v for k, v in faster.items() if "synced" not in k}  # timed by an earlier version
+    assert "not timed under plain launches, each waited for" in slower(old, "both")
 
 
 @pytest.mark.parametrize("launch, rest, timed_by_inductor", [
@@ -650,14 +676,16 @@ def test_inductors_code_for_the_graph_is_timed_in_both_modes_and_the_faster_one_
     def time_graphs(a: Any, b: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
         return {"ours_us": us(a), "inductor_us": us(b), "ours_plain_us": us(a),
                 "inductor_plain_us": us(b), "ours_flushed_us": us(a),
-                "inductor_flushed_us": us(b)}
+                "inductor_flushed_us": us(b),
+                "ours_synced_us": us(a), "inductor_synced_us": us(b)}
 
     monkeypatch.setattr(be, "compile_rest", compiled)
     monkeypatch.setattr(whole_graph, "compile_rest", compiled)
     monkeypatch.setattr(be, "_on_gpu", lambda: True)
     monkeypatch.setattr(inductor_timing, "time_against_inductor", lambda *a, **k: {
         "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
-        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
+        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0,
+        "ours_synced_us": 1.0, "inductor_synced_us": 2.0})
     monkeypatch.setattr(inductor_timing, "time_graphs", time_graphs)
     kept = None if default_faster else autotuned
     for rerun in (False, True):
@@ -676,9 +704,10 @@ def test_inductors_code_for_the_graph_is_timed_in_both_modes_and_the_faster_one_
                          [(False, autotuned), (False, None), (True, kept)])
         assert f"rest by inductor ({kept or 'default'})" in report.text()
         ours, theirs = (2.0, 3.0) if default_faster else (4.0, 3.0)
-        assert (f"  Inductor's modes: default {ours} / {ours} / {ours} µs, {autotuned} "
-                f"{theirs} / {theirs} / {theirs} µs (graph replay / plain launches / plain, "
-                f"L2 flushed) | cache {'hit' if rerun else 'miss'}") in report.text()
+        assert (f"  Inductor's modes: default {ours} / {ours} / {ours} / {ours} µs, "
+                f"{autotuned} {theirs} / {theirs} / {theirs} / {theirs} µs (graph replay / "
+                f"plain launches / plain, L2 flushed / each waited for) | cache "
+                f"{'hit' if rerun else 'miss'}") in report.text()
     # a graph with no piece to replace runs in the faster mode too
     torch._dynamo.reset()
     built.clear()
@@ -713,7 +742,8 @@ def test_a_winner_that_loses_its_plain_launches_unfused_is_timed_with_its_combin
     def timed(runner: Any, *a: Any, **k: Any) -> dict[str, float]:
         plain = 1.0 if runner.knobs.get("fuse_combines") else 3.0  # unfused: a launch more
         return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": plain,
-                "inductor_plain_us": 2.0, "ours_flushed_us": plain, "inductor_flushed_us": 2.0}
+                "inductor_plain_us": 2.0, "ours_flushed_us": plain, "inductor_flushed_us": 2.0,
+                "ours_synced_us": plain, "inductor_synced_us": 2.0}
 
     def split_k(g: em.KernelGraph) -> em.KernelGraph:
         return hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4))
@@ -729,7 +759,8 @@ def test_a_winner_that_loses_its_plain_launches_unfused_is_timed_with_its_combin
     monkeypatch.setattr(inductor_timing, "time_against_inductor", timed)
     monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {
         "ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0, "inductor_plain_us": 2.0,
-        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0})
+        "ours_flushed_us": 1.0, "inductor_flushed_us": 2.0,
+        "ours_synced_us": 1.0, "inductor_synced_us": 2.0})
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 256, generator=gen).half()
     w = (torch.randn(256, 48, generator=gen) / 16).half()

@@ -64,6 +64,32 @@ def test_back_to_back_calls_count_host_time(torch_cuda) -> None:  # type: ignore
     assert timer.back_to_back(slow_host, [[x]], calls=50, repeats=3) >= 190
 
 
+def test_calls_each_waited_for_add_host_and_gpu_time(torch_cuda) -> None:  # type: ignore[no-untyped-def]
+    """A call waited for before the next costs its host time and its GPU time in series, as a
+    decode step of ``generate()`` does: back to back, a call's host time overlaps the GPU work
+    of the calls before it."""
+    import time
+
+    from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
+
+    torch = torch_cuda
+    timer = CudaTimer(TimingConfig(rep_ms=20))
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+
+    def gpu_only(a):  # type: ignore[no-untyped-def]
+        return [a @ a]
+
+    def host_then_gpu(a):  # type: ignore[no-untyped-def]
+        end = time.perf_counter() + 200e-6
+        while time.perf_counter() < end:
+            pass
+        return [a @ a]
+
+    gpu = timer.synced(gpu_only, [[a]], calls=20)
+    assert timer.synced(host_then_gpu, [[a]], calls=20) >= gpu + 150
+    assert timer.back_to_back(host_then_gpu, [[a]], calls=20, repeats=3) < gpu + 150
+
+
 @pytest.mark.parametrize("name", em.benchmarks.names())
 def test_eager_and_sdpa_baselines_are_right_in_fp16(torch_cuda, name: str  # type: ignore[no-untyped-def]
                                                    ) -> None:

@@ -141,11 +141,12 @@ def slower_alone(times: Mapping[str, Any], timing: str) -> str:
     return "" if not all(whys) else "; ".join(dict.fromkeys(whys))
 
 
-#: the piece report's fields of each kind of timing (``TIMES``' keys): ours, Inductor's (a
-#: piece is not timed after an L2 flush: its plain launches stand for it)
+#: the piece report's fields of each kind of timing (``TIMES``' keys): ours, Inductor's (the
+#: report gives a piece's plain launches back to back only: they stand for the other two)
 _REPORTED = {"graph": ("ours_us", "inductor_us"),
              "plain": ("ours_plain_us", "inductor_plain_us"),
-             "flushed": ("ours_plain_us", "inductor_plain_us")}
+             "flushed": ("ours_plain_us", "inductor_plain_us"),
+             "synced": ("ours_plain_us", "inductor_plain_us")}
 
 
 def least_gain(pieces: Sequence[rep.PieceReport], names: Sequence[str],

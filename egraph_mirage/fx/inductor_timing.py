@@ -1,8 +1,10 @@
 """Timing a winner, or a graph with its replaced pieces, against Inductor's code on the GPU.
 
-Three kinds of timing (``TIMES``' keys), each a pair of fields of a decision's times, ours and
-Inductor's, in µs per call: CUDA-graph replay ("graph"), plain launches back to back ("plain")
-and plain launches each after an L2 flush ("flushed"). ``time_pair`` measures them;
+Four kinds of timing (``TIMES``' keys), each a pair of fields of a decision's times, ours and
+Inductor's, in µs per call: CUDA-graph replay ("graph"), plain launches back to back ("plain"),
+plain launches each after an L2 flush ("flushed") and plain launches each waited for before the
+next ("synced": host and GPU time in series, as in a decode loop that reads every step's
+result). ``time_pair`` measures them;
 ``time_against_inductor`` times a piece's winner through the custom op the piece would become
 against Inductor's code for the piece; ``time_graphs`` times a whole graph. How plain launches
 are timed is part of the cache keys (``key_settings``): times measured another way miss.
@@ -21,20 +23,27 @@ from .pieces import Piece
 from .runtime import Runner, counters_last, define_piece_op
 from .trace import TracedProgram
 
-#: the fields of each kind of timing: ours, Inductor's. Plain launches are timed two ways, back
-#: to back (a loop of calls) and each call after an L2 flush (``triton``'s ``do_bench``, as
-#: ``bench torch`` reports them): the flush hides part of a call's host time, back to back none,
-#: and a replacement must be faster both ways
+#: the fields of each kind of timing: ours, Inductor's. Plain launches are timed three ways, back
+#: to back (a loop of calls), each call after an L2 flush (``triton``'s ``do_bench``, as
+#: ``bench torch`` reports them) and each call waited for before the next (``CudaTimer.synced``,
+#: as ``generate()`` runs a compiled decode step: its host time does not overlap its GPU time,
+#: so a graph whose call costs more host time loses there what it gains on the GPU): the flush
+#: hides part of a call's host time, back to back none where the GPU time is larger, synced
+#: none at all, and a replacement must be faster all three ways
 TIMES = {"graph": ("ours_us", "inductor_us"), "plain": ("ours_plain_us", "inductor_plain_us"),
-         "flushed": ("ours_flushed_us", "inductor_flushed_us")}
+         "flushed": ("ours_flushed_us", "inductor_flushed_us"),
+         "synced": ("ours_synced_us", "inductor_synced_us")}
 #: each kind of timing in words, for the reasons a winner is not used
 TIMED = {"graph": "CUDA-graph replay", "plain": "plain launches",
-         "flushed": "plain launches, each after an L2 flush"}
+         "flushed": "plain launches, each after an L2 flush",
+         "synced": "plain launches, each waited for"}
 #: every field of ``TIMES``
 TIME_FIELDS = tuple(f for pair in TIMES.values() for f in pair)
 
 #: rounds of plain-launch timing in ``time_pair`` (ours, then Inductor's, in each)
 PLAIN_ROUNDS = 7
+#: calls per round of ``CudaTimer.synced`` in ``time_pair``
+SYNCED_CALLS = 10
 #: rounds of CUDA-graph replay in ``time_pair``: both graphs captured once, replayed in
 #: alternation (``CudaTimer.graphs``), the fastest round of each counts
 GRAPH_ROUNDS = 5
@@ -42,8 +51,8 @@ GRAPH_ROUNDS = 5
 #: not L2 (``rotated``)
 PIECE_INPUTS = "a piece's inputs rotated over copies covering 3 x L2"
 #: how plain launches are timed, as the cache keys record it (times measured otherwise miss)
-PLAIN_TIMING = (f"back to back and after an L2 flush, alternated, fastest of {PLAIN_ROUNDS}; "
-                f"{PIECE_INPUTS}")
+PLAIN_TIMING = (f"back to back, after an L2 flush and each waited for ({SYNCED_CALLS} calls), "
+                f"alternated, fastest of {PLAIN_ROUNDS}; {PIECE_INPUTS}")
 #: how CUDA-graph replay is timed, as the cache keys record it (before, a piece's Inductor code
 #: compiled in a mode with CUDA graphs of its own could not be captured: such records miss)
 GRAPH_TIMING = ("captured by the timer, a piece's Inductor code compiled without CUDA graphs "
@@ -60,7 +69,7 @@ OURS_LAUNCHED = {"inductor": "from Inductor's code (wrap_triton, its static laun
 
 def kinds(timing: str) -> tuple[str, ...]:
     """The kinds of timing (``TIMES``' keys) the ``timing`` option asks for."""
-    plain = ("plain", "flushed")
+    plain = ("plain", "flushed", "synced")
     return ("graph", *plain) if timing == "both" else plain if timing == "plain" else (timing,)
 
 
@@ -119,7 +128,9 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
     one side's graph cannot be captured; where neither can, both record their own graphs and a
     call of each is timed) and plain
     launches, issued back to back (``CudaTimer.back_to_back``, so that a call's host time
-    counts) and each after an L2 flush (``CudaTimer.plain``); keys from ``TIMES``.
+    counts where it exceeds its GPU time), each after an L2 flush (``CudaTimer.plain``) and each
+    waited for before the next (``CudaTimer.synced``: host and GPU time in series); keys from
+    ``TIMES``.
     Plain launches are bound by the host, whose speed drifts between measurements (the same
     compiled graph measured half as long again a few seconds later on a GPU host): ours and
     Inductor's are timed in alternation, ``PLAIN_ROUNDS`` times each, and the fastest of each
@@ -140,11 +151,13 @@ def time_pair(ours: Callable[..., Any], inductor: Callable[..., Any], xs: list[A
                 times[TIMES["graph"][who]] = timer.back_to_back(fn, sets)
     if "plain" in which:
         plain: dict[str, dict[int, list[float]]] = {k: {0: [], 1: []} for k in ("plain",
-                                                                                 "flushed")}
+                                                                                 "flushed",
+                                                                                 "synced")}
         for _ in range(PLAIN_ROUNDS):
             for who, fn in fns:
                 plain["plain"][who].append(timer.back_to_back(fn, sets, repeats=1))
                 plain["flushed"][who].append(timer.plain(fn, sets))
+                plain["synced"][who].append(timer.synced(fn, sets, SYNCED_CALLS))
         for kind, by in plain.items():
             for who, _ in fns:
                 times[TIMES[kind][who]] = min(by[who])
@@ -279,8 +292,9 @@ def fmt_times(times: Mapping[str, float | None], names: tuple[str, str] = ("ours
               ) -> str:
     """``ours 1.0 / 2.0 µs, Inductor 1.5 / 2.5 µs (graph replay / plain launches)``: the kinds
     of timing in ``times``, the two sides so ``names``d."""
-    present = [k for k in ("graph", "plain", "flushed") if TIMES[k][0] in times]
-    say = {"graph": "graph replay", "plain": "plain launches", "flushed": "plain, L2 flushed"}
+    present = [k for k in TIMES if TIMES[k][0] in times]
+    say = {"graph": "graph replay", "plain": "plain launches", "flushed": "plain, L2 flushed",
+           "synced": "each waited for"}
 
     def cell(who: int) -> str:
         vals = [times[TIMES[k][who]] for k in present]
@@ -291,5 +305,5 @@ def fmt_times(times: Mapping[str, float | None], names: tuple[str, str] = ("ours
 
 
 __all__ = ["GRAPH_ROUNDS", "GRAPH_TIMING", "PIECE_INPUTS", "PLAIN_ROUNDS", "PLAIN_TIMING",
-           "TIMED", "TIMES", "TIME_FIELDS", "fmt_times", "key_settings", "kinds", "rotated",
-           "time_against_inductor", "time_graphs", "time_inductor", "time_pair"]
+           "SYNCED_CALLS", "TIMED", "TIMES", "TIME_FIELDS", "fmt_times", "key_settings", "kinds",
+           "rotated", "time_against_inductor", "time_graphs", "time_inductor", "time_pair"]

@@ -9,6 +9,8 @@ Two measurements, both the median of many runs after a warm-up, in microseconds:
   launch gaps shrink to what the graph leaves.
 * ``back_to_back`` (``CudaTimer`` only): many plain calls in a row, timed together; a call's
   host time counts wherever it exceeds its GPU time.
+* ``synced`` (``CudaTimer`` only): plain calls each waited for on the host before the next, as
+  a decode loop that reads every step's result waits (``generate()``): host and GPU time add.
 
 Inputs are normal random numbers times ``std`` (0.1 by default: ``exp(Q @ K)`` over 64-long dot
 products then stays far from fp16's range), never zeros. When one set of inputs fits in the L2
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -212,6 +215,21 @@ class CudaTimer:
             times = [_event_ms(lambda: [call() for _ in range(calls)]) / calls
                      for _ in range(repeats)]
         return statistics.median(times) * 1e3
+
+    def synced(self, fn: Program, input_sets: Sequence[InputSet], calls: int = 20) -> float:
+        """µs of one call among ``calls`` plain calls, each waited for (the GPU synchronized)
+        before the next is issued, by the host's clock: its host time and its GPU time in
+        series, as a step of a decode loop that reads each step's result (``generate()``'s stop
+        check) costs. A warm-up call first."""
+        call = _Cycle(fn, input_sets)
+        with torch.no_grad():
+            call()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+                torch.cuda.synchronize()
+            return (time.perf_counter() - start) / calls * 1e6
 
     def kernels(self, fn: Program, input_sets: Sequence[InputSet], calls: int = 20
                 ) -> dict[str, float]:
