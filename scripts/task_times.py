@@ -5,12 +5,15 @@ kind of task) came from.
     python3 scripts/task_times.py PROGRAM [--small] [--max-tasks N]
     python3 scripts/task_times.py PROGRAM --task NAME [--task NAME ...]   (those tasks alone)
     python3 scripts/task_times.py norm-decode --eps EPS [--max-tasks N]
+    python3 scripts/task_times.py norm-decode-hf --eps EPS [--max-tasks N]
 
 One process, no time budget: the figures are seconds on this machine, to compare task orders.
 ``norm-decode`` is the program of an 8B model's RMSNorm with its value projection at decode, at
 the sizes the backend searches it (scaled by 16): ``rms_norm(x, w, eps) @ W``, x and w
 (1, 1, 256), W (1, 256, 64), fp16; ``--eps 0`` against ``--eps 1e-5`` shows what the norm's eps
-costs the search (block graphs of about 7 operators against 3).
+costs the search (block graphs of about 7 operators against 3, before the "rms+EPS"
+accumulator). ``norm-decode-hf`` is the same function written as ``transformers``' RMSNorm
+traces: ``w * (x32 * rsqrt(mean(x32²) + eps)).to(fp16)``, x32 = x in float32.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def main() -> None:
     ap.add_argument("--eps", type=float, default=1e-5, help="norm-decode's eps")
     args = ap.parse_args()
     g = _norm_decode(args.eps) if args.program == "norm-decode" else \
+        _norm_decode_hf(args.eps) if args.program == "norm-decode-hf" else \
         em.benchmarks.get(args.program, small=args.small)
     payload = prepare(g, SearchConfig())
     ctx = Context(payload)
@@ -81,6 +85,17 @@ def _norm_decode(eps: float) -> em.KernelGraph:
     x, w = (g.new_input((1, 1, 256), em.float16) for _ in range(2))
     proj = g.new_input((1, 256, 64), em.float16)
     g.mark_output(g.matmul(g.rms_norm(x, (256,), w, eps=eps), proj))
+    return g
+
+
+def _norm_decode_hf(eps: float) -> em.KernelGraph:
+    g = em.new_kernel_graph()
+    x, w = (g.new_input((1, 1, 256), em.float16) for _ in range(2))
+    proj = g.new_input((1, 256, 64), em.float16)
+    x32 = g.cast(x, em.float32)
+    ms = g.mean(g.square(x32), 2)
+    normed = g.cast(g.mul(x32, g.rsqrt(g.add_scalar(ms, eps))), em.float16)
+    g.mark_output(g.matmul(g.mul(w, normed), proj))
     return g
 
 

@@ -35,7 +35,8 @@ from egraph_mirage.search import SearchConfig
 from egraph_mirage.verify import field as ff
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = sorted(ACCUMULATORS)
+#: the table's kinds, and "rms" with an eps (``accumulators.rms_with_eps``, named by its constant)
+KINDS = [*sorted(ACCUMULATORS), "rms+0.001"]
 DIMX = 4
 
 
@@ -113,7 +114,7 @@ def _lowered_matches(g: em.KernelGraph) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_record_is_complete(kind: str) -> None:
-    acc = ACCUMULATORS[kind]
+    acc = accs.lookup_accumulator(kind)
     assert acc.name == kind and acc.doc
     for f in dataclasses.fields(acc):
         assert getattr(acc, f.name) is not None, f.name
@@ -130,7 +131,7 @@ def test_float_evaluators_agree(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_field_semantics_step_by_step(kind: str) -> None:
-    _field_steps_agree(ACCUMULATORS[kind])
+    _field_steps_agree(accs.lookup_accumulator(kind))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -154,6 +155,25 @@ def test_triton_text_of_the_finishing_steps() -> None:
     assert TritonOps().mul("a + b", "c.to(tl.float32)") == "(a + b) * c.to(tl.float32)"
     with pytest.raises(em.LowerError, match="only a step may reduce"):
         TritonOps().sum_last("b4")
+
+
+def test_an_rms_with_eps_is_named_by_its_constant_and_adds_it_under_the_root() -> None:
+    """``"rms+EPS"`` is the rms kind with EPS added to the mean square under the root (a norm's
+    eps): its name carries the constant (through a μGraph's JSON), its expression is the one a
+    traced ``x * rsqrt(mean(x²) + eps)`` has after ``rules/`` turn the product into a quotient,
+    and a name that is no such kind is a clear error."""
+    acc = accs.lookup_accumulator("rms+1e-05")
+    assert acc is accs.rms_with_eps(1e-5) and acc.name == "rms+1e-05" and not acc.linear
+    assert acc.triton_finish("b4", 64) == "tl.sqrt(b4 / 64.0 + 1e-05)"
+    assert str(acc.expr(app("Var", "x"), (2, 16), 4, DIMX)) == (
+        '(Sqrt (Add (Div (Sum 64 (Square (Var "x"))) (Num 64)) (Const "1e-05")))')
+    x = np.arange(24.0).reshape(1, 1, 1, 3, 2, 4)
+    np.testing.assert_allclose(acc.reference(x, 3, DIMX), np.sqrt(
+        ACCUMULATORS["rms"].reference(x, 3, DIMX) ** 2 + 1e-5))
+    for bad, why in [("rms+x", "takes a number"), ("rms+0.0", "> 0, got 0.0"),
+                     ("rms+inf", "got inf"), ("rms2", "unknown accumulator 'rms2'")]:
+        with pytest.raises(em.BlockGraphError, match=why):
+            accs.lookup_accumulator(bad)
 
 
 def test_reference_follows_a_replaced_finish() -> None:

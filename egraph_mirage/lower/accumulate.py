@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LowerError
-from ..mugraph.accumulators import ACCUMULATORS, Accumulator, RecordView, reduce_last_dims
+from ..mugraph.accumulators import (
+    ACCUMULATORS,
+    WITH_EPS,
+    Accumulator,
+    RecordView,
+    reduce_last_dims,
+)
 from ..ops.spec import TileDims
 
 
@@ -58,7 +64,10 @@ def rescaled_dims(rel: TileDims) -> TileDims:
 
 
 def accumulator_emission(kind: str) -> AccumulatorEmission:
-    if kind not in ACCUMULATORS:
+    """The Triton emission of accumulator ``kind`` (a name of ``ACCUMULATORS``, or
+    ``"rms+EPS"``)."""
+    try:
+        return ACCUMULATOR_EMISSIONS[kind]
+    except KeyError:
         raise LowerError(f"forloop_accum: no Triton emission for accumulator {kind!r}; known: "
-                         f"{', '.join(ACCUMULATORS)}")
-    return ACCUMULATOR_EMISSIONS[kind]
+                         f"{', '.join(ACCUMULATORS)}, {WITH_EPS}EPS") from None

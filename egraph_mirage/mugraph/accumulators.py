@@ -26,6 +26,7 @@ are the functions ``running_max_ff`` and ``rescale_ff``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import numpy as np
 from ..errors import BlockGraphError, LowerError
 from ..expr import Term, app, sum_
 from ..ops import lookup
-from ..ops.reductions import floored
+from ..ops.reductions import floored, mean_term
 from ..ops.spec import TileDims
 
 LOOP = 3
@@ -72,6 +73,10 @@ class ArrayOps:
 
     def sqrt(self, x: Any) -> Any:
         return self.xp.sqrt(x)
+
+    def add_const(self, x: Any, c: float) -> Any:
+        """``x`` plus the number ``c``."""
+        return x + c
 
     def loop_sum(self, x: Any, iters: int) -> Any:
         """The sum over the loop axis of the vectorised layout, a loop-invariant ``x`` (size 1
@@ -134,6 +139,10 @@ class FieldOps:
     def sqrt(self, x: Any) -> Any:
         return lookup("sqrt").ff(self.f, [x], {})
 
+    def add_const(self, x: Any, c: float) -> Any:
+        """``x`` plus the field constant of ``c``, as ``add_scalar`` adds it."""
+        return lookup("add_scalar").ff(self.f, [x], {"scalar": c})
+
     def loop_sum(self, x: Any, iters: int) -> Any:
         return self.f.sum(self.f.arrays.broadcast_to(x, with_loop(x.shape, iters)), axis=LOOP)
 
@@ -166,6 +175,9 @@ class TritonOps:
 
     def sqrt(self, x: str) -> str:
         return f"tl.sqrt({x})"
+
+    def add_const(self, x: str, c: float) -> str:
+        return f"{x} + {float(c)!r}"
 
 
 def _operand(text: str) -> str:
@@ -332,12 +344,56 @@ ACCUMULATORS: dict[str, Accumulator] = {a.name: a for a in [
 ]}
 
 
+#: ``"rms+EPS"``: the "rms" kind with the number EPS > 0 added to the mean square under the root
+#: (``rms_with_eps``)
+WITH_EPS = "rms+"
+
+
+def rms_with_eps(eps: float) -> Accumulator:
+    """``sqrt(Σ x² / n + eps)``, as ``rms_norm``'s ``eps`` and a traced RMSNorm's
+    ``x * rsqrt(mean(x²) + eps)`` have it: the "rms" kind's step, ``eps`` added before the root
+    (the field constant of ``eps``, as ``add_scalar`` adds it). Named ``"rms+EPS"``, ``EPS``
+    Python's repr of the float: the name carries the constant through the μGraph's JSON. The
+    search tries one per positive constant of the program (``search.blocks``), so the norm of a
+    norm + projection is one accumulator, not four operators (square, mean, add, root)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) \
+            or eps <= 0:
+        raise BlockGraphError(f"forloop_accum: the eps of {WITH_EPS}EPS must be a finite number "
+                              f"> 0, got {eps!r}")
+    return _rms_with_eps(float(eps))
+
+
+@functools.cache
+def _rms_with_eps(eps: float) -> Accumulator:
+    name = f"{WITH_EPS}{eps!r}"
+    const = app("Const", repr(eps))
+    rms = ACCUMULATORS["rms"]
+    return Accumulator(
+        name, f"sqrt(sum of squares / count + {eps!r}) over iterations and the last "
+        "dimension",
+        shape=rms.shape, tile_dims=rms.tile_dims,
+        expr=lambda t, tile, n, dimx: app("Sqrt", app("Add", mean_term(
+            n * tile[-1], app("Square", t)), const)),
+        step=rms.step,
+        finish=lambda total, count, o=NUMPY: o.sqrt(o.add_const(o.div(total, count), eps)),
+        linear=False)
+
+
 def lookup_accumulator(acc: str | None) -> Accumulator:
-    """``None`` is the plain sum; other names as in ``ACCUMULATORS``."""
+    """``None`` is the plain sum; other names as in ``ACCUMULATORS``, or ``"rms+EPS"``
+    (``rms_with_eps``)."""
     name = "plain" if acc is None else acc
+    if isinstance(name, str) and name.startswith(WITH_EPS) and name not in ACCUMULATORS:
+        try:
+            eps = float(name[len(WITH_EPS):])
+        except ValueError:
+            raise BlockGraphError(f"forloop_accum: unknown accumulator {acc!r}: "
+                                  f"'{WITH_EPS}EPS' takes a number EPS > 0") from None
+        return rms_with_eps(eps)
     if name not in ACCUMULATORS:
         raise BlockGraphError(f"forloop_accum: unknown accumulator {acc!r}; known: None, "
-                              + ", ".join(repr(k) for k in ACCUMULATORS if k != "plain"))
+                              + ", ".join(repr(k) for k in ACCUMULATORS if k != "plain")
+                              + f", '{WITH_EPS}EPS' (EPS a number > 0)")
     return ACCUMULATORS[name]
 
 
@@ -349,7 +405,12 @@ class RecordView(Mapping[str, V]):
         self._aspect = aspect
 
     def __getitem__(self, kind: str) -> V:
-        return self._aspect(ACCUMULATORS[kind])
+        """The aspect of ``kind``'s record (``lookup_accumulator``: ``"rms+EPS"`` too; a
+        ``KeyError`` for no kind)."""
+        try:
+            return self._aspect(lookup_accumulator(kind))
+        except BlockGraphError as e:
+            raise KeyError(kind) from e
 
     def __iter__(self) -> Iterator[str]:
         return iter(ACCUMULATORS)

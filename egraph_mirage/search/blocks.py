@@ -17,7 +17,14 @@ from typing import Any
 
 from ..errors import EMError
 from ..expr import Term
-from ..mugraph.accumulators import ACCUMULATORS, running_max_expr, running_max_shape, shifted
+from ..mugraph.accumulators import (
+    ACCUMULATORS,
+    Accumulator,
+    rms_with_eps,
+    running_max_expr,
+    running_max_shape,
+    shifted,
+)
 from ..mugraph.threadblock import EPILOGUE, INVARIANT, LOOP_SIDE
 from ..ops import BLOCK, OPS
 from .config import SearchConfig, SearchError
@@ -80,9 +87,15 @@ class BlockSearch:
     counts: tuple[int, ...] = ()
     #: ``reduction_dimx(shape)``, read by every accumulator's memo key: computed once
     _reduce_dimx: int = field(init=False, repr=False, default=0)
+    #: the accumulator kinds tried: the table's, and "rms" with each positive constant of the
+    #: program as its eps (``accumulators.rms_with_eps``: a norm's eps, which the oracle keeps
+    #: where the program has that root)
+    _kinds: tuple[Accumulator, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
         self._reduce_dimx = self.reduction_dimx(self.shape)
+        self._kinds = (*ACCUMULATORS.values(),
+                       *(rms_with_eps(c) for c in sorted(set(self.scalars)) if c > 0))
 
     def run(self, ops: tuple[int, int] | None = None) -> Iterator[tuple[list[Tile], list[int]]]:
         """Complete block graphs with ``ops[0]`` to ``ops[1]`` operators (default: up to
@@ -312,7 +325,7 @@ class BlockSearch:
         t = tiles[k]
         if t.shift is not None:  # online softmax: accumulate rescaled by the running max
             m = next(i for i, u in enumerate(tiles) if u.key == t.shift)
-            for acc in ACCUMULATORS.values():
+            for acc in self._kinds:
                 if acc.linear:
                     tile = self._accumulate(k, t, acc, (m, tiles[m]))
                     if tile is not None:
@@ -323,7 +336,7 @@ class BlockSearch:
         rows = ([(j, m) for j, m in enumerate(tiles)
                  if j != k and m.op == "input" and m.side == LOOP_SIDE and m.dims[-1] == 1]
                 if t.side == LOOP_SIDE and self.shape.frange > 1 else [])
-        for acc in ACCUMULATORS.values():
+        for acc in self._kinds:
             tile = self._accumulate(k, t, acc)
             if tile is not None:
                 yield tile
