@@ -8,7 +8,10 @@ program of ``n`` outputs is run as ``n`` searches:
    become a program of one output;
 2. **search**: each runs through the pipeline's stages (``stages.run``) with a share of what is
    left of the time budget (the seconds left divided by the outputs not yet searched) and the
-   request's ``max_tasks`` each; a checkpoint file ``C`` becomes ``C.out<i>`` per output;
+   request's ``max_tasks`` each; a checkpoint file ``C`` becomes ``C.out<i>`` per output. Once
+   an output's search has no result, the outputs after it are not searched (``NOT_SEARCHED``):
+   no result of the whole program can be joined, and the time is left to the caller (the
+   backend's refined parts);
 3. **join** (``join``): a result of the whole program takes one result of each output, their
    operators copied over the program's inputs, outputs in the program's order. An operator
    that two parts compute alike (the same operator, operands and parameters; kernels compared
@@ -36,6 +39,10 @@ from ..lower.cost_model import ProgramCost
 from ..mugraph.serialize import kernel_text
 from ..search import SearchResult, SearchResults, SearchStats
 from .request import Request
+
+#: why an output after one with no result is not searched (the index of that one)
+NOT_SEARCHED = ("not searched: output {} has no result, and a result of the program takes one "
+                "of each")
 
 
 def cone(g: KernelGraph, i: int) -> tuple[KernelGraph, list[int]]:
@@ -166,9 +173,13 @@ def run_outputs(g: KernelGraph, request: Request,
         sub_request = replace(request, time_budget=budget, checkpoint=checkpoint)
         found.append(run_one(sub, sub_request, on_stage=on_stage,
                              program_info={**dict(program_info or {}), "output": i}))
+        if not found[-1]:  # a joined result needs one of each: the others' time is not spent
+            break
     stats = merged_stats([r.stats for r in found])
+    stats.no_result_reasons += [f"output {j}: {NOT_SEARCHED.format(len(found) - 1)}"
+                                for j in range(len(found), len(parts))]
     results: list[SearchResult] = []
-    if all(found):
+    if len(found) == len(parts) and all(found):
         for pick in combinations(found, request.config.max_results):
             chosen = [found[i][j] for i, j in enumerate(pick)]
             graph = join(g, [(r.graph, positions)
