@@ -394,3 +394,42 @@ def test_timing_inductors_code_before_the_searches_is_not_charged_to_them(
     assert len(search.budgets) == 3 and all(b is not None and b > 0 for b in search.budgets)
     assert sum(search.budgets) <= budget  # type: ignore[arg-type]
     assert search.ended - t0 <= report.stages["rooms"] + budget + MARGIN_S
+
+
+def test_timing_the_winners_against_inductors_code_is_not_charged_to_the_searches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU each winner is compiled as Inductor would launch it and timed against Inductor's
+    code for its piece: seconds per winner, which would leave the pieces searched after it (and
+    the refined pieces' parts) less than their shares. That time is not the searches': here
+    timing each of the three winners (a stand-in) takes longer than the whole budget, and every
+    search still gets its share of it."""
+    from backend_stand_ins import StandIn
+
+    from egraph_mirage.fx import backend as be
+    from egraph_mirage.fx import inductor_timing
+
+    budget, timing_s = 4.0, 1.6
+    budgets: list[float | None] = []
+    winners = StandIn()
+
+    def search(g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+        budgets.append(options["time_budget"])
+        return winners(g, config, **options)
+
+    def time_against_inductor(*a: Any, **k: Any) -> dict[str, float]:
+        time.sleep(timing_s)  # a compilation of the winner and of Inductor's code, and timing
+        return {"ours_us": 1.0, "inductor_us": 2.0, "ours_plain_us": 1.0,
+                "inductor_plain_us": 2.0}
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(be.Backend, "_bandwidth", lambda self: 1e12)
+    monkeypatch.setattr(inductor_timing, "time_inductor", lambda piece, mode: 100.0)
+    monkeypatch.setattr(inductor_timing, "time_against_inductor", time_against_inductor)
+    monkeypatch.setattr(inductor_timing, "time_graphs", lambda *a, **k: {})  # not measurable
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1,
+                      refine=False, profile=True)
+    compile_timed(backend, block_inputs((32, 24, 16, 8)))
+    assert len(budgets) == 3 and winners.calls == 3
+    # the searches spend nothing: the last one, after two timings (3.2 s of a 4 s budget), gets
+    # what tracing and checking the pieces left of the budget (0.8 s at most if they counted)
+    assert budgets[-1] is not None and budgets[-1] > 0.3 * budget, budgets

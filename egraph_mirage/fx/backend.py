@@ -537,6 +537,7 @@ class Backend:
             return decision, None, True
         decision.decision = REPLACE  # where timed, ``why_not_used`` decides with the times
         if o.profiling() and _on_gpu():
+            started = time.monotonic()
             try:
                 decision.times = dict(timing.time_against_inductor(
                     runner, traced, piece, mode,
@@ -547,6 +548,8 @@ class Backend:
                 decision.reason = f"timing failed: {type(e).__name__}: {e}"
                 LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
                 return decision, None, False
+            finally:  # timing a winner, as timing a room, is not the searches' time (fx.budget)
+                self._budget.extend(time.monotonic() - started)
         return decision, runner, True
 
     def _fewer_launches(self, piece: Piece, traced: TracedProgram, winner: KernelGraph,

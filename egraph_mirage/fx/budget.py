@@ -44,12 +44,14 @@ the last search left may take all that is left. A piece reached once no time is 
 searched (``SPENT``), nor cached; but the cache keeps a record of the graph's compilation
 (``fx.cache.graph_key``): a second compilation of the same graph with the same settings does not
 search what the first left unsearched, so that it comes from the cache, while another graph with
-those pieces (a model of more layers) searches them. Tracing, compiling, checking and timing a
-piece's winner take their time from the same clock; timing Inductor's code for each piece before
-the searches (its room, on a GPU: an Inductor compilation per distinct piece) and Inductor's
-compilation of the rest, after the last search, do not: the deadline moves by the rooms' time
-(``extend``), so that a model of many distinct pieces does not spend a small budget before its
-first search.
+those pieces (a model of more layers) searches them. Tracing, compiling and checking a piece's
+winner take their time from the same clock; timing Inductor's code for each piece before the
+searches (its room, on a GPU: an Inductor compilation per distinct piece), timing each winner
+against Inductor's code for its piece (another compilation and its timing, seconds per winner
+on a GPU) and Inductor's compilation of the rest, after the last search, do not: the deadline
+moves by their time (``extend``), so that a model of many distinct pieces does not spend a
+small budget before its first search, nor the refined pieces' parts their share on the timing
+of the winners before them.
 ``budget=None``: no deadline, each search unbounded (``time_budget=None``).
 
 The stated margin: a search (``em.superoptimize``) saturates its e-graph and searches inside its
