@@ -6,8 +6,8 @@ operator two parts compute alike computed once.
   shared RMSNorm once;
 - ``em.superoptimize`` of an RMSNorm feeding two projections returns joined μGraphs that the
   verifier finds equal to the program and that lower and match it;
-- an output the search finds nothing for leaves no joined result, the outputs after it are not
-  searched, and the reasons name them;
+- the largest output is searched first; an output the search finds nothing for leaves no joined
+  result, the outputs after it are not searched, and the reasons name them;
 - the torch backend replaces a piece of three outputs (one norm, three projections) with the
   joined winners, matching eager.
 """
@@ -21,7 +21,7 @@ import torch
 
 import egraph_mirage as em
 from egraph_mirage.fx.report import REPLACED, reports_of
-from egraph_mirage.pipeline.outputs import combinations, cone, join
+from egraph_mirage.pipeline.outputs import combinations, cone, join, search_order
 from egraph_mirage.verify import verify
 
 #: tasks that find the fused norm + projection of each output (under 60 each at the time of
@@ -73,16 +73,18 @@ def test_the_search_joins_a_winner_per_output() -> None:
 
 
 def test_an_output_with_nothing_found_leaves_no_joined_result() -> None:
-    """Nothing found for output 0: no joined result, and output 1 is not searched (no result of
+    """The largest output's cone is searched first (output 1: the norm, its projection and an
+    exp); nothing found for it: no joined result, and output 0 is not searched (no result of
     the program could take it), its time left to the caller; the reasons name both."""
     g = _norm_two_projections()
+    assert search_order([cone(g, 0), cone(g, 1)]) == [1, 0]
     results = em.superoptimize(g, max_tasks=1, workers=1, progress=False)
     assert not results
-    assert any(r.startswith("output 0: ") for r in results.stats.no_result_reasons)
+    assert any(r.startswith("output 1: ") for r in results.stats.no_result_reasons)
     assert results.stats.no_result_reasons[-1] == (
-        "output 1: not searched: output 0 has no result, and a result of the program takes one "
+        "output 0: not searched: output 1 has no result, and a result of the program takes one "
         "of each")
-    assert "output 0: task budget" in results.stats.stopped_by
+    assert results.stats.stopped_by.startswith("output 1: task budget")
     assert results.stats.tasks_done == 1
 
 

@@ -8,10 +8,10 @@ program of ``n`` outputs is run as ``n`` searches:
    become a program of one output;
 2. **search**: each runs through the pipeline's stages (``stages.run``) with a share of what is
    left of the time budget (the seconds left divided by the outputs not yet searched) and the
-   request's ``max_tasks`` each; a checkpoint file ``C`` becomes ``C.out<i>`` per output. Once
-   an output's search has no result, the outputs after it are not searched (``NOT_SEARCHED``):
-   no result of the whole program can be joined, and the time is left to the caller (the
-   backend's refined parts);
+   request's ``max_tasks`` each; a checkpoint file ``C`` becomes ``C.out<i>`` per output. The
+   largest output's cone is searched first (``search_order``), and once an output's search has
+   no result, the outputs after it are not searched (``NOT_SEARCHED``): no result of the whole
+   program can be joined, and the time is left to the caller (the backend's refined parts);
 3. **join** (``join``): a result of the whole program takes one result of each output, their
    operators copied over the program's inputs, outputs in the program's order. An operator
    that two parts compute alike (the same operator, operands and parameters; kernels compared
@@ -123,9 +123,12 @@ def combinations(per_output: Sequence[Sequence[SearchResult]], most: int | None
     return out if most is None else out[:most]
 
 
-def merged_stats(parts: Sequence[SearchStats]) -> SearchStats:
+def merged_stats(parts: Sequence[SearchStats], outputs: Sequence[int] | None = None
+                 ) -> SearchStats:
     """The parts' statistics as one search's: counts and seconds summed, lists joined, what
-    stopped each part and why each found nothing prefixed with its output."""
+    stopped each part and why each found nothing prefixed with its output (``outputs[i]`` for
+    part i; default: i)."""
+    outputs = list(range(len(parts))) if outputs is None else list(outputs)
     st = SearchStats()
     for f in fields(SearchStats):
         values = [getattr(p, f.name) for p in parts]
@@ -146,9 +149,9 @@ def merged_stats(parts: Sequence[SearchStats]) -> SearchStats:
         else:
             setattr(st, f.name, values[0])
     st.workers = parts[0].workers if parts else None
-    st.stopped_by = "; ".join(f"output {i}: {p.stopped_by}" for i, p in enumerate(parts)
+    st.stopped_by = "; ".join(f"output {i}: {p.stopped_by}" for i, p in zip(outputs, parts)
                               if p.stopped_by)
-    st.no_result_reasons = [f"output {i}: {r}" for i, p in enumerate(parts)
+    st.no_result_reasons = [f"output {i}: {r}" for i, p in zip(outputs, parts)
                             for r in p.no_result_reasons]
     return st
 
@@ -165,23 +168,25 @@ def run_outputs(g: KernelGraph, request: Request,
     t0 = time.perf_counter()
     end = time.time() + request.time_budget if request.limited() else None  # type: ignore[operator]
     parts = [cone(g, i) for i in range(len(g.outputs))]
-    found: list[SearchResults] = []
-    for i, (sub, _) in enumerate(parts):
-        budget = None if end is None else max(1e-3, (end - time.time()) / (len(parts) - i))
+    found: dict[int, SearchResults] = {}
+    order = search_order(parts)
+    for n, i in enumerate(order):
+        budget = None if end is None else max(1e-3, (end - time.time()) / (len(parts) - n))
         checkpoint = None if request.checkpoint is None else \
             Path(f"{request.checkpoint}.out{i}")
         sub_request = replace(request, time_budget=budget, checkpoint=checkpoint)
-        found.append(run_one(sub, sub_request, on_stage=on_stage,
-                             program_info={**dict(program_info or {}), "output": i}))
-        if not found[-1]:  # a joined result needs one of each: the others' time is not spent
+        found[i] = run_one(parts[i][0], sub_request, on_stage=on_stage,
+                           program_info={**dict(program_info or {}), "output": i})
+        if not found[i]:  # a joined result needs one of each: the others' time is not spent
             break
-    stats = merged_stats([r.stats for r in found])
-    stats.no_result_reasons += [f"output {j}: {NOT_SEARCHED.format(len(found) - 1)}"
-                                for j in range(len(found), len(parts))]
+    stats = merged_stats([r.stats for r in found.values()], list(found))
+    stats.no_result_reasons += [f"output {j}: {NOT_SEARCHED.format(i)}"
+                                for j in order if j not in found]
     results: list[SearchResult] = []
-    if len(found) == len(parts) and all(found):
-        for pick in combinations(found, request.config.max_results):
-            chosen = [found[i][j] for i, j in enumerate(pick)]
+    if len(found) == len(parts) and all(found.values()):
+        per = [found[i] for i in range(len(parts))]
+        for pick in combinations(per, request.config.max_results):
+            chosen = [per[i][j] for i, j in enumerate(pick)]
             graph = join(g, [(r.graph, positions)
                              for r, (_, positions) in zip(chosen, parts)])
             results.append(_joined(graph, chosen))
@@ -190,6 +195,14 @@ def run_outputs(g: KernelGraph, request: Request,
             on_result(r)
     stats.seconds_to_best = results[0].found_after if results else None
     return SearchResults(results, stats), time.perf_counter() - t0
+
+
+def search_order(parts: Sequence[tuple[KernelGraph, list[int]]]) -> list[int]:
+    """The order the outputs are searched in: the largest cone first (most operators; on a tie,
+    program order). A large cone is the likeliest to find nothing in its share (a projection
+    with its RoPE rotation beside a bare one), and once one finds nothing the others are not
+    searched: the time goes to the caller's parts instead of to outputs that cannot help."""
+    return sorted(range(len(parts)), key=lambda i: -len(parts[i][0].operators))
 
 
 def _joined(graph: KernelGraph, chosen: Sequence[SearchResult]) -> SearchResult:
