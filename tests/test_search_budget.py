@@ -91,3 +91,34 @@ def test_the_workers_are_as_many_as_fit_in_memory(rmsnorm: em.KernelGraph,
     short = superoptimize(rmsnorm, TINY, workers=4, max_tasks=n, progress=False)
     assert short.stats.workers == 1 and alone.stats.workers == 1
     assert _texts(short) == _texts(alone)
+
+
+@pytest.mark.parametrize("workers", ["this process", "a pool"])
+def test_a_search_with_no_result_at_its_soft_deadline_goes_on_to_its_deadline(
+        rmsnorm: em.KernelGraph, workers: str) -> None:
+    """Where results will be timed on a GPU, a search stops at its share of the budget (the
+    soft deadline) only if it has a result to time: one with none goes on to its deadline,
+    its tasks resumed where the soft deadline cut them. Here the soft deadline has passed
+    before the first task: every task is cut at once (in a pool) or not started, and the
+    second round finds the results all the same."""
+    import time
+
+    from egraph_mirage.search import SearchStats
+    from egraph_mirage.search.run import search_tasks
+    from egraph_mirage.search.tasks import Context
+
+    payload = prepare(rmsnorm, TINY)
+    ctx = Context(payload)
+    tasks = list_tasks(payload, ctx)
+    stats, results = SearchStats(), {}  # type: ignore[var-annotated]
+    now = time.time()
+    pool = cf.ThreadPoolExecutor(2) if workers == "a pool" else None
+    try:
+        search_tasks(rmsnorm, TINY, payload, ctx, tasks, None, stats, results,
+                     workers=pool or 1, max_tasks=None, deadline=now + 3600,
+                     soft_deadline=now - 1, on_result=None, progress=False,
+                     progress_interval=60.0, t_start=time.perf_counter())
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    assert results and stats.tasks_done == len(tasks) and not stats.stopped_by

@@ -7,7 +7,10 @@
     tasks    — the task list in search order; a checkpoint's finished tasks (``search.tasks``)
     search   — tasks run in worker processes (or any ``concurrent.futures.Executor``), each
                enumerating kernels under e-graph pruning and verifying what it completes
-               (``search.run``)
+               (``search.run``); where results will be timed on a GPU, the search stops at
+               the request's ``search_share`` of the budget if it has a result, and goes on
+               while it has none to ``LATE_SHARE`` of the budget before its end (its results,
+               if any, then have that long to be profiled)
     resize   — after a scaled search: each structure found re-sized to the program's own
                sizes and verified there; the first ``scaled.KEEP`` that pass are the results
     rank     — verified μGraphs sorted by the cost model (estimated time), ties broken by text
@@ -52,6 +55,10 @@ from .request import Request, RequestError
 from .results_folder import write_results
 from .scaled import resize_reserve, resized, scaled_program
 
+#: where results are timed on a GPU, a search with no result at its share of the budget goes on
+#: to this share of the budget before its end (the profiling's time, which it would not need)
+LATE_SHARE = 0.1
+
 
 @dataclass
 class Run:
@@ -73,6 +80,10 @@ class Run:
     deadline: float | None = None
     #: a scaled search's own stop, before ``deadline`` (the resize stage's time after it)
     search_deadline: float | None = None
+    #: where results will be timed on a GPU: how far a search with no result by its stop goes
+    #: on (``search.run.search_tasks``' ``deadline``; its stop is the soft one): to
+    #: ``LATE_SHARE`` of the budget before ``end``, less a scaled search's resize reserve
+    late_deadline: float | None = None
     payload: Payload | None = None
     ctx: Context | None = None
     tasks: list[Task] = field(default_factory=list)
@@ -109,6 +120,8 @@ def _stage_scale(run: Run) -> None:
         if run.deadline is not None:
             left = max(0.0, run.deadline - time.time())
             run.search_deadline = run.deadline - resize_reserve(run.g, left)
+            if run.late_deadline is not None:
+                run.late_deadline -= resize_reserve(run.g, left)
 
 
 def _stage_prepare(run: Run) -> None:
@@ -137,11 +150,18 @@ def _stage_search(run: Run) -> None:
     r = run.request
     assert run.payload is not None and run.ctx is not None
     assert run.searched is not None
+    stop = run.search_deadline or run.deadline
+    late = run.late_deadline if run.late_deadline is not None and stop is not None \
+        and run.late_deadline > stop else None
     search_tasks(run.searched, r.config, run.payload, run.ctx, run.tasks, run.checkpoint,
                  run.stats, run.results, workers=r.process_count(), max_tasks=r.max_tasks,
-                 deadline=run.search_deadline or run.deadline, on_result=run.on_result,
-                 progress=r.progress, progress_interval=r.progress_interval,
-                 t_start=run.t_start)
+                 deadline=late or stop, soft_deadline=stop if late else None,
+                 on_result=run.on_result, progress=r.progress,
+                 progress_interval=r.progress_interval, t_start=run.t_start)
+    if late is not None and run.deadline is not None and time.time() > stop:  # type: ignore[operator]
+        # the search went on past its stop, having found nothing by then: the resize stage
+        # keeps its reserve after the late stop
+        run.deadline = max(run.deadline, late + (run.deadline - stop))  # type: ignore[operator]
 
 
 def _stage_resize(run: Run) -> None:
@@ -211,10 +231,12 @@ def run(g: KernelGraph, request: Request,
     end = time.time() + request.time_budget if request.limited() else None
     deadline = end
     timed = request.profile and (request.profiler is not None or cuda_available()[0])
+    late = None
     if end is not None and timed:
         deadline = end - (1 - request.search_share) * request.time_budget  # type: ignore[operator]
+        late = end - LATE_SHARE * request.time_budget  # type: ignore[operator]
     state = Run(g, request, on_result, out, dict(program_info or {}), end=end,
-                deadline=deadline)
+                deadline=deadline, late_deadline=late)
     for name, stage in STAGES:
         stage(state)
         if on_stage is not None:

@@ -39,12 +39,16 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
                  results: dict[str, SearchResult], *, workers: int | cf.Executor,
                  max_tasks: int | None, deadline: float | None,
                  on_result: Callable[[SearchResult], None] | None, progress: bool | None,
-                 progress_interval: float, t_start: float) -> None:
+                 progress_interval: float, t_start: float,
+                 soft_deadline: float | None = None) -> None:
     """Run ``tasks`` (the first ``max_tasks``; those ``checkpoint`` finished are taken as
     done), adding each new verified result to ``results`` (by μGraph text) and the counts to
     ``stats``, until they are done, ``deadline`` (a ``time.time()`` time) passes,
     ``config.max_results`` are found or Ctrl-C. ``workers``: a process count (1: this process)
-    or the caller's executor."""
+    or the caller's executor. ``soft_deadline`` (before ``deadline``): the tasks first run to
+    it; a search that has a result by then stops there (what is left of the time is its
+    results' profiling), and one that has none goes on to ``deadline`` (it has nothing to
+    profile), its tasks cut at the first resumed where they stopped."""
     ck = checkpoint
     report = Progress(mode(progress), progress_interval, t_start)
     if ck is not None and (ck.done or ck.partial):
@@ -61,7 +65,11 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
                        stats.dropped_results, len(cut))
     todo = [t for t in tasks[:max_tasks] if t.name not in done]
     skip = {name: r.progress for name, r in cut.items()}
+    finished: set[str] = set()  # the tasks run to their end here
     enough = [False]  # set once max_results are found
+    rounds = [deadline] if soft_deadline is None or deadline is None or \
+        soft_deadline >= deadline else [soft_deadline, deadline]
+    stop = rounds[0]  # the deadline of the round running
 
     def absorb(res: TaskResult, fresh: bool) -> None:
         with processes.sigint_deferred():  # a task is recorded whole, or not at all
@@ -78,6 +86,9 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
         stats.add(res.counts)
         if not res.stopped:  # a task cut short by the time budget is not done
             stats.tasks_done += 1
+            finished.add(res.task)
+        else:
+            skip[res.task] = res.progress
         for name, secs in res.seconds.items():
             stats.seconds[name] = stats.seconds.get(name, 0.0) + secs
         for text, kernels, est, bound, tests, err, _ in res.found:
@@ -111,11 +122,14 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
             complete = True
         elif workers == 1:
             report.started(len(todo), stats.tasks_total, "in this process")
-            for task in todo:
-                if enough[0] or (deadline is not None and time.time() > deadline):
+            for stop in rounds:
+                for task in [t for t in todo if t.name not in finished]:
+                    if enough[0] or (stop is not None and time.time() > stop):
+                        break
+                    absorb(run_task(payload, task, stop, ctx, skip.get(task.name, 0)),
+                           fresh=True)
+                if results or enough[0]:
                     break
-                absorb(run_task(payload, task, deadline, ctx, skip.get(task.name, 0)),
-                       fresh=True)
             complete = True
         else:
             executor = processes.worker_pool(workers) if isinstance(workers, int) else workers
@@ -130,7 +144,7 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
 
             def submit(task: Task) -> cf.Future[TaskResult]:
                 assert executor is not None
-                fut = executor.submit(run_task, payload, task, deadline, shared,
+                fut = executor.submit(run_task, payload, task, stop, shared,
                                       skip.get(task.name, 0))
                 task_of[fut] = task
                 return fut
@@ -162,13 +176,17 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
             # executor of the standard library's kinds (the backend's pool) says its size,
             # another is taken as one worker
             size = workers if isinstance(workers, int) else getattr(workers, "_max_workers", 1)
-            handed = {t.name: submit(t) for t in dispatch_order(todo, ctx, int(size))}
-            futures = [handed[t.name] for t in todo]
-            behind = [0]
-            complete = _collect(futures, deadline, absorb, enough, report,
-                                lambda: report.update(stats, results, idle=True), behind,
-                                rerun)
-            stats.tasks_left_behind = behind[0]
+            for stop in rounds:
+                left = [t for t in todo if t.name not in finished]
+                handed = {t.name: submit(t) for t in dispatch_order(left, ctx, int(size))}
+                futures = [handed[t.name] for t in left]
+                behind = [0]
+                complete = _collect(futures, stop, absorb, enough, report,
+                                    lambda: report.update(stats, results, idle=True), behind,
+                                    rerun)
+                stats.tasks_left_behind = behind[0]
+                if results or enough[0] or not complete:
+                    break
     except KeyboardInterrupt:
         stats.interrupted = True
     finally:
@@ -187,7 +205,7 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
         stats.stopped_by = INTERRUPTED
     elif enough[0]:
         stats.stopped_by = MAX_RESULTS
-    elif stats.tasks_done < limit and deadline is not None and time.time() > deadline:
+    elif stats.tasks_done < limit and stop is not None and time.time() > stop:
         stats.stopped_by = TIME_BUDGET
     elif stats.tasks_lost:
         stats.stopped_by = TASKS_LOST
