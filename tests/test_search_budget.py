@@ -114,11 +114,12 @@ def test_a_search_with_no_result_at_its_soft_deadline_goes_on_to_its_deadline(
     now = time.time()
     pool = cf.ThreadPoolExecutor(2) if workers == "a pool" else None
     try:
-        search_tasks(rmsnorm, TINY, payload, ctx, tasks, None, stats, results,
-                     workers=pool or 1, max_tasks=None, deadline=now + 3600,
-                     soft_deadline=now - 1, on_result=None, progress=False,
-                     progress_interval=60.0, t_start=time.perf_counter())
+        ran_to = search_tasks(rmsnorm, TINY, payload, ctx, tasks, None, stats, results,
+                              workers=pool or 1, max_tasks=None, deadline=now + 3600,
+                              soft_deadline=now - 1, on_result=None, progress=False,
+                              progress_interval=60.0, t_start=time.perf_counter())
     finally:
         if pool is not None:
             pool.shutdown()
     assert results and stats.tasks_done == len(tasks) and not stats.stopped_by
+    assert ran_to == now + 3600  # the second round's deadline

@@ -153,12 +153,13 @@ def _stage_search(run: Run) -> None:
     stop = run.search_deadline or run.deadline
     late = run.late_deadline if run.late_deadline is not None and stop is not None \
         and run.late_deadline > stop else None
-    search_tasks(run.searched, r.config, run.payload, run.ctx, run.tasks, run.checkpoint,
-                 run.stats, run.results, workers=r.process_count(), max_tasks=r.max_tasks,
-                 deadline=late or stop, soft_deadline=stop if late else None,
-                 on_result=run.on_result, progress=r.progress,
-                 progress_interval=r.progress_interval, t_start=run.t_start)
-    if late is not None and run.deadline is not None and time.time() > stop:  # type: ignore[operator]
+    ran_to = search_tasks(run.searched, r.config, run.payload, run.ctx, run.tasks,
+                          run.checkpoint, run.stats, run.results, workers=r.process_count(),
+                          max_tasks=r.max_tasks, deadline=late or stop,
+                          soft_deadline=stop if late else None, on_result=run.on_result,
+                          progress=r.progress, progress_interval=r.progress_interval,
+                          t_start=run.t_start)
+    if late is not None and ran_to == late and run.deadline is not None:
         # the search went on past its stop, having found nothing by then: the resize stage
         # keeps its reserve after the late stop
         run.deadline = max(run.deadline, late + (run.deadline - stop))  # type: ignore[operator]

@@ -40,7 +40,7 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
                  max_tasks: int | None, deadline: float | None,
                  on_result: Callable[[SearchResult], None] | None, progress: bool | None,
                  progress_interval: float, t_start: float,
-                 soft_deadline: float | None = None) -> None:
+                 soft_deadline: float | None = None) -> float | None:
     """Run ``tasks`` (the first ``max_tasks``; those ``checkpoint`` finished are taken as
     done), adding each new verified result to ``results`` (by μGraph text) and the counts to
     ``stats``, until they are done, ``deadline`` (a ``time.time()`` time) passes,
@@ -48,7 +48,8 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
     or the caller's executor. ``soft_deadline`` (before ``deadline``): the tasks first run to
     it; a search that has a result by then stops there (what is left of the time is its
     results' profiling), and one that has none goes on to ``deadline`` (it has nothing to
-    profile), its tasks cut at the first resumed where they stopped."""
+    profile), its tasks cut at the first resumed where they stopped. Returns the deadline the
+    search last ran to (``soft_deadline`` or ``deadline``)."""
     ck = checkpoint
     report = Progress(mode(progress), progress_interval, t_start)
     if ck is not None and (ck.done or ck.partial):
@@ -212,6 +213,7 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
     elif stats.tasks_done < stats.tasks_total and limit < stats.tasks_total:
         stats.stopped_by = TASK_BUDGET
     stats.budget_exhausted = stats.stopped_by in (TIME_BUDGET, TASK_BUDGET)
+    return stop
 
 
 #: seconds one wait for finished tasks lasts at most: a Ctrl-C waits for its end (``_collect``)

@@ -11,9 +11,10 @@ mode "reduce-overhead", in alternating rounds:
 - ``timed``: the same with ``profile=True``, as the default options run it on a GPU: Inductor's
   code for the graph compiled in each of its modes and timed (``fx.whole``) before the faster
   is returned. In `bench generate` on H200s (2026-11-28, 8-layer Llama at 8B sizes, b = 1)
-  the backend's mode took 0.15-0.2 ms a step more around the compiled call than max-autotune's
-  own, also where it kept every piece (the same Inductor code): this tells whether compiling
-  and timing the graph's code in the backend is what costs it.
+  what a step spends around the compiled call varied by mode and run from 0.59 to 0.92 ms,
+  the backend's mode 0.14 ms above max-autotune's where it kept every piece (the same
+  Inductor code) and 0.2 ms below it on another host: this tells whether compiling and timing
+  the graph's code in the backend changes it.
 
 Usage, on the GPU machine from the repository root (MODE: "reduce-overhead", the default, or
 "max-autotune"):
