@@ -6,6 +6,7 @@ kind of task) came from.
     python3 scripts/task_times.py PROGRAM --task NAME [--task NAME ...]   (those tasks alone)
     python3 scripts/task_times.py norm-decode --eps EPS [--max-tasks N]
     python3 scripts/task_times.py norm-decode-hf --eps EPS [--max-tasks N]
+    python3 scripts/task_times.py decode-attention --batch B --keys K [--max-tasks N]
 
 One process, no time budget: the figures are seconds on this machine, to compare task orders.
 ``norm-decode`` is the program of an 8B model's RMSNorm with its value projection at decode, at
@@ -14,6 +15,11 @@ the sizes the backend searches it (scaled by 16): ``rms_norm(x, w, eps) @ W``, x
 costs the search (block graphs of about 7 operators against 3, before the "rms+EPS"
 accumulator). ``norm-decode-hf`` is the same function written as ``transformers``' RMSNorm
 traces: ``w * (x32 * rsqrt(mean(x32²) + eps)).to(fp16)``, x32 = x in float32.
+``decode-attention`` is an 8B model's grouped-query decode attention core as the backend's
+pieces have it (8 KV heads of 4 queries, head dim 128, a mask over K keys, fp16; a leading
+batch dimension when B > 1): ``softmax(q @ kᵀ / sqrt(128) + mask) @ v``. At 1,024 keys the
+backend searches it at 64 keys once it is scaled (B = 8); ``--keys 64`` against ``--keys 256``
+shows what that scaling costs the search.
 """
 
 from __future__ import annotations
@@ -36,9 +42,12 @@ def main() -> None:
     ap.add_argument("--task", action="append", default=[],
                     help="run only this task (e.g. split:82:7-7) and print its figures")
     ap.add_argument("--eps", type=float, default=1e-5, help="norm-decode's eps")
+    ap.add_argument("--batch", type=int, default=1, help="decode-attention's batch")
+    ap.add_argument("--keys", type=int, default=1024, help="decode-attention's keys")
     args = ap.parse_args()
     g = _norm_decode(args.eps) if args.program == "norm-decode" else \
         _norm_decode_hf(args.eps) if args.program == "norm-decode-hf" else \
+        _decode_attention(args.batch, args.keys) if args.program == "decode-attention" else \
         em.benchmarks.get(args.program, small=args.small)
     payload = prepare(g, SearchConfig())
     ctx = Context(payload)
@@ -96,6 +105,20 @@ def _norm_decode_hf(eps: float) -> em.KernelGraph:
     ms = g.mean(g.square(x32), 2)
     normed = g.cast(g.mul(x32, g.rsqrt(g.add_scalar(ms, eps))), em.float16)
     g.mark_output(g.matmul(g.mul(w, normed), proj))
+    return g
+
+
+def _decode_attention(batch: int, keys: int) -> em.KernelGraph:
+    g = em.new_kernel_graph()
+    lead = (batch,) if batch > 1 else ()
+    q = g.new_input((*lead, 8, 4, 128), em.float16)
+    kt = g.new_input((*lead, 8, 128, keys), em.float16)
+    mask = g.new_input((*lead, 1, 1, keys) if batch > 1 else (1, 1, keys), em.float16)
+    v = g.new_input((*lead, 8, keys, 128), em.float16)
+    s = g.add(g.mul_scalar(g.matmul(q, kt), 128 ** -0.5), mask)
+    last = len(s.dims) - 1
+    e = g.exp(g.sub(s, g.amax(s, last)))
+    g.mark_output(g.matmul(g.div(e, g.reduction(e, last)), v))
     return g
 
 
