@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import BlockGraphError, LowerError
 from ..expr import Term, app, sum_
 from ..ops import lookup
+from ..ops.elementwise import scalar_text
 from ..ops.reductions import floored, mean_term
 from ..ops.spec import TileDims
 
@@ -366,7 +367,7 @@ def rms_with_eps(eps: float) -> Accumulator:
 @functools.cache
 def _rms_with_eps(eps: float) -> Accumulator:
     name = f"{WITH_EPS}{eps!r}"
-    const = app("Const", repr(eps))
+    const = app("Const", scalar_text(eps, "forloop_accum"))  # as add_scalar writes it
     rms = ACCUMULATORS["rms"]
     return Accumulator(
         name, f"sqrt(sum of squares / count + {eps!r}) over iterations and the last "
