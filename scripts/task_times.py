@@ -44,10 +44,13 @@ def main() -> None:
     ap.add_argument("--eps", type=float, default=1e-5, help="norm-decode's eps")
     ap.add_argument("--batch", type=int, default=1, help="decode-attention's batch")
     ap.add_argument("--keys", type=int, default=1024, help="decode-attention's keys")
+    ap.add_argument("--folded", action="store_true",
+                    help="decode-attention with its batch folded into the KV heads")
     args = ap.parse_args()
     g = _norm_decode(args.eps) if args.program == "norm-decode" else \
         _norm_decode_hf(args.eps) if args.program == "norm-decode-hf" else \
-        _decode_attention(args.batch, args.keys) if args.program == "decode-attention" else \
+        _decode_attention(args.batch, args.keys, args.folded) \
+        if args.program == "decode-attention" else \
         em.benchmarks.get(args.program, small=args.small)
     payload = prepare(g, SearchConfig())
     ctx = Context(payload)
@@ -108,13 +111,24 @@ def _norm_decode_hf(eps: float) -> em.KernelGraph:
     return g
 
 
-def _decode_attention(batch: int, keys: int) -> em.KernelGraph:
+def _decode_attention(batch: int, keys: int, folded: bool = False) -> em.KernelGraph:
     g = em.new_kernel_graph()
+    if folded:
+        q = g.new_input((batch * 8, 4, 128), em.float16)
+        kt = g.new_input((batch * 8, 128, keys), em.float16)
+        mask = g.new_input((batch * 8 if batch > 1 else 1, 1, keys), em.float16)
+        v = g.new_input((batch * 8, keys, 128), em.float16)
+        return _attention_core(g, q, kt, mask, v)
     lead = (batch,) if batch > 1 else ()
     q = g.new_input((*lead, 8, 4, 128), em.float16)
     kt = g.new_input((*lead, 8, 128, keys), em.float16)
     mask = g.new_input((*lead, 1, 1, keys) if batch > 1 else (1, 1, keys), em.float16)
     v = g.new_input((*lead, 8, keys, 128), em.float16)
+    return _attention_core(g, q, kt, mask, v)
+
+
+def _attention_core(g: em.KernelGraph, q: em.Tensor, kt: em.Tensor, mask: em.Tensor,
+                    v: em.Tensor) -> em.KernelGraph:
     s = g.add(g.mul_scalar(g.matmul(q, kt), 128 ** -0.5), mask)
     last = len(s.dims) - 1
     e = g.exp(g.sub(s, g.amax(s, last)))

@@ -279,8 +279,45 @@ def test_single_rows_sharing_a_matrix_are_folded_into_its_rows() -> None:
 
 def test_rows_are_not_folded_where_a_right_operand_has_its_own_rows_dim() -> None:
     """A right operand with a dim ``-3`` of its own (one matrix per query head, no sharing) is
-    no matrix shared by rows: the program keeps its layout."""
+    no matrix shared by rows: each product keeps its single row (its two leading dims merge
+    into one batch dim, ``with_batch_folded``)."""
     q, k = _rand(KVH, H // KVH, 1, D), _rand(KVH, H // KVH, D, 8)
     traced = trace(lambda q, k: (q @ k).exp(), q, k)
-    assert [t.dims for t in traced.graph.inputs] == [(KVH, H // KVH, 1, D),
-                                                     (KVH, H // KVH, D, 8)]
+    assert [t.dims for t in traced.graph.inputs] == [(H, 1, D), (H, D, 8)]
+
+
+def _batched_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+                       ) -> torch.Tensor:
+    """``_decode_attention`` for a batch of sequences (leading dim ``b``), each with its mask
+    over the keys (``(b, 1, 1, 1, n)``, shared by its heads)."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5 + mask
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+
+def test_a_batch_of_sequences_is_folded_into_the_kv_heads() -> None:
+    """``with_batch_folded``: with 3 sequences the rows fold as at one, giving
+    q (3, kv, g, d) @ K (3, kv, d, n); the sequences and KV heads then merge into one batch
+    dim, q (3·kv, g, d) @ K (3·kv, d, n), the program the search knows from one sequence. The
+    mask, one row of keys per sequence, is copied to one per sequence and head (an ``expand``
+    before the merge); the program computes what the code computes."""
+    b, n = 3, 64
+    q, k, v = _rand(b, KVH, H // KVH, 1, D), _rand(b, KVH, 1, n, D), _rand(b, KVH, 1, n, D)
+    mask = torch.where(torch.rand(b, 1, 1, 1, n) < 0.3, float("-inf"), 0.0)
+    mask[..., 0] = 0.0  # every row sees a key
+    traced = trace(_batched_attention, q, k, v, mask)
+    assert [t.dims for t in traced.graph.inputs] == [
+        (b * KVH, H // KVH, D), (b * KVH, D, n), (b * KVH, 1, n), (b * KVH, n, D)]
+    (copied,) = [v for v in traced.inputs if any(s == "expand" for s, _ in v.steps)]
+    assert copied.source == "mask" and copied.dims == (b * KVH, 1, n)
+    (got,) = traced.reference(q, k, v, mask)
+    torch.testing.assert_close(got.float(), _batched_attention(q, k, v, mask),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_fold_that_would_copy_a_shared_matrix_is_not_taken() -> None:
+    """One weight for every sequence, ``(1, h, hidden, d)`` against the sequences' rows
+    ``(b, 1, 1, hidden)``: merging the leading dims would copy the weight once per sequence,
+    more than ``COPY_SHARE`` of the inputs, so the program keeps its layout."""
+    x, w = _rand(3, 1, 1, HIDDEN), _rand(1, H, HIDDEN, D)
+    traced = trace(lambda x, w: (x @ w).exp(), x, w)
+    assert [t.dims for t in traced.graph.inputs] == [(3, 1, 1, HIDDEN), (1, H, HIDDEN, D)]

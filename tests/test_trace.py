@@ -164,8 +164,9 @@ def test_grouped_query_attention_folds_the_kv_views_into_the_inputs(fn: Any) -> 
     traced = _matches(fn, q, k, v)
     g = traced.graph
     assert len(g.inputs) == 3 and [t.op for t in g.operators].count("matmul") == 2
-    # Q's heads split as (kv groups, repeats); K and V keep a size-1 repeat dim (broadcast)
-    assert [t.dims for t in g.inputs] == [(2, 2, 4, 5, 4), (2, 2, 1, 4, 5), (2, 2, 1, 5, 4)]
+    # Q's heads split as (kv groups, repeats); K and V keep a size-1 repeat dim (broadcast);
+    # the batch and the kv groups merge into one batch dim (``trace.with_batch_folded``)
+    assert [t.dims for t in g.inputs] == [(4, 4, 5, 4), (4, 1, 4, 5), (4, 1, 5, 4)]
     for view, source in zip(traced.inputs, (q, k, v)):
         assert {name for name, _ in view.steps} <= {"reshape", "permute"}
         made = view.apply(source)  # views only: the same memory
@@ -178,7 +179,8 @@ def test_a_repeat_of_kv_heads_with_a_computed_query_splits_its_heads() -> None:
         return (q * 2) @ k.repeat_interleave(4, dim=1).transpose(-2, -1)
 
     traced = _matches(f, _rand(2, 8, 5, 4), _rand(2, 2, 5, 4))
-    assert (2, 2, 1, 4, 5) in [t.dims for t in traced.graph.inputs]  # K not repeated
+    # K not repeated (its batch and groups merged: ``trace.with_batch_folded``)
+    assert (4, 1, 4, 5) in [t.dims for t in traced.graph.inputs]
 
 
 def test_a_projection_split_into_heads_times_a_computed_per_head_factor() -> None:

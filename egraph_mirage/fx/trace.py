@@ -17,6 +17,7 @@ reduction's ``dtype=`` and softmax's ``half_to_float`` cast the operands first
 
 from __future__ import annotations
 
+import math
 import types
 import warnings
 from collections.abc import Sequence
@@ -60,8 +61,8 @@ def trace_fx(gm: Any, example_inputs: Sequence[Any]) -> TracedProgram:
     traced = Tracer(gm, example_inputs).run()
     inputs = tuple(replace(v, source=names[v.position]) if v.kind == "placeholder" else v
                    for v in traced.inputs)
-    return with_rows_folded(without_unit_batch(replace(traced, placeholders=names,
-                                                        inputs=inputs)))
+    return with_batch_folded(with_rows_folded(without_unit_batch(
+        replace(traced, placeholders=names, inputs=inputs))))
 
 
 def without_unit_batch(traced: TracedProgram) -> TracedProgram:
@@ -179,6 +180,79 @@ def with_rows_folded(traced: TracedProgram) -> TracedProgram:
         return replace(v, steps=(*steps, ("reshape", (dims(t),))), dims=dims(t))
 
     inputs = tuple(reshaped(v, t) for v, t in zip(traced.inputs, g.inputs, strict=True))
+    return replace(traced, graph=h, inputs=inputs)
+
+
+#: a program whose batch fold copies inputs holds them to this share of its inputs' elements
+COPY_SHARE = 1 / 16
+
+
+def with_batch_folded(traced: TracedProgram) -> TracedProgram:
+    """``traced`` with its two leading dims merged into one: a batch of sequences' grouped-query
+    attention at decode, ``q (b, kv, g, d) @ K (b, kv, d, n)`` after ``with_rows_folded``,
+    becomes ``q (b·kv, g, d) @ K (b·kv, d, n)``, the batch one more run of the products' batch
+    dim, and the search's problem the one it has at ``b = 1`` (its space follows the dimension
+    classes: a leading dim of its own multiplies it).
+
+    It applies where every tensor has one rank ``R >= 4``, no operator works along dim 0 or 1,
+    both leading dims of the operators' results are the program's (``(B, H)``, both above 1)
+    and its outputs are of the full leading size. An input with leading dims ``(1, 1)`` keeps a
+    broadcast dim; one with ``(B, 1)`` or ``(1, H)`` (the attention's mask, one row per
+    sequence, shared by the heads) is expanded and copied to ``(B·H)`` at every call (a
+    ``reshape`` step after an ``expand``), which the fold takes only where the copies hold at
+    most ``COPY_SHARE`` of the inputs' elements (a mask of ``n`` keys a head against
+    ``2·d·n`` of K and V). Otherwise ``traced`` is returned as it is."""
+    g = traced.graph
+    ranks = {len(t.dims) for t in g.tensors}
+    if len(ranks) != 1 or (rank := ranks.pop()) < 4:
+        return traced
+    lead = max((t.dims[:2] for t in g.operators), default=(1, 1))
+    if min(lead) < 2 or any(t.dims[:2] != lead for t in [*g.operators, *g.outputs]):
+        return traced
+    for t in g.operators:
+        if "dim" in t.params and t.params["dim"] % rank < 2:
+            return traced
+        if t.op == "rms_norm":
+            shape = t.params["normalized_shape"]
+            if not isinstance(shape, int) and len(shape) > rank - 2:
+                return traced
+    expanded = {t.index: t for t in g.inputs if t.dims[:2] not in (lead, (1, 1))}
+    if any(t.dims[0] not in (1, lead[0]) or t.dims[1] not in (1, lead[1])
+           for t in expanded.values()):
+        return traced
+    copied = sum(math.prod(lead) * math.prod(t.dims[2:]) for t in expanded.values())
+    if copied > COPY_SHARE * sum(math.prod(t.dims) for t in g.inputs):
+        return traced
+
+    def dims(t: Tensor) -> tuple[int, ...]:
+        return (1 if t.dims[:2] == (1, 1) else math.prod(lead), *t.dims[2:])
+
+    h = new_kernel_graph()
+    new: dict[int, Tensor] = {}
+    try:
+        for t in g.tensors:
+            if t.op is None:
+                new[t.index] = h.new_input(dims(t), t.dtype)
+                continue
+            params = dict(t.params)
+            if "dim" in params:
+                params["dim"] = params["dim"] % rank - 1
+            out = h.apply(t.op, [new[a.index] for a in t.operands], **params)
+            if out.dims != dims(t):
+                return traced
+            new[t.index] = out
+    except EMError:
+        return traced
+    for t in g.outputs:
+        h.mark_output(new[t.index])
+
+    def folded(v: InputView, t: Tensor) -> InputView:
+        steps = v.steps[:-1] if v.steps and v.steps[-1][0] == "reshape" else v.steps
+        if t.index in expanded:
+            steps = (*steps, ("reshape", (t.dims,)), ("expand", ((*lead, *t.dims[2:]),)))
+        return replace(v, steps=(*steps, ("reshape", (dims(t),))), dims=dims(t))
+
+    inputs = tuple(folded(v, t) for v, t in zip(traced.inputs, g.inputs, strict=True))
     return replace(traced, graph=h, inputs=inputs)
 
 

@@ -42,7 +42,8 @@ class InputView:
     dtype: DType
 
     def apply(self, value: Any) -> Any:
-        """The graph input from the source tensor ``value`` (views only, no copy)."""
+        """The graph input from the source tensor ``value``: views, except a broadcast input
+        of a batch fold (``trace.with_batch_folded``), copied."""
         return apply_steps(value, self.steps)
 
 

@@ -31,14 +31,16 @@ from ..errors import UnsupportedOpError
 
 Shape = tuple[int, ...]
 #: one torch view applied to a source: ("reshape", (shape,)), ("permute", (order,)),
-#: ("narrow", (dim, start, length))
+#: ("narrow", (dim, start, length)), ("expand", (shape,))
 Step = tuple[str, tuple[Any, ...]]
 #: a factor of a pending view: (size, expanded)
 Factor = tuple[int, bool]
 
-#: how the caller applies each kind of step to a torch tensor (all are views)
+#: how the caller applies each kind of step to a torch tensor (all are views; a reshape that
+#: merges an expanded dim with another copies: ``trace.with_batch_folded``'s broadcast inputs)
 STEP_METHODS = {
     "reshape": lambda t, shape: t.reshape(shape),
+    "expand": lambda t, shape: t.expand(shape),
     "permute": lambda t, order: t.permute(order),
     "narrow": lambda t, dim, start, length: t.narrow(dim, start, length),
 }
