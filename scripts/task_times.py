@@ -80,6 +80,8 @@ def main() -> None:
         for _, kernels, seconds, *_ in res.found:
             if kernels not in firsts:
                 firsts[kernels] = (i, task.name, elapsed, seconds * 1e6)
+                print(f"  ... {kernels} kernel(s) at task {i} ({task.name}), {elapsed:.1f} s",
+                      flush=True)
         if res.found and task.kind not in first_of_kind:
             first_of_kind[task.kind] = (i, task.name, elapsed)
     print(f"{args.program}: {len(tasks)} tasks in {elapsed:.1f} s")

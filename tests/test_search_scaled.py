@@ -36,9 +36,26 @@ def test_a_large_program_scales_its_large_dimensions_and_keeps_its_operators() -
     assert sc.elements(g) > sc.SCALE_ABOVE
     h = sc.scaled_program(g)
     assert h is not None
-    assert [t.dims for t in h.inputs] == [(2, 128), (128, 128)]
+    # 2048 / 16 is 128: raised to SMALLEST (256), as the factor divides it
+    assert [t.dims for t in h.inputs] == [(2, 256), (256, 256)]
     assert [t.op for t in h.operators] == [t.op for t in g.operators]
-    assert [t.dims for t in h.outputs] == [(2, 128)]
+    assert [t.dims for t in h.outputs] == [(2, 256)]
+
+
+def test_keys_scale_to_no_fewer_than_leave_room_for_a_split_and_a_loop() -> None:
+    """An 8B model's decode attention over 8 sequences' 1,024 keys (the batch folded into the KV
+    heads): the keys are divided by 4, not 16, which leaves 64 keys, no room for the split
+    form's blocks each looping over tiles."""
+    g = em.new_kernel_graph()
+    q = g.new_input((64, 4, 128))
+    kt, v = g.new_input((64, 128, 1024)), g.new_input((64, 1024, 128))
+    s = g.add(g.mul_scalar(g.matmul(q, kt), 128 ** -0.5), g.new_input((64, 1, 1024)))
+    e = g.exp(g.sub(s, g.amax(s, 2)))
+    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
+    h = sc.scaled_program(g)
+    assert h is not None
+    assert [t.dims for t in h.inputs] == [(64, 4, 128), (64, 128, 256), (64, 256, 128),
+                                          (64, 1, 256)]
 
 
 def test_a_small_program_is_searched_at_its_own_sizes() -> None:
@@ -53,18 +70,21 @@ def test_a_slice_of_a_scaled_dimension_scales_its_bounds_or_keeps_the_program() 
         g.mark_output(g.matmul(g.apply("slice_last", [x], start=start, stop=stop), w))
         return g
 
+    # the slice's 2,048 columns are 4,096's divided by 16: the product's 2,048 are too (not
+    # raised to SMALLEST), so the program scales by FACTOR alone
     h = sc.scaled_program(sliced(2048, 4096))
     assert h is not None
     assert h.operators[0].params == {"start": 128, "stop": 256}
+    assert [t.dims for t in h.inputs] == [(2, 256), (128, 128)]
     # bounds that the factor does not divide: the program is searched at its own sizes
     assert sc.scaled_program(sliced(2040, 4088)) is None
 
 
 def test_the_search_runs_scaled_and_returns_results_verified_at_the_programs_sizes() -> None:
     g = norm_projection()
-    res = superoptimize(g, max_tasks=100, workers=1, progress=False)  # the first at task 97
+    res = superoptimize(g, max_tasks=100, workers=1, progress=False)  # results by task 40
     assert res, res.stats.no_result_reasons
-    assert res.stats.searched_sizes == [(2, 128), (128, 128)]
+    assert res.stats.searched_sizes == [(2, 256), (256, 256)]
     assert 0 < len(res) <= sc.KEEP
     assert res.stats.resize_rejected == 0
     rng = np.random.default_rng(0)

@@ -9,12 +9,13 @@ and a structure found at one size is re-sized to another by ``mugraph.sizes.reta
 
 So a program with more than ``SCALE_ABOVE`` elements (inputs and operators) is searched as its
 **scaled copy** (``scaled_program``): every dimension of at least ``LARGE`` is divided by
-``FACTOR``, the others kept, and the program's operators replayed on those sizes. The copy is
-used only where it is the same program at other sizes: each operator's result has the scaled
-dims of the original's, and an operator whose parameters hold a size is rewritten to match
-(``rms_norm``'s normalized shape; ``slice_last``'s bounds, when the sliced dimension is scaled
-and the bounds divide); a program with an operator that holds a size the scaling cannot follow
-(``div_count``'s count) is searched at its own sizes.
+``FACTOR`` (to no less than ``SMALLEST``), the others kept, and the program's operators
+replayed on those sizes. The copy is used only where it is the same program at other sizes:
+each operator's result has the scaled dims of the original's, and an operator whose
+parameters hold a size is rewritten to match (``rms_norm``'s normalized shape;
+``slice_last``'s bounds, when the sliced dimension is scaled and the bounds divide); a program
+with an operator that holds a size the scaling cannot follow (``div_count``'s count) is
+searched at its own sizes.
 
 After the search, **resize** (``resized``): each result is retargeted to the program's own
 sizes, the copies of one structure kept once, ordered by the cost model at those sizes, and the
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -48,8 +49,12 @@ from ..search.dims import PROBE_LIMIT
 SCALE_ABOVE = 1 << 22
 #: dimensions of at least this size are scaled ...
 LARGE = 1024
-#: ... divided by this (a dimension of 1024 becomes 64: room for a split and a loop)
+#: ... divided by this (a projection's 4,096 becomes 256) ...
 FACTOR = 16
+#: ... to no less than this, where it divides: room for a split into blocks that each loop over
+#: tiles of 16 (1,024 keys become 256; at 64, the split decode attention is out of the search's
+#: reach: ``scripts/task_times.py decode-attention --keys 64``)
+SMALLEST = 256
 #: verified results at the program's own sizes that the resize stage returns at most
 KEEP = 8
 #: seconds per program element to build the checks at the program's sizes (measured: 0.1 to
@@ -73,31 +78,44 @@ def elements(g: KernelGraph) -> int:
     return sum(math.prod(t.dims) for t in [*g.inputs, *g.operators])
 
 
-def _size(n: int) -> int:
-    return n // FACTOR if n >= LARGE and n % FACTOR == 0 else n
+def _size(n: int, smallest: int = SMALLEST) -> int:
+    if n < LARGE or n % FACTOR:
+        return n
+    return smallest if n // FACTOR < smallest and n % smallest == 0 else n // FACTOR
 
 
 def scaled_program(g: KernelGraph) -> KernelGraph | None:
     """``g`` at its scaled sizes (module docstring), or None where it is not large enough, no
     dimension scales, the scaling cannot follow one of its operators, or an operator is too
     large to check at its own sizes (``search.dims.PROBE_LIMIT``: the search refuses the
-    program itself, naming that operator)."""
+    program itself, naming that operator). Where a dimension raised to ``SMALLEST`` is a slice
+    of one divided by ``FACTOR`` (a fused projection's 1,024 columns of its 6,144), the program
+    is scaled by ``FACTOR`` alone."""
     if elements(g) <= SCALE_ABOVE or any(t.op == "customized" for t in g.operators):
         return None
     if any(sum(math.prod(o.dims) for o in (*t.operands, t)) > PROBE_LIMIT for t in g.operators):
         return None  # too large to check at its own sizes: the search refuses it, named
     if all(_size(d) == d for t in g.inputs for d in t.dims):
         return None
+    for smallest in (SMALLEST, 0):
+        if (h := _replayed(g, lambda n, s=smallest: _size(n, s))) is not None:
+            return h
+    return None
+
+
+def _replayed(g: KernelGraph, size: Callable[[int], int]) -> KernelGraph | None:
+    """``g``'s operators replayed on its inputs with every dim ``n`` made ``size(n)``; None where
+    an operator's result is not its own dims sized so, or its parameters cannot follow."""
     h = KernelGraph()
-    new: dict[int, Tensor] = {t.index: h.new_input(tuple(map(_size, t.dims)), t.dtype)
+    new: dict[int, Tensor] = {t.index: h.new_input(tuple(map(size, t.dims)), t.dtype)
                               for t in g.inputs}
     try:
         for t in g.operators:
-            params = _params(t)
+            params = _params(t, size)
             if params is None:
                 return None
             out = h.apply(t.op, [new[o.index] for o in t.operands], **params)
-            if out.dims != tuple(map(_size, t.dims)):
+            if out.dims != tuple(map(size, t.dims)):
                 return None  # a dimension the scaling does not divide alike everywhere
             new[t.index] = out
     except EMError:
@@ -107,21 +125,21 @@ def scaled_program(g: KernelGraph) -> KernelGraph | None:
     return h
 
 
-def _params(t: Tensor) -> dict[str, Any] | None:
+def _params(t: Tensor, size: Callable[[int], int]) -> dict[str, Any] | None:
     """``t``'s operator parameters at the scaled sizes; None where they cannot follow."""
     p = dict(t.params)
     if t.op == "div_count":
         return None  # a count may be any product of dimensions: not followed
     if t.op == "rms_norm":
         shape = p["normalized_shape"]
-        p["normalized_shape"] = (_size(shape) if isinstance(shape, int)
-                                 else tuple(map(_size, shape)))
+        p["normalized_shape"] = (size(shape) if isinstance(shape, int)
+                                 else tuple(map(size, shape)))
     if t.op == "slice_last":
         n = t.operands[0].dims[-1]
-        if _size(n) != n:
-            if p["start"] % FACTOR or p["stop"] % FACTOR:
+        if (factor := n // size(n)) > 1:
+            if p["start"] % factor or p["stop"] % factor:
                 return None
-            p["start"], p["stop"] = p["start"] // FACTOR, p["stop"] // FACTOR
+            p["start"], p["stop"] = p["start"] // factor, p["stop"] // factor
     return p
 
 
