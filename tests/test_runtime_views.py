@@ -95,7 +95,8 @@ def test_ropes_rotate_half_halves_are_read_in_place_with_no_copy_per_call(
         monkeypatch: Any) -> None:
     """At decode, the RoPE piece that the partitioner cuts after the query projection takes
     ``q[..., :64]`` and ``q[..., 64:]`` as graph inputs: narrow views of the projection's
-    output, strides (1024, 128, 64, 1), with gaps between rows. The runner compiles the
+    output, its sequences and heads merged into one dim (``trace.with_batch_folded``), strides
+    (128, 64, 1), with gaps between rows. The runner compiles the
     kernel for those strides and, after its first call, passes the views as they are (the
     data pointer carries the slice's offset): no ``aten::contiguous`` or other copy per call,
     and the output matches eager."""
@@ -115,9 +116,9 @@ def test_ropes_rotate_half_halves_are_read_in_place_with_no_copy_per_call(
     halves = [i for i, v in enumerate(traced.inputs) if any(n == "narrow" for n, _ in v.steps)]
     assert len(halves) == 2
     runner, fn, launched = runner_and_program(monkeypatch, traced,
-                                              one_kernel(traced.graph, (B, H, 1)),
+                                              one_kernel(traced.graph, (B * H, 1, 1)),
                                               piece.example_inputs)
-    assert [fn.strides[i] for i in halves] == [(H * D, D, D // 2, 1)] * 2
+    assert [fn.strides[i] for i in halves] == [(D, D // 2, 1)] * 2
 
     out, copies = host_copies(runner, list(piece.example_inputs))
     assert copies == []
@@ -126,7 +127,7 @@ def test_ropes_rotate_half_halves_are_read_in_place_with_no_copy_per_call(
     starts = [args[1] for i in halves for n, args in traced.inputs[i].steps if n == "narrow"]
     assert sorted(starts) == [0, D // 2]  # x1 = q[..., :64], x2 = q[..., 64:]
     for i, start in zip(halves, starts, strict=True):
-        assert ins[i].stride() == (H * D, D, D // 2, 1)
+        assert ins[i].stride() == (D, D // 2, 1)
         assert ins[i].data_ptr() == q.data_ptr() + start * q.element_size()  # in place
     want = piece.module(*piece.example_inputs)[0]
     torch.testing.assert_close(out[0], want, rtol=1e-2, atol=1e-2)

@@ -64,11 +64,12 @@ BESIDE_LAG = 2
 #: split tasks start at first kernels of this many operators (one operator only accumulates an
 #: input: those plans are searched with the other two-kernel plans)
 SPLIT_MIN = 2
-#: the first split shapes walking their piece with the loop (``Context.early_splits``, in the
-#: shape heuristic's order) whose split tasks of every size run right after the one-kernel
-#: tasks of ``SHALLOW`` operators: a split whose pieces each compute the whole program (split-KV
-#: of a softmax with its max subtracted: 8 operators a piece) is then reached before the deep
-#: one-kernel and split tasks of every other shape
+#: the first split shapes walking their piece with the loop (``Context.early_splits``: those
+#: that load every input first, each group in the shape heuristic's order) whose split tasks
+#: of every size run right after the one-kernel tasks of ``SHALLOW`` operators: a split whose
+#: pieces each compute the whole program (split-KV of a softmax with its max subtracted: 8
+#: operators a piece) is then reached before the deep one-kernel and split tasks of every
+#: other shape
 SPLIT_LEAD = 1
 #: the second kernel of a split task combines the pieces: it is searched with at most this many
 #: operators (accumulating two partial results and finishing them takes 3 to 5)
@@ -181,8 +182,14 @@ class Context:
                              if splits_reduction(ks, payload.out_classes, payload.config)]
         self.split_set = frozenset(self.split_shapes)
         #: the split shapes whose blocks walk their piece with the loop (FlashDecoding's split-KV,
-        #: split-K GEMMs), searched early; those loading a whole piece at once come late
-        self.early_splits = [i for i in self.split_shapes if self.first_shapes[i].frange > 1]
+        #: split-K GEMMs), searched early; those loading a whole piece at once come late. Those
+        #: that load every input come first: a split task's second kernel only combines the
+        #: pieces, so a first kernel that leaves an input out (a split of attention's head dim,
+        #: which cannot load V beside it) computes the program only where a few combining
+        #: operators finish it
+        walks = [i for i in self.split_shapes if self.first_shapes[i].frange > 1]
+        self.early_splits = sorted(walks, key=lambda i: len(self.first_shapes[i].loaders)
+                                   < len(payload.inputs))
 
     @cached_property
     def counts(self) -> tuple[int, ...]:
