@@ -321,3 +321,12 @@ def test_a_batch_fold_that_would_copy_a_shared_matrix_is_not_taken() -> None:
     x, w = _rand(3, 1, 1, HIDDEN), _rand(1, H, HIDDEN, D)
     traced = trace(lambda x, w: (x @ w).exp(), x, w)
     assert [t.dims for t in traced.graph.inputs] == [(3, 1, 1, HIDDEN), (1, H, HIDDEN, D)]
+
+
+def test_a_batch_fold_is_not_taken_where_an_operator_works_along_a_leading_dim() -> None:
+    """A sum over the heads (dim 1) needs them apart: the program keeps its layout."""
+    q, k = _rand(3, KVH, H // KVH, D), _rand(3, KVH, D, 8)
+    traced = trace(lambda q, k: (q @ k).exp().sum(1), q, k)
+    assert [t.dims for t in traced.graph.inputs] == [(3, KVH, H // KVH, D), (3, KVH, D, 8)]
+    (got,) = traced.reference(q, k)
+    torch.testing.assert_close(got.float(), (q @ k).exp().sum(1), rtol=1e-4, atol=1e-4)

@@ -290,3 +290,28 @@ def test_a_pool_with_a_worker_for_each_lead_split_task_is_handed_them_first(
     listed = list_tasks(payloads[0], searched)
     assert handed == [t.name for t in dispatch_order(listed, searched, len(lead) + 1)]
     assert handed[0].startswith("split:") and handed != [t.name for t in listed]
+
+
+def test_the_lead_split_shape_loads_every_input() -> None:
+    """A split task's second kernel only combines the pieces, so a first kernel must load every
+    input to compute the program. The lead split shape (``Context.early_splits[0]``, whose
+    tasks run first) is one that does: for a batch of sequences' decode attention folded into
+    its KV heads (q (64, 4, 128) against 256 keys, a mask row per sequence and head), the
+    heuristic's best-scored split shape cuts the head dim and cannot load V beside it; the lead
+    is FlashDecoding's grid over (sequence × KV head, key blocks), each block looping over its
+    keys. Its split task of all 9 operators finds the split-KV form (32 results in ~10 s in one
+    process: ``scripts/task_times.py decode-attention --batch 8 --keys 256 --folded``)."""
+    g = em.new_kernel_graph()
+    q = g.new_input((64, 4, 128))
+    kt, v = g.new_input((64, 128, 256)), g.new_input((64, 256, 128))
+    s = g.add(g.mul_scalar(g.matmul(q, kt), 128 ** -0.5), g.new_input((64, 1, 256)))
+    e = g.exp(g.sub(s, g.amax(s, 2)))
+    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
+    payload = prepare(g, SearchConfig())
+    ctx = Context(payload)
+    shapes = [ctx.first_shapes[i] for i in ctx.early_splits]
+    everything = [len(ks.loaders) == len(payload.inputs) for ks in shapes]
+    assert everything[0] and False in everything  # some leave an input out: they come after
+    assert everything == sorted(everything, reverse=True)
+    lead = shapes[0]
+    assert lead.grid[0] == 64 and lead.loop_class in lead.axis_classes  # split-KV, looping

@@ -119,7 +119,10 @@ def test_a_decoder_layer_at_decode_with_batch_8_is_cut_as_at_batch_1(
     heads (graph dims (8, heads, 1, head_dim): x as (8, 1, 1, hidden) against the weight as
     (1, heads, hidden, head_dim)), the norm before it laid out alike; the attention's output
     (rows, kv_heads, n_rep, 1, head_dim) goes into the output projection as one product per
-    row and head, summed over the heads. The first two pieces evaluate as eager does."""
+    row and head, summed over the heads. SDPA's sequences merge into its KV heads
+    (``trace.with_batch_folded``): every graph tensor of its piece is rank 3 with the
+    (sequence × KV head) batch first, the search's problem at one sequence. The first two
+    pieces evaluate as eager does."""
     step = ub.hf_step(family, attn, torch.float16)
     parts = partition(step, step.example_inputs(batch=8))
     assert [_signature(p) for p in parts.pieces] == LAYER_PIECES[family, attn]
@@ -128,6 +131,11 @@ def test_a_decoder_layer_at_decode_with_batch_8_is_cut_as_at_batch_1(
     # the hidden state, read once as (8, 1, 1, hidden): the sequences before the heads
     assert [v.dims for v in first.inputs if math.prod(v.dims) == 8 * ub.HIDDEN] == \
         [(8, 1, 1, ub.HIDDEN)]
+    if attn == "sdpa":
+        (sdpa,) = [p for p in parts.pieces if _signature(p)[0] == "sdpa"]
+        graph = trace_fx(sdpa.module, sdpa.example_inputs).graph
+        kv_heads = ub.LlamaSizes.small().kv_heads
+        assert {(len(t.dims), t.dims[0]) for t in graph.tensors} == {(3, 8 * kv_heads)}
     for piece in parts.pieces[:2]:
         traced = trace_fx(piece.module, piece.example_inputs)
         with torch.no_grad():
