@@ -330,3 +330,21 @@ def test_a_batch_fold_is_not_taken_where_an_operator_works_along_a_leading_dim()
     assert [t.dims for t in traced.graph.inputs] == [(3, KVH, H // KVH, D), (3, KVH, D, 8)]
     (got,) = traced.reference(q, k)
     torch.testing.assert_close(got.float(), (q @ k).exp().sum(1), rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_fold_that_would_copy_a_transposed_input_is_not_taken() -> None:
+    """Projections' outputs ``(b, n, h, d)`` read as ``(b, h, n, d)`` (``transpose(1, 2)``): the
+    sequences and heads are not one run of memory, so merging them would copy q, K and V at
+    every call; the program keeps its layout, each input a view of its source."""
+    def f(q: Any, k: Any, v: Any) -> Any:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        return torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5, dim=-1) @ v
+
+    q, k, v = _rand(3, 5, H, D), _rand(3, 5, H, D), _rand(3, 5, H, D)
+    traced = trace(f, q, k, v)
+    assert all(t.dims[:2] == (3, H) for t in traced.graph.inputs)
+    for view, source in zip(traced.inputs, (q, k, v)):
+        made = view.apply(source)
+        assert made.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
+    (got,) = traced.reference(q, k, v)
+    torch.testing.assert_close(got.float(), f(q, k, v), rtol=1e-4, atol=1e-4)

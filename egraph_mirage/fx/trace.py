@@ -38,6 +38,7 @@ from .traced import (
     user_line,
 )
 from .tracer import Tracer
+from .views import Source, check_views
 
 
 def from_torch(fn_or_module: Any, *example_inputs: Any) -> KernelGraph:
@@ -62,7 +63,7 @@ def trace_fx(gm: Any, example_inputs: Sequence[Any]) -> TracedProgram:
     inputs = tuple(replace(v, source=names[v.position]) if v.kind == "placeholder" else v
                    for v in traced.inputs)
     return with_batch_folded(with_rows_folded(without_unit_batch(
-        replace(traced, placeholders=names, inputs=inputs))))
+        replace(traced, placeholders=names, inputs=inputs))), example_inputs)
 
 
 def without_unit_batch(traced: TracedProgram) -> TracedProgram:
@@ -187,7 +188,7 @@ def with_rows_folded(traced: TracedProgram) -> TracedProgram:
 COPY_SHARE = 1 / 16
 
 
-def with_batch_folded(traced: TracedProgram) -> TracedProgram:
+def with_batch_folded(traced: TracedProgram, example_inputs: Sequence[Any]) -> TracedProgram:
     """``traced`` with its two leading dims merged into one: a batch of sequences' grouped-query
     attention at decode, ``q (b, kv, g, d) @ K (b, kv, d, n)`` after ``with_rows_folded``,
     becomes ``q (b·kv, g, d) @ K (b·kv, d, n)``, the batch one more run of the products' batch
@@ -201,7 +202,10 @@ def with_batch_folded(traced: TracedProgram) -> TracedProgram:
     sequence, shared by the heads) is expanded and copied to ``(B·H)`` at every call (a
     ``reshape`` step after an ``expand``), which the fold takes only where the copies hold at
     most ``COPY_SHARE`` of the inputs' elements (a mask of ``n`` keys a head against
-    ``2·d·n`` of K and V). Otherwise ``traced`` is returned as it is."""
+    ``2·d·n`` of K and V). Every other input's merge must be a view of its source (given by
+    ``example_inputs``, the placeholders' values, and the attributes'): a transpose that puts
+    the sequence between the two (``(b, n, h, d)`` read as ``(b, h, n, d)``) would be copied at
+    every call, so the fold is not taken. Otherwise ``traced`` is returned as it is."""
     g = traced.graph
     ranks = {len(t.dims) for t in g.tensors}
     if len(ranks) != 1 or (rank := ranks.pop()) < 4:
@@ -253,6 +257,15 @@ def with_batch_folded(traced: TracedProgram) -> TracedProgram:
         return replace(v, steps=(*steps, ("reshape", (dims(t),))), dims=dims(t))
 
     inputs = tuple(folded(v, t) for v, t in zip(traced.inputs, g.inputs, strict=True))
+    for v, t in zip(inputs, g.inputs, strict=True):
+        if t.index in expanded:
+            continue
+        x = example_inputs[v.position] if v.kind == "placeholder" else traced.attributes[v.source]
+        try:
+            check_views(Source(v.source, v.kind, v.position, tuple(x.shape), tuple(x.stride()),
+                               x.dtype), v.steps, "the batch fold")
+        except UnsupportedOpError:
+            return traced  # the merge would copy this input at every call
     return replace(traced, graph=h, inputs=inputs)
 
 
