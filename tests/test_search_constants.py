@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from norm_programs import transformers_norm_projection
 
 import egraph_mirage as em
 from egraph_mirage.bench.search_bench import largest_intermediate
@@ -37,16 +38,7 @@ def rms_norm_linear(eps: float, gain: bool) -> em.KernelGraph:
 def transformers_norm_linear(eps: float, gain: bool) -> em.KernelGraph:
     """The same function as ``transformers``' RMSNorm traces: ``x32 = x.float()``,
     ``(x32 * rsqrt(x32.pow(2).mean(-1) + eps)).half()``, times the gain, then the projection."""
-    g = em.new_kernel_graph()
-    x = g.new_input((2, 64), dtype=em.float16)
-    w = g.new_input((64, 96), dtype=em.float16)
-    x32 = g.cast(x, em.float32)
-    ms = g.mean(g.square(x32), 1)
-    normed = g.cast(g.mul(x32, g.rsqrt(g.add_scalar(ms, eps))), em.float16)
-    if gain:
-        normed = g.mul(g.new_input((1, 64), dtype=em.float16), normed)
-    g.mark_output(g.matmul(normed, w))
-    return g
+    return transformers_norm_projection((2,), 64, 96, eps, gain)
 
 
 def test_the_constants_of_a_program_are_its_scalars_and_float_parameters() -> None:

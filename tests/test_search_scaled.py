@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from norm_programs import transformers_norm_projection
 
 import egraph_mirage as em
 from egraph_mirage.graph import KernelGraph
@@ -19,16 +20,9 @@ from egraph_mirage.search import SearchResult, SearchStats
 HIDDEN, OUT = 2048, 2048  # X (2, 2048) @ W (2048, 2048): 4.2M elements, past SCALE_ABOVE
 
 
-def norm_projection(hidden: int = HIDDEN, out: int = OUT, dtype: em.DType = em.float16
-                    ) -> KernelGraph:
+def norm_projection(hidden: int = HIDDEN, out: int = OUT) -> KernelGraph:
     """``rms_norm(X) @ W`` with transformers' float32 statistics, as the tracer writes it."""
-    g = em.new_kernel_graph()
-    x = g.new_input((2, hidden), dtype)
-    w = g.new_input((hidden, out), dtype)
-    h = g.cast(x, em.float32)
-    r = g.rsqrt(g.add_scalar(g.mean(g.square(h), -1), 1e-5))
-    g.mark_output(g.matmul(g.cast(g.mul(h, r), dtype), w))
-    return g
+    return transformers_norm_projection((2,), hidden, out, 1e-5)
 
 
 def test_a_large_program_scales_its_large_dimensions_and_keeps_its_operators() -> None:
