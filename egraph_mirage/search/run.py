@@ -72,6 +72,10 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
         soft_deadline >= deadline else [soft_deadline, deadline]
     stop = rounds[0]  # the deadline of the round running
 
+    def unfinished() -> list[Task]:
+        """The tasks a round runs: those not run to their end (a cut one resumes at ``skip``)."""
+        return [t for t in todo if t.name not in finished]
+
     def absorb(res: TaskResult, fresh: bool) -> None:
         with processes.sigint_deferred():  # a task is recorded whole, or not at all
             new = record(res, fresh)
@@ -124,7 +128,7 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
         elif workers == 1:
             report.started(len(todo), stats.tasks_total, "in this process")
             for stop in rounds:
-                for task in [t for t in todo if t.name not in finished]:
+                for task in unfinished():
                     if enough[0] or (stop is not None and time.time() > stop):
                         break
                     absorb(run_task(payload, task, stop, ctx, skip.get(task.name, 0)),
@@ -178,7 +182,7 @@ def search_tasks(g: KernelGraph, config: SearchConfig, payload: Payload, ctx: Co
             # another is taken as one worker
             size = workers if isinstance(workers, int) else getattr(workers, "_max_workers", 1)
             for stop in rounds:
-                left = [t for t in todo if t.name not in finished]
+                left = unfinished()
                 handed = {t.name: submit(t) for t in dispatch_order(left, ctx, int(size))}
                 futures = [handed[t.name] for t in left]
                 behind = [0]
