@@ -701,6 +701,38 @@ def test_a_concat_of_equal_halves_is_a_join_not_a_gather(halves: tuple[int, int]
         xs[4] * xs[2] + np.concatenate([-xs[1], xs[0]], axis=1) * xs[3]])
 
 
+def _rotary_of_halves(n: int) -> em.KernelGraph:
+    """RoPE's rotation of 8 rows in one kernel, the halves taken in the thread block:
+    ``x * cos + concat(-x[:, n/2:], x[:, :n/2]) * sin``."""
+    from egraph_mirage.mugraph import new_threadblock_graph
+
+    g = em.new_kernel_graph()
+    x, cos, sin = g.new_input((8, n)), g.new_input((1, n)), g.new_input((1, n))
+    tb = new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=1)
+    t = tb.new_input(x, (0, -1, -1), forloop_dim=-1)
+    c = tb.new_input(cos, (-1, -1, -1), forloop_dim=-1)
+    s = tb.new_input(sin, (-1, -1, -1), forloop_dim=-1)
+    first = tb.apply("slice_last", [t], start=0, stop=n // 2)
+    second = tb.apply("slice_last", [t], start=n // 2, stop=n)
+    rotated = tb.mul(tb.concat(tb.neg(second), first, 1), s)
+    tb.new_output(tb.forloop_accum(tb.add(tb.mul(t, c), rotated)), (0, -1, -1))
+    (out,) = g.customized([x, cos, sin], tb)
+    g.mark_output(out)
+    return g
+
+
+def test_a_half_of_a_tile_is_sliced_in_the_thread_block() -> None:
+    """``slice_last`` at block level takes a half of a tile that holds its whole last dim: the
+    dim split into (2, half) and taken apart with ``tl.split``; the kernel computes RoPE's
+    rotation as numpy does. Another range, or a padded tile, is a ``LowerError``."""
+    g = _rotary_of_halves(32)
+    assert generate_source(g).count("tl.split(") == 2
+    _check(g, em.float16, reference=lambda xs: [
+        xs[0] * xs[1] + np.concatenate([-xs[0][:, 16:], xs[0][:, :16]], axis=1) * xs[2]])
+    with pytest.raises(em.LowerError, match="only a half"):
+        generate_source(_rotary_of_halves(24))  # 24 columns are padded to 32
+
+
 def test_an_input_is_read_in_place_through_the_strides_of_its_view() -> None:
     """``input_strides``: the kernels read a transposed weight (``nn.Linear``'s W, stored
     (out, in), used as Wᵀ) through the view's strides, with no contiguous copy; the program

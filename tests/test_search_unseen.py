@@ -31,3 +31,33 @@ def test_an_unseen_program_gets_a_fused_kernel(name: str) -> None:
     assert largest_intermediate(best.graph) == 0 < largest_intermediate(g)
     assert em.verify(g, best.graph, tests=4, seed=5).equivalent
     assert em.check_numerics(best.graph, g) < 1e-6
+
+
+def test_ropes_rotate_half_is_one_kernel_that_slices_its_tiles() -> None:
+    """RoPE as ``transformers`` writes it, ``x * cos + cat(-x[..., 16:], x[..., :16]) * sin``:
+    its two slices are halves of a tile that holds the whole head dim, so the search takes
+    them in the thread block (``slice_last`` at block level) and the rotation is one kernel,
+    not slices between kernels; it lowers and matches the program in Triton's interpreter."""
+    import numpy as np
+
+    g = em.new_kernel_graph()
+    x = g.new_input((8, 32), em.float16)
+    cos, sin = g.new_input((1, 32), em.float16), g.new_input((1, 32), em.float16)
+    first = g.apply("slice_last", [x], start=0, stop=16)
+    second = g.apply("slice_last", [x], start=16, stop=32)
+    g.mark_output(g.add(g.mul(x, cos), g.mul(g.concat(g.neg(second), first, 1), sin)))
+    results = superoptimize(g, SearchConfig(max_results=1), max_tasks=200, workers=1,
+                            progress=False)  # found at task 94 (2026-11-28)
+    assert results, results.stats.no_result_reasons
+    best = results.best.graph
+    assert [t.op for t in best.operators] == ["customized"]
+    (kernel,) = best.operators
+    assert [t.op for t in kernel.params["kernel"].tb.tensors].count("slice_last") == 2
+    assert em.verify(g, best, tests=4, seed=5).equivalent
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(t.dims).astype(np.float16) for t in g.inputs]
+    import torch
+
+    (got,) = em.compile(best)(*[torch.from_numpy(v) for v in xs])
+    (want,) = g.evaluate([v.astype(np.float64) for v in xs])
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-2, atol=2e-2)

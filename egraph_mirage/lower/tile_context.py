@@ -311,6 +311,23 @@ class TileContext:
         return (f"tl.where({pos} < {ra}, tl.gather({texts[0]}, {ia}, {at}), "
                 f"tl.gather({texts[1]}, {ib}, {at}))")
 
+    def half(self, a: str, start: int, stop: int) -> str:
+        """Operand ``a``'s first or second half along its last dimension (``start:stop`` of a
+        tile that holds the whole dimension, unpadded): the dimension split into (2, half), the
+        2 moved last and taken apart (``tl.split``). Raises ``LowerError`` for another range."""
+        real, padded = self.real(0), self.padded(0)
+        n, lay = real[-1], self.layout
+        rank = len(real)
+        if padded[-1] != n or n % 2 or (start, stop) not in ((0, n // 2), (n // 2, n)):
+            raise LowerError(f"slice_last: [{start}:{stop}] of a tile of {n} (padded to "
+                             f"{padded[-1]}): only a half of an unpadded last dimension is "
+                             "sliced in a thread block")
+        at, kept = lay.axis(rank - 1, rank), len(lay.dims(padded))
+        split = [*lay.dims(padded)[:-1], 2, n // 2]
+        perm = (*range(at), kept, at)  # (…, 2, half) -> (…, half, 2)
+        halves = f"tl.split(tl.permute(tl.reshape({a}, {fmt_shape(split)}), {perm}))"
+        return f"{halves}[{0 if start == 0 else 1}]"
+
     def fold(self, x: str, i: int, dimx: int) -> str:
         """``out[..., j] = sum_k x[..., k * dimx + j]`` (the sum_todimx step)."""
         v, lay = self.operands[i], self.layout

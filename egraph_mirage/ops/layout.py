@@ -1,6 +1,7 @@
 """The op table's operators that move elements (block and kernel level): ``concat`` joins two
 tensors along a dimension; ``slice_last`` takes a range of the last dimension (kernel level: a
-torch slice between kernels)."""
+torch slice between kernels; block level: a half of a tile that holds the whole dimension, as
+RoPE's rotate-half takes it, ``TileContext.half``)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LowerError
 from ..expr import Term, app
 from . import field_ops as ff
 from . import shapes as sh
 from .elementwise import term
 from .emit import torch_module
 from .reductions import GRAPH_LEVELS
-from .spec import KERNEL, OpSpec, Params, Shape, TileDims, TritonEmission
+from .spec import OpSpec, Params, Shape, TileDims, TritonEmission
 from .terms import largest
 
 
@@ -75,9 +75,8 @@ def _slice_dims(shapes: Sequence[Shape], p: Params) -> TileDims:
     return TileDims(out=(*(((0, j),) for j in range(rank - 1)), ()))
 
 
-def _slice_tile(*args: object) -> str:
-    raise LowerError("slice_last: a kernel-level operator (a torch slice between kernels), not "
-                     "an operator of thread-block graphs")
+def _slice_tile(args: Sequence[str], ctx: Any, p: Params) -> str:
+    return ctx.half(args[0], p["start"], p["stop"])
 
 
 LAYOUT: list[OpSpec] = [
@@ -103,7 +102,7 @@ MORE_LAYOUT: list[OpSpec] = [
         torch=lambda xs, p: xs[0][..., p["start"]:p["stop"]],
         terms=(term("Slice", 1.0, "elements start..stop-1 of the last dimension of x", largest,
                     ("i64", "i64", "Expr")),),
-        levels=frozenset({KERNEL}), commutative=False,
+        levels=GRAPH_LEVELS, commutative=False,
         triton=TritonEmission(
             tile=_slice_tile,
             host=lambda args, shapes, p: f"{args[0]}[..., {p['start']}:{p['stop']}].contiguous()",

@@ -400,6 +400,12 @@ class BlockSearch:
         if not names:
             yield {}
             return
+        if tuple(names) == ("start", "stop"):  # a half of the last dim (RoPE's rotate-half)
+            n = dims[0][-1]
+            if n % 2 == 0 and n > 1:
+                yield {"start": 0, "stop": n // 2}
+                yield {"start": n // 2, "stop": n}
+            return
         choices: list[list[Any]] = []
         for p in names:
             if p == "dim":
