@@ -414,6 +414,7 @@ def test_generic_graphs_cover_the_block_ops_and_accumulators() -> None:
     ops, accs = set(), set()
     graphs = [f() for f in GENERIC.values()]
     graphs += [_matmul_epilogue(*c) for c in MAP_CASES]
+    graphs.append(_rotary_of_halves(32))  # slice_last: halves of a tile
     for h in graphs:
         for t in h.operators:
             if t.op == "customized":
