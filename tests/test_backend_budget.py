@@ -1,9 +1,9 @@
 """The backend's ``budget`` bounds a whole compilation (``fx.budget``), ``refine`` included.
 
 A stand-in search records the ``time_budget`` it is handed and spends it (sleeps, or moves a
-fake clock, ``Clock``), finding
-nothing, so that every piece is refined into parts that are searched too. Nothing here waits on
-the clock to find something: sleeps only spend budgets, and the assertions bound time.
+fake clock, ``Clock``), finding nothing, so that every piece is refined into parts that are
+searched too. Nothing here waits on the clock to find something: sleeps only spend budgets,
+and the assertions bound time.
 """
 
 from __future__ import annotations
