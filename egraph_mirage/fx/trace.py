@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -38,7 +38,7 @@ from .traced import (
     user_line,
 )
 from .tracer import Tracer
-from .views import Source, check_views
+from .views import Source, Step, check_views
 
 
 def from_torch(fn_or_module: Any, *example_inputs: Any) -> KernelGraph:
@@ -101,14 +101,39 @@ def without_unit_batch(traced: TracedProgram) -> TracedProgram:
     for t in g.outputs:
         h.mark_output(new[t.index])
 
-    def reshaped(v: InputView, t: Tensor) -> InputView:
-        steps = v.steps[:-1] if v.steps and v.steps[-1][0] == "reshape" else v.steps
-        return replace(v, steps=(*steps, ("reshape", (t.dims[drop(t):],))),
-                       dims=t.dims[drop(t):])
-
-    inputs = tuple(reshaped(v, t) if drop(t) else v
+    inputs = tuple(_reshaped(v, t.dims[drop(t):]) if drop(t) else v
                    for v, t in zip(traced.inputs, g.inputs, strict=True))
     return replace(traced, graph=h, inputs=inputs)
+
+
+def _replayed(g: KernelGraph, dims: Callable[[Tensor], tuple[int, ...]],
+              dim: Callable[[int], int]) -> KernelGraph | None:
+    """``g``'s operators replayed on inputs of ``dims(t)``, a ``dim`` parameter ``d`` made
+    ``dim(d)``: the program laid out again (a fold); None where a result's dims are not
+    ``dims`` of the original's. An operator that refuses its operands raises its ``EMError``."""
+    h = new_kernel_graph()
+    new: dict[int, Tensor] = {}
+    for t in g.tensors:
+        if t.op is None:
+            new[t.index] = h.new_input(dims(t), t.dtype)
+            continue
+        params = dict(t.params)
+        if "dim" in params:
+            params["dim"] = dim(params["dim"])
+        out = h.apply(t.op, [new[a.index] for a in t.operands], **params)
+        if out.dims != dims(t):
+            return None
+        new[t.index] = out
+    for t in g.outputs:
+        h.mark_output(new[t.index])
+    return h
+
+
+def _reshaped(v: InputView, dims: tuple[int, ...], *steps: Step) -> InputView:
+    """Graph input ``v`` made of ``dims``: its last reshape (if any) replaced by ``steps`` and a
+    reshape to ``dims``."""
+    kept = v.steps[:-1] if v.steps and v.steps[-1][0] == "reshape" else v.steps
+    return replace(v, steps=(*kept, *steps, ("reshape", (dims,))), dims=dims)
 
 
 #: operators a row of a folded program may go through: elementwise ones, and these along the
@@ -149,6 +174,10 @@ def with_rows_folded(traced: TracedProgram) -> TracedProgram:
             return traced
         if t.op not in _ALONG_LAST and "dim" in t.params:
             return traced
+        if t.op == "rms_norm":
+            shape = t.params["normalized_shape"]
+            if not isinstance(shape, int) and len(shape) != 1:
+                return traced
     rows = [t for t in g.tensors if t.index not in matrix]
     if not folds or any(t.dims[-2] != 1 for t in rows):
         return traced
@@ -156,31 +185,10 @@ def with_rows_folded(traced: TracedProgram) -> TracedProgram:
     def dims(t: Tensor) -> tuple[int, ...]:
         return t.dims[:-3] + t.dims[-2:] if t.index in matrix else t.dims[:-2] + t.dims[-1:]
 
-    h = new_kernel_graph()
-    new: dict[int, Tensor] = {}
-    for t in g.tensors:
-        if t.op is None:
-            new[t.index] = h.new_input(dims(t), t.dtype)
-            continue
-        params = dict(t.params)
-        if "dim" in params:
-            params["dim"] = rank - 2
-        if t.op == "rms_norm":
-            shape = params["normalized_shape"]
-            if not isinstance(shape, int) and len(shape) != 1:
-                return traced
-        out = h.apply(t.op, [new[a.index] for a in t.operands], **params)
-        if out.dims != dims(t):
-            return traced
-        new[t.index] = out
-    for t in g.outputs:
-        h.mark_output(new[t.index])
-
-    def reshaped(v: InputView, t: Tensor) -> InputView:
-        steps = v.steps[:-1] if v.steps and v.steps[-1][0] == "reshape" else v.steps
-        return replace(v, steps=(*steps, ("reshape", (dims(t),))), dims=dims(t))
-
-    inputs = tuple(reshaped(v, t) for v, t in zip(traced.inputs, g.inputs, strict=True))
+    h = _replayed(g, dims, lambda d: rank - 2)
+    if h is None:
+        return traced
+    inputs = tuple(_reshaped(v, dims(t)) for v, t in zip(traced.inputs, g.inputs, strict=True))
     return replace(traced, graph=h, inputs=inputs)
 
 
@@ -231,30 +239,18 @@ def with_batch_folded(traced: TracedProgram, example_inputs: Sequence[Any]) -> T
     def dims(t: Tensor) -> tuple[int, ...]:
         return (1 if t.dims[:2] == (1, 1) else math.prod(lead), *t.dims[2:])
 
-    h = new_kernel_graph()
-    new: dict[int, Tensor] = {}
     try:
-        for t in g.tensors:
-            if t.op is None:
-                new[t.index] = h.new_input(dims(t), t.dtype)
-                continue
-            params = dict(t.params)
-            if "dim" in params:
-                params["dim"] = params["dim"] % rank - 1
-            out = h.apply(t.op, [new[a.index] for a in t.operands], **params)
-            if out.dims != dims(t):
-                return traced
-            new[t.index] = out
+        h = _replayed(g, dims, lambda d: d % rank - 1)
     except EMError:
         return traced
-    for t in g.outputs:
-        h.mark_output(new[t.index])
+    if h is None:
+        return traced
 
     def folded(v: InputView, t: Tensor) -> InputView:
-        steps = v.steps[:-1] if v.steps and v.steps[-1][0] == "reshape" else v.steps
-        if t.index in expanded:
-            steps = (*steps, ("reshape", (t.dims,)), ("expand", ((*lead, *t.dims[2:]),)))
-        return replace(v, steps=(*steps, ("reshape", (dims(t),))), dims=dims(t))
+        if t.index in expanded:  # copied: the source's rows expanded over the merged dim
+            return _reshaped(v, dims(t), ("reshape", (t.dims,)),
+                             ("expand", ((*lead, *t.dims[2:]),)))
+        return _reshaped(v, dims(t))
 
     inputs = tuple(folded(v, t) for v, t in zip(traced.inputs, g.inputs, strict=True))
     for v, t in zip(inputs, g.inputs, strict=True):
