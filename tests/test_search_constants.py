@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from norm_programs import transformers_norm_projection
+from model_programs import transformers_norm_projection
 
 import egraph_mirage as em
 from egraph_mirage.bench.search_bench import largest_intermediate

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from norm_programs import transformers_norm_projection
+from model_programs import folded_decode_attention, transformers_norm_projection
 
 import egraph_mirage as em
 from egraph_mirage.graph import KernelGraph
@@ -38,15 +38,9 @@ def test_a_large_program_scales_its_large_dimensions_and_keeps_its_operators() -
 
 def test_keys_scale_to_no_fewer_than_leave_room_for_a_split_and_a_loop() -> None:
     """An 8B model's decode attention over 8 sequences' 1,024 keys (the batch folded into the KV
-    heads): the keys are divided by 4, not 16, which leaves 64 keys, no room for the split
-    form's blocks each looping over tiles."""
-    g = em.new_kernel_graph()
-    q = g.new_input((64, 4, 128))
-    kt, v = g.new_input((64, 128, 1024)), g.new_input((64, 1024, 128))
-    s = g.add(g.mul_scalar(g.matmul(q, kt), 128 ** -0.5), g.new_input((64, 1, 1024)))
-    e = g.exp(g.sub(s, g.amax(s, 2)))
-    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
-    h = sc.scaled_program(g)
+    heads): the keys are divided by 4, not 16 (which would leave 64 keys, no room for the split
+    form's blocks each looping over tiles)."""
+    h = sc.scaled_program(folded_decode_attention(1024))
     assert h is not None
     assert [t.dims for t in h.inputs] == [(64, 4, 128), (64, 128, 256), (64, 256, 128),
                                           (64, 1, 256)]

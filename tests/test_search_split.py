@@ -14,6 +14,7 @@ import itertools
 from typing import Any
 
 import pytest
+from model_programs import folded_decode_attention
 
 import egraph_mirage as em
 from egraph_mirage.lower import fuse
@@ -301,13 +302,7 @@ def test_the_lead_split_shape_loads_every_input() -> None:
     is FlashDecoding's grid over (sequence × KV head, key blocks), each block looping over its
     keys. Its split task of all 9 operators finds the split-KV form (32 results in ~10 s in one
     process: ``scripts/task_times.py decode-attention --batch 8 --keys 256 --folded``)."""
-    g = em.new_kernel_graph()
-    q = g.new_input((64, 4, 128))
-    kt, v = g.new_input((64, 128, 256)), g.new_input((64, 256, 128))
-    s = g.add(g.mul_scalar(g.matmul(q, kt), 128 ** -0.5), g.new_input((64, 1, 256)))
-    e = g.exp(g.sub(s, g.amax(s, 2)))
-    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
-    payload = prepare(g, SearchConfig())
+    payload = prepare(folded_decode_attention(256), SearchConfig())
     ctx = Context(payload)
     shapes = [ctx.first_shapes[i] for i in ctx.early_splits]
     everything = [len(ks.loaders) == len(payload.inputs) for ks in shapes]

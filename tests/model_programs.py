@@ -1,5 +1,6 @@
-"""Kernel graphs of an RMSNorm and the projection it feeds, as ``transformers`` writes the norm
-(``LlamaRMSNorm``: float32 inside, cast back), for the search's tests and probes."""
+"""Kernel graphs of model code as the tracer gives it, for the search's tests: an RMSNorm and the
+projection it feeds, as ``transformers`` writes the norm (``LlamaRMSNorm``: float32 inside,
+cast back), and a batch of sequences' decode attention folded into its KV heads."""
 
 from __future__ import annotations
 
@@ -22,4 +23,17 @@ def transformers_norm_projection(rows: tuple[int, ...], hidden: int, out: int, e
     if gain:
         normed = g.mul(g.new_input((*lead, 1, hidden), dtype), normed)
     g.mark_output(g.matmul(normed, w))
+    return g
+
+
+def folded_decode_attention(keys: int) -> em.KernelGraph:
+    """An 8B model's grouped-query decode attention for 8 sequences, the sequences merged into
+    the 8 KV heads (``fx.trace.with_batch_folded``): ``softmax(q @ Kᵀ / sqrt(128) + mask) @ V``
+    with q (64, 4, 128), Kᵀ (64, 128, keys), V (64, keys, 128) and the mask (64, 1, keys)."""
+    g = em.new_kernel_graph()
+    q = g.new_input((64, 4, 128))
+    kt, v = g.new_input((64, 128, keys)), g.new_input((64, keys, 128))
+    s = g.add(g.mul_scalar(g.matmul(q, kt), 128 ** -0.5), g.new_input((64, 1, keys)))
+    e = g.exp(g.sub(s, g.amax(s, 2)))
+    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
     return g
