@@ -156,6 +156,38 @@ def test_a_compilation_of_three_pieces_searches_within_its_budget_refine_include
             assert p.reason == SPENT
 
 
+def test_the_seconds_held_for_the_parts_outlast_a_search_that_overran(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``refine``, one share of the budget is held back in seconds for the parts of the
+    pieces found nothing for (``CompileBudget.held``): the first piece's search overruns the
+    whole budget (a search may end later than its share), so the two pieces after it are not
+    searched, but the parts still get the held seconds (``release`` moves the deadline), where
+    a reserve counted as a weight alone was taken by the overrun and no part was searched. On
+    a fake clock (``Clock``): only the searches spend time."""
+    import sys
+
+    clock = Clock()
+    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
+    budget = 2.0
+    search = Spending(first=budget + 1.0, clock=clock)
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
+    compile_timed(backend, block_inputs(), clock=clock)
+    report = backend.reports[0]
+    pieces = [p for p in report.pieces if p.part is None]
+    parts = [p for p in report.pieces if p.part is not None]
+    assert [p.search_seconds is not None for p in pieces] == [True, False, False]
+    assert [p.reason for p in pieces[1:]] == [SPENT, SPENT]
+    # three pieces of one weight and the reserve of that weight: a quarter of the budget
+    held = budget / 4
+    # its share: a third of the rest (the rooms' real seconds, on this host, move the deadline)
+    assert search.budgets[0] == pytest.approx(budget / 4, abs=0.05)
+    searched = [p for p in parts if p.search_seconds is not None]
+    assert searched and len(search.budgets) == 1 + len(searched)
+    # the first piece's parts share the held seconds, each spending its share
+    assert all(b is not None and b > 0 for b in search.budgets[1:])
+    assert sum(search.budgets[1:]) == pytest.approx(held, abs=0.05)  # type: ignore[arg-type]
+
+
 def test_every_piece_is_searched_whole_before_any_is_refined() -> None:
     """With ``refine``, the three pieces are searched whole first, each with a share that keeps
     one share back (the first: what is left of the budget when it starts, over 4), and only
@@ -310,11 +342,12 @@ def test_a_search_gets_a_share_in_proportion_to_the_bytes_its_piece_moves() -> N
     from egraph_mirage.fx.budget import FLOOR_SHARE, CompileBudget
 
     b = CompileBudget.start(100.0)
-    reserve = b.pieces([3000, 1000], reserve=True)
-    assert b.floor == FLOOR_SHARE * 2000 and reserve == 2000 + b.floor
+    b.pieces([3000, 1000, 2000], reserve=True)
+    assert b.floor == FLOOR_SHARE * 2000
+    # weights 3500, 1500 and 2500, and the parts' reserve 2500, held back in seconds
+    assert 100 * 2500 / 10000 - 1 < b.held <= 100 * 2500 / 10000
     first = b.share(b.weigh(3000))
-    # weights 3500 and 1500, and the reserve 2500
-    assert first is not None and 100 * 3500 / 7500 - 1 < first <= 100 * 3500 / 7500
+    assert first is not None and 75 * 3500 / 7500 - 1 < first <= 75 * 3500 / 7500
     b.reached(b.weigh(3000))
     small = b.share(b.weigh(1000))
     assert small is not None and small < (b.left() or 0) / 2  # less than an equal share

@@ -210,8 +210,8 @@ class Backend:
                   if self.cache is not None and record_key is not None else None)
         self._unsearched, self._spent = set((record or {}).get("unsearched", ())), set()
         # each distinct piece weighs what its search can gain (``_gains``); with ``refine``, one
-        # share more is kept for the parts of the pieces found nothing for, which are searched
-        # after every piece was searched whole (``fx.budget``)
+        # share more is held back, in seconds, for the parts of the pieces found nothing for,
+        # which are searched after every piece was searched whole (``fx.budget``)
         moved = [_moved(t) for t in traced]
         with report.stage("rooms"):
             gains, rooms = self._gains(parts.pieces, traced, moved, keys, mode)
@@ -220,7 +220,7 @@ class Backend:
         # weighs its gain in every place: a faster form of it gains there all
         times = Counter(keys)
         distinct = {k: m * times[k] for k, m in zip(keys, gains, strict=True)}
-        reserve = self._budget.pieces(list(distinct.values()), self.options.refine)
+        self._budget.pieces(list(distinct.values()), self.options.refine)
         reached: set[str] = set()
         unfound: list[tuple[int, Piece, rep.PieceReport, float, int]] = []
         # every piece whole first, those that move the most bytes first: where the time is
@@ -240,7 +240,7 @@ class Backend:
             if replacement is not None:
                 chosen[piece.name] = replacement
         if self.options.refine:
-            self._budget.reached(reserve)  # the reserved share joins what the parts share
+            self._budget.release()  # the seconds held for the parts, overruns or not
         for i, piece, piece_report, per_byte, n in unfound:  # then the parts, with the time left
             with report.stage("refine"):
                 replacement = self._refine(i, piece, piece_report, report, mode, per_byte, n)

@@ -27,9 +27,15 @@ floor is not searched), elsewhere by their shares of the piece's weight, in prop
 bytes each moves.
 
 Every piece is searched whole before any piece is refined (a whole block fused is worth more
-than its parts), those that move the most bytes first (where the layer's time is), and with
-``refine`` on one share more (the mean piece's weight) is counted among the pieces while they
-are searched: it is kept for the parts, which share it with whatever the pieces left.
+than its parts), those that move the most bytes first (where the layer's time is). With
+``refine`` on, one share more (the mean piece's weight) is held back for the parts, in seconds:
+when the pieces' searches start, ``held`` is the seconds left times that share over the
+pieces' weights and it; the pieces' searches share the seconds left less ``held``, so that
+they end before it. Once every piece was searched whole, ``release`` gives the parts the held
+seconds whole, with whatever the pieces left: where the pieces' searches overran their shares
+into the held seconds (a search may end later than its share, below), the deadline moves so
+that the parts still get them: the compilation then ends later than its budget by those
+overruns, and a piece's parts are searched however long the pieces' searches took.
 
 With the backend's cache on, pieces that are the same program under the same settings (a
 model's identical layers) count once: the first is searched, the others are cache hits. So a
@@ -108,6 +114,9 @@ class CompileBudget:
     weight: float = 0.0
     #: what every piece's weight adds to its bytes (``weigh``), set by ``pieces``
     floor: float = 1.0
+    #: seconds held back for the parts of refined pieces while the pieces are searched whole
+    #: (``pieces``, ``release``): not among the seconds ``left``
+    held: float = 0.0
 
     @classmethod
     def start(cls, seconds: float | None) -> CompileBudget:
@@ -119,17 +128,29 @@ class CompileBudget:
         if self.deadline is not None:
             self.deadline += seconds
 
-    def pieces(self, gains: list[float], reserve: bool) -> float:
+    def pieces(self, gains: list[float], reserve: bool) -> None:
         """The compilation's distinct pieces, whose searches can gain ``gains`` each (bytes
-        moved, or µs of room: one unit for all), added, and with ``reserve`` one share more for
-        the parts of refined pieces; returns the mean piece's weight (the reserve's)."""
+        moved, or µs of room: one unit for all), added; with ``reserve``, one share more (the
+        mean piece's weight) of the seconds left is held back for the parts of refined pieces
+        (``held``) until ``release``."""
         mean = sum(gains) / max(len(gains), 1)
         self.floor = max(FLOOR_SHARE * mean, 1e-9)
         self.add(sum(self.weigh(m) for m in gains))
-        mean_weight = self.weigh(mean)
-        if reserve:
-            self.add(mean_weight)
-        return mean_weight
+        left = self.left()
+        if reserve and left is not None:
+            share = self.weigh(mean)
+            self.held = max(left, 0.0) * share / (self.weight + share)
+
+    def release(self) -> float:
+        """The held seconds join the seconds left, once every piece was searched whole: the
+        deadline moves, where needed, so that at least they are left for the parts (the
+        pieces' searches' overruns do not take them). Returns the seconds it moved."""
+        held, self.held = self.held, 0.0
+        if self.deadline is None:
+            return 0.0
+        moved = max(time.monotonic() + held - self.deadline, 0.0)
+        self.deadline += moved
+        return moved
 
     def weigh(self, gain: float) -> float:
         """The weight of a piece or part whose search can gain ``gain`` (``pieces``' unit)."""
@@ -145,7 +166,7 @@ class CompileBudget:
 
     def left(self) -> float | None:
         """Seconds before the deadline (None: no deadline; 0 or less: spent)."""
-        return None if self.deadline is None else self.deadline - time.monotonic()
+        return None if self.deadline is None else self.deadline - self.held - time.monotonic()
 
     def spent(self) -> bool:
         """Whether no time is left for a search."""
