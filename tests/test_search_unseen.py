@@ -61,3 +61,39 @@ def test_ropes_rotate_half_is_one_kernel_that_slices_its_tiles() -> None:
     (got,) = em.compile(best)(*[torch.from_numpy(v) for v in xs])
     (want,) = g.evaluate([v.astype(np.float64) for v in xs])
     np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_a_projection_with_ropes_rotation_is_one_kernel_with_its_accumulator() -> None:
+    """A query projection per head followed by RoPE (``q = x @ Wq``, then ``q * cos +
+    cat(-q[..., 16:], q[..., :16]) * sin``), 8 operators: its one-kernel form loops over the
+    hidden dim and accumulates, so it holds 9 block operators (a ``forloop_accum`` beside
+    them). The search's depth for a program that reduces counts that accumulator
+    (``SearchConfig.block_ops``); at the program's own 8 no one-kernel form exists. The form
+    found rotates each step's partial product and accumulates the rotated partials (RoPE is
+    linear); it verifies and matches the program in Triton's interpreter."""
+    import numpy as np
+    import torch
+
+    from egraph_mirage.search.prepare import prepare
+
+    g = em.new_kernel_graph()
+    x, w = g.new_input((1, 1, 64), em.float16), g.new_input((4, 64, 32), em.float16)
+    cos, sin = g.new_input((1, 1, 32), em.float16), g.new_input((1, 1, 32), em.float16)
+    q = g.matmul(x, w)
+    first = g.apply("slice_last", [q], start=0, stop=16)
+    second = g.apply("slice_last", [q], start=16, stop=32)
+    g.mark_output(g.add(g.mul(q, cos), g.mul(g.concat(g.neg(second), first, 2), sin)))
+    assert prepare(g, SearchConfig()).config.max_block_ops == 9
+    results = superoptimize(g, SearchConfig(max_kernels=1, max_results=1), max_tasks=300,
+                            workers=1, progress=False)  # 18 s on one core (2026-11-28)
+    assert results, results.stats.no_result_reasons
+    best = results.best.graph
+    (kernel,) = best.operators
+    ops = [t.op for t in kernel.params["kernel"].tb.tensors if t.op != "input"]
+    assert len(ops) == 9 and "forloop_accum" in ops and ops.count("slice_last") == 2
+    assert em.verify(g, best, tests=4, seed=5).equivalent
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(t.dims).astype(np.float16) for t in g.inputs]
+    (got,) = em.compile(best)(*[torch.from_numpy(v) for v in xs])
+    (want,) = g.evaluate([v.astype(np.float64) for v in xs])
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-2, atol=2e-2)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from ..errors import GraphError
 from .spec import BLOCK, KERNEL, LEVELS, THREAD, OpSpec
-from .table import OPS
+from .table import OPS, REDUCING
 from .terms import CORE_TERMS, Constructor, collect
 
 
@@ -23,5 +23,5 @@ def term_constructors(ops: Mapping[str, OpSpec] = OPS) -> dict[str, Constructor]
     return collect([CORE_TERMS, *(spec.terms for spec in ops.values())])
 
 
-__all__ = ["BLOCK", "KERNEL", "LEVELS", "OPS", "THREAD", "Constructor", "OpSpec", "lookup",
-           "term_constructors"]
+__all__ = ["BLOCK", "KERNEL", "LEVELS", "OPS", "REDUCING", "THREAD", "Constructor", "OpSpec",
+           "lookup", "term_constructors"]

@@ -93,5 +93,10 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     *MORE_ELEMENTWISE, *MORE_REDUCTIONS, *MORE_LAYOUT, *CASTS, CUSTOMIZED,
 ]}
 
-__all__ = ["ALL_LEVELS", "GELU_K", "GRAPH_LEVELS", "LOG2E", "OPS", "elementwise",
+#: the operators that reduce a dimension (a matmul's contraction, a sum, a mean, a max, a
+#: norm's statistics): a block graph that loops over it accumulates what they reduce
+REDUCING: frozenset[str] = frozenset(
+    spec.name for spec in [MATMUL, *REDUCTIONS, *MORE_REDUCTIONS])
+
+__all__ = ["ALL_LEVELS", "GELU_K", "GRAPH_LEVELS", "LOG2E", "OPS", "REDUCING", "elementwise",
            "triton_exp", "unary"]

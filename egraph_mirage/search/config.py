@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from ..errors import EMError
 
 #: the most operators in one block graph where ``SearchConfig.max_block_ops`` is None: the
-#: program's own count, no fewer than the first (a program's one-kernel form may hold more
-#: operators than the program, an accumulator beside each reduction) and no more than the
-#: second (deeper block graphs are more than a search's budget enumerates)
+#: program's own count, one more for a program that reduces (its one-kernel form that loops
+#: accumulates what it reduces: a ``forloop_accum`` beside the matmul), no fewer than the first
+#: (a program's one-kernel form may hold more operators than the program, an accumulator
+#: beside each reduction) and no more than the second (deeper block graphs are more than a
+#: search's budget enumerates)
 BLOCK_OPS = (8, 12)
 
 
@@ -87,15 +89,17 @@ class SearchConfig:
     #: scalars mul_scalar may use besides those in the program
     scalars: tuple[float, ...] = field(default=())
 
-    def block_ops(self, program_ops: int) -> int:
-        """The most operators in one block graph for a program of ``program_ops`` operators:
-        ``max_block_ops``, or where it is None the program's count within ``BLOCK_OPS`` (a
-        one-kernel form of a program holds at least each of its operators once: an attention
-        with a mask added to its scores, 9, is then one kernel)."""
+    def block_ops(self, program_ops: int, reduces: bool = False) -> int:
+        """The most operators in one block graph for a program of ``program_ops`` operators
+        (``reduces``: among them a matmul or a reduction): ``max_block_ops``, or where it is
+        None the program's count, one more where it reduces, within ``BLOCK_OPS`` (a one-kernel
+        form of a program holds at least each of its operators once, and a form that loops
+        over what it reduces an accumulator beside it: a projection with RoPE's rotation,
+        8 operators, is one kernel of 9)."""
         if self.max_block_ops is not None:
             return self.max_block_ops
         least, most = BLOCK_OPS
-        return min(max(least, program_ops), most)
+        return min(max(least, program_ops + reduces), most)
 
     def __post_init__(self) -> None:
         for name in ("grid_tiles", "grid_splits", "loop_tiles"):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..graph import KernelGraph, abstract_term
 from ..mugraph.serialize import dumps
+from ..ops import REDUCING
 from ..oracle import Budget, Oracle, rule_files, rules_digest
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe, dim_classes
@@ -83,7 +84,7 @@ def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
     scalars = sorted(program_scalars(g) | set(config.scalars))
     # casts are the identity to the search (it proposes none): they do not count
     config = replace(config, max_block_ops=config.block_ops(
-        sum(t.op != "cast" for t in g.operators)))
+        sum(t.op != "cast" for t in g.operators), any(t.op in REDUCING for t in g.operators)))
     # the generated prelude (from the op table) is part of the rules the e-graph was built with
     digest = rules_digest(oracle.rule_paths, oracle.prelude)
     payload = Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0],
