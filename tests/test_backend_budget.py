@@ -188,6 +188,37 @@ def test_the_seconds_held_for_the_parts_outlast_a_search_that_overran(
     assert sum(search.budgets[1:]) == pytest.approx(held, abs=0.05)  # type: ignore[arg-type]
 
 
+def test_the_held_seconds_are_shared_by_every_refined_piece_s_parts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three pieces found nothing for, each spending its whole share: the first refined
+    piece's parts share the held seconds with the pieces refined after it (each weighs in
+    until its parts take its place), so every piece's parts are searched and the first's take
+    about a third of the held seconds, where they once took them all and left the others'
+    parts unsearched (a compilation's first layer found nothing for its norm with the q, k, v
+    projections, whose parts the last layer's norm with the down projection then left no
+    time). On a fake clock (``Clock``)."""
+    import sys
+
+    clock = Clock()
+    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
+    budget = 4.0
+    search = Spending(clock=clock)
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
+    compile_timed(backend, block_inputs(), clock=clock)
+    report = backend.reports[0]
+    pieces = [p for p in report.pieces if p.part is None]
+    parts = [p for p in report.pieces if p.part is not None]
+    assert all(p.search_seconds is not None for p in pieces)
+    by_piece = {p.index: [q for q in parts if q.index == p.index] for p in pieces}
+    assert all(by_piece.values())
+    assert all(q.search_seconds is not None for q in parts), [q.reason for q in parts]
+    held = budget / 4  # three pieces of one weight and the parts' reserve of that weight
+    first = sum(q.search_share or 0 for q in by_piece[pieces[0].index])
+    # about a third (the parts weigh the bytes they move, a little more than their piece)
+    assert held / 4 < first < held / 2
+    assert sum(q.search_share or 0 for q in parts) == pytest.approx(held, abs=0.05)
+
+
 def test_every_piece_is_searched_whole_before_any_is_refined() -> None:
     """With ``refine``, the three pieces are searched whole first, each with a share that keeps
     one share back (the first: what is left of the budget when it starts, over 4), and only

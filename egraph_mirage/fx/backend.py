@@ -222,7 +222,7 @@ class Backend:
         distinct = {k: m * times[k] for k, m in zip(keys, gains, strict=True)}
         self._budget.pieces(list(distinct.values()), self.options.refine)
         reached: set[str] = set()
-        unfound: list[tuple[int, Piece, rep.PieceReport, float, int]] = []
+        unfound: list[tuple[int, Piece, rep.PieceReport, float, int, float]] = []
         # every piece whole first, those that move the most bytes first: where the time is
         for i in sorted(range(len(traced)), key=lambda k: -moved[k]):
             piece = parts.pieces[i]
@@ -236,13 +236,15 @@ class Backend:
             report.pieces.append(piece_report)
             if replacement is None and self.options.refine and piece_report.nothing_found():
                 unfound.append((i, piece, piece_report, gains[i] / max(moved[i], 1),
-                                times[keys[i]]))
+                                times[keys[i]], weight))
             if replacement is not None:
                 chosen[piece.name] = replacement
         if self.options.refine:
             self._budget.release()  # the seconds held for the parts, overruns or not
-        for i, piece, piece_report, per_byte, n in unfound:  # then the parts, with the time left
+            self._budget.add(sum(w for *_, w in unfound))  # each weighs in until its parts do
+        for i, piece, piece_report, per_byte, n, w in unfound:  # then the parts
             with report.stage("refine"):
+                self._budget.reached(w)  # its parts' weights take its place (``_refine``)
                 replacement = self._refine(i, piece, piece_report, report, mode, per_byte, n)
             if replacement is not None:
                 chosen[piece.name] = replacement
@@ -347,21 +349,18 @@ class Backend:
             except Exception as e:  # Inductor's code does not compile or run alone
                 LOG.info("egraph-mirage: %s: Inductor's code not timed: %s", piece.name, e)
                 us = None
-            if us is None:
-                gains.append(floor_us)
-            else:
+            if us is not None:
                 rooms[i] = Room(us, floor_us)
-                gains.append(rooms[i].us)
+            gains.append(floor_us if us is None else rooms[i].us)
             LOG.info("egraph-mirage: %s: Inductor %s µs, floor %.1f µs: gains %.1f µs",
                      piece.name, "-" if us is None else f"{us:.1f}", floor_us, gains[-1])
         return gains, rooms
 
     def _bandwidth(self) -> float:
         """The GPU's copy bandwidth in bytes/s (``gpu.floor``), measured once per backend."""
-        if self._copy_bandwidth is None:
-            from ..gpu.floor import measure_copy_bandwidth
+        from ..gpu.floor import measure_copy_bandwidth
 
-            self._copy_bandwidth = measure_copy_bandwidth()
+        self._copy_bandwidth = self._copy_bandwidth or measure_copy_bandwidth()
         return self._copy_bandwidth
 
     @staticmethod

@@ -35,7 +35,10 @@ they end before it. Once every piece was searched whole, ``release`` gives the p
 seconds whole, with whatever the pieces left: where the pieces' searches overran their shares
 into the held seconds (a search may end later than its share, below), the deadline moves so
 that the parts still get them: the compilation then ends later than its budget by those
-overruns, and a piece's parts are searched however long the pieces' searches took.
+overruns, and a piece's parts are searched however long the pieces' searches took. The pieces
+found nothing for weigh in with their own weights until their parts take their places, one
+piece at a time, so the first refined piece's parts share the held seconds with the pieces
+refined after it instead of taking them all.
 
 With the backend's cache on, pieces that are the same program under the same settings (a
 model's identical layers) count once: the first is searched, the others are cache hits. So a
