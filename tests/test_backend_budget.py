@@ -499,6 +499,40 @@ def test_timing_inductors_code_before_the_searches_is_not_charged_to_them(
     assert search.ended - t0 <= report.stages["rooms"] + budget + MARGIN_S
 
 
+def test_timing_the_parts_rooms_is_not_charged_to_their_searches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a refined piece's parts have Inductor's code timed too before they are
+    searched (their rooms); that takes seconds per part (an Inductor compilation each), which
+    are not the parts' share: here each room's timing (a stand-in on the fake clock,
+    ``Clock``) takes as long as the whole budget, and the parts still share the seconds held
+    for them, where they once found the budget spent."""
+    import sys
+
+    import egraph_mirage.fx.backend as be
+    from egraph_mirage.fx import inductor_timing
+
+    clock = Clock()
+    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
+    budget = 2.0
+
+    def time_inductor(piece: Any, mode: Any = None) -> float:
+        clock.now += budget  # an Inductor compilation and its timing
+        return 100.0  # µs: far above the floor, worth searching
+
+    monkeypatch.setattr(be, "_on_gpu", lambda: True)
+    monkeypatch.setattr(Backend, "_bandwidth", lambda self: 1e12)
+    monkeypatch.setattr(inductor_timing, "time_inductor", time_inductor)
+    search = Spending(clock=clock)
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1,
+                      profile=True)
+    compile_timed(backend, block_inputs((32, 24, 16, 8)), clock=clock)
+    report = backend.reports[0]
+    parts = [p for p in report.pieces if p.part is not None]
+    assert len(parts) == 6 and all(p.search_seconds is not None for p in parts)
+    held = budget / 4  # three pieces and the parts' reserve, of equal rooms
+    assert sum(p.search_share or 0 for p in parts) == pytest.approx(held, rel=0.05)
+
+
 def test_timing_the_winners_against_inductors_code_is_not_charged_to_the_searches(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """On a GPU each winner is compiled as Inductor would launch it and timed against Inductor's

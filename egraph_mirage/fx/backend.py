@@ -213,9 +213,8 @@ class Backend:
         # share more is held back, in seconds, for the parts of the pieces found nothing for,
         # which are searched after every piece was searched whole (``fx.budget``)
         moved = [_moved(t) for t in traced]
-        with report.stage("rooms"):
+        with report.stage("rooms"), self._budget.uncharged():  # the searches start after them
             gains, rooms = self._gains(parts.pieces, traced, moved, keys, mode)
-        self._budget.extend(report.stages["rooms"])  # the searches' budget starts after them
         # a program that comes several times (a model's identical layers) is searched once and
         # weighs its gain in every place: a faster form of it gains there all
         times = Counter(keys)
@@ -465,8 +464,9 @@ class Backend:
         traced = [self._trace(part) for part in parts.pieces]
         # on a GPU each part weighs its own room; elsewhere its share of the piece's weight
         moved = [_moved(t) for t in traced]
-        gains, rooms = self._gains(parts.pieces, traced, moved,
-                                   [str(j) for j in range(len(traced))], mode)
+        with self._budget.uncharged():  # timing the parts' rooms is not the searches' time
+            gains, rooms = self._gains(parts.pieces, traced, moved,
+                                       [str(j) for j in range(len(traced))], mode)
         weights = [self._budget.weigh((g if rooms else m * per_byte) * times)
                    for g, m in zip(gains, moved, strict=True)]
         self._budget.add(sum(weights))  # the parts share what is left with the pieces
@@ -582,10 +582,9 @@ class Backend:
     def _search(self, piece: Piece, traced: TracedProgram, out: rep.PieceReport,
                 weight: float) -> tuple[PieceDecision, bool]:
         """The piece's search, with its share of the compilation's time budget (``fx.budget``:
-        ``weight`` its weight there):
-        a decision holding the winner (not yet checked) or why there is none, and whether that
-        outcome may be cached (not when no search ran for want of time, nor after the search
-        failed unexpectedly)."""
+        ``weight`` its weight there): a decision holding the winner (not yet checked) or why
+        there is none, and whether that outcome may be cached (not when no search ran for want
+        of time, nor after the search failed unexpectedly)."""
         from ..pipeline import superoptimize
 
         o = self.options

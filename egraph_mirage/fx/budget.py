@@ -55,12 +55,13 @@ searched (``SPENT``), nor cached; but the cache keeps a record of the graph's co
 search what the first left unsearched, so that it comes from the cache, while another graph with
 those pieces (a model of more layers) searches them. Tracing, compiling and checking a piece's
 winner take their time from the same clock; timing Inductor's code for each piece before the
-searches (its room, on a GPU: an Inductor compilation per distinct piece), timing each winner
-against Inductor's code for its piece (another compilation and its timing, seconds per winner
-on a GPU) and Inductor's compilation of the rest, after the last search, do not: the deadline
-moves by their time (``extend``), so that a model of many distinct pieces does not spend a
-small budget before its first search, nor the refined pieces' parts their share on the timing
-of the winners before them.
+searches (its room, on a GPU: an Inductor compilation per distinct piece) and for each part of
+a refined piece before the parts are searched, timing each winner against Inductor's code for
+its piece (another compilation and its timing, seconds per winner on a GPU) and Inductor's
+compilation of the rest, after the last search, do not: the deadline moves by their time
+(``extend``, ``uncharged``), so that a model of many distinct pieces does not spend a small
+budget before its first search, nor the refined pieces' parts their share on the timing of
+their own rooms or of the winners before them.
 ``budget=None``: no deadline, each search unbounded (``time_budget=None``).
 
 The stated margin: a search (``em.superoptimize``) saturates its e-graph and searches inside its
@@ -71,7 +72,9 @@ to ``search.run.OVERRUN_S`` seconds longer before it is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 #: the reason a piece reached once the compilation's time budget was spent is kept
@@ -125,6 +128,16 @@ class CompileBudget:
     def start(cls, seconds: float | None) -> CompileBudget:
         """A deadline ``seconds`` from now (None: none)."""
         return cls(None if seconds is None else time.monotonic() + seconds)
+
+    @contextlib.contextmanager
+    def uncharged(self) -> Iterator[None]:
+        """Time the searches are not charged with (timing Inductor's code for the rooms): the
+        deadline moves by what the block took, on this module's clock."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.extend(time.monotonic() - started)
 
     def extend(self, seconds: float) -> None:
         """Move the deadline ``seconds`` later (time the searches are not charged with)."""
