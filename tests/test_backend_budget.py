@@ -219,6 +219,32 @@ def test_the_held_seconds_are_shared_by_every_refined_piece_s_parts(
     assert sum(q.search_share or 0 for q in parts) == pytest.approx(held, abs=0.05)
 
 
+def test_what_a_piece_found_nothing_for_left_of_its_share_goes_to_its_parts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first piece's search ends with nothing long before its share is spent (a program
+    of several outputs stops at its first output with no result); the other two spend theirs.
+    The rest of the first piece's share is held for the parts (``CompileBudget.hold_rest``): the
+    pieces after it share only what they would have had, and the parts get the reserve and
+    that rest, where the pieces after it once took the rest. On a fake clock (``Clock``)."""
+    import sys
+
+    clock = Clock()
+    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
+    budget, spent_first = 4.0, 0.1
+    search = Spending(first=spent_first, clock=clock)
+    backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
+    compile_timed(backend, block_inputs(), clock=clock)
+    report = backend.reports[0]
+    pieces = [p for p in report.pieces if p.part is None]
+    parts = [p for p in report.pieces if p.part is not None]
+    # three pieces of one weight and the reserve: a quarter each
+    assert [p.search_share for p in pieces] == pytest.approx([budget / 4] * 3, abs=0.05)
+    assert all(p.search_seconds is not None for p in parts)
+    rest = budget / 4 - spent_first
+    assert sum(p.search_share or 0 for p in parts) == pytest.approx(budget / 4 + rest,
+                                                                     abs=0.05)
+
+
 def test_every_piece_is_searched_whole_before_any_is_refined() -> None:
     """With ``refine``, the three pieces are searched whole first, each with a share that keeps
     one share back (the first: what is left of the budget when it starts, over 4), and only

@@ -225,7 +225,7 @@ class Backend:
         # every piece whole first, those that move the most bytes first: where the time is
         for i in sorted(range(len(traced)), key=lambda k: -moved[k]):
             piece = parts.pieces[i]
-            weight = self._budget.weigh(distinct[keys[i]])
+            weight, self._budget.handed = self._budget.weigh(distinct[keys[i]]), None
             with report.stage("pieces"):
                 piece_report, replacement = self._piece(i, piece, weight, mode, traced[i],
                                                         rooms.get(i))
@@ -236,6 +236,7 @@ class Backend:
             if replacement is None and self.options.refine and piece_report.nothing_found():
                 unfound.append((i, piece, piece_report, gains[i] / max(moved[i], 1),
                                 times[keys[i]], weight))
+                self._budget.hold_rest()  # the rest of its share goes to its parts
             if replacement is not None:
                 chosen[piece.name] = replacement
         if self.options.refine:

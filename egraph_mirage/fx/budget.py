@@ -35,10 +35,13 @@ they end before it. Once every piece was searched whole, ``release`` gives the p
 seconds whole, with whatever the pieces left: where the pieces' searches overran their shares
 into the held seconds (a search may end later than its share, below), the deadline moves so
 that the parts still get them: the compilation then ends later than its budget by those
-overruns, and a piece's parts are searched however long the pieces' searches took. The pieces
-found nothing for weigh in with their own weights until their parts take their places, one
-piece at a time, so the first refined piece's parts share the held seconds with the pieces
-refined after it instead of taking them all.
+overruns, and a piece's parts are searched however long the pieces' searches took. A piece's
+search that finds nothing before its share is spent (a program of several outputs stops at
+the first output with none) adds the rest of its share to the held seconds (``hold_rest``): its
+parts get it, not the pieces after it. The pieces found nothing for weigh in with their own
+weights until their parts take their places, one piece at a time, so the first refined
+piece's parts share the held seconds with the pieces refined after it instead of taking them
+all.
 
 With the backend's cache on, pieces that are the same program under the same settings (a
 model's identical layers) count once: the first is searched, the others are cache hits. So a
@@ -123,6 +126,8 @@ class CompileBudget:
     #: seconds held back for the parts of refined pieces while the pieces are searched whole
     #: (``pieces``, ``release``): not among the seconds ``left``
     held: float = 0.0
+    #: the share last handed out and when (``share``; None: none since it was cleared)
+    handed: tuple[float, float] | None = None
 
     @classmethod
     def start(cls, seconds: float | None) -> CompileBudget:
@@ -156,6 +161,15 @@ class CompileBudget:
         if reserve and left is not None:
             share = self.weigh(mean)
             self.held = max(left, 0.0) * share / (self.weight + share)
+
+    def hold_rest(self) -> None:
+        """Hold back for the parts what the search last handed a share (``handed``) left of
+        it: what a piece found nothing for left of its share goes to its own parts, not to
+        the pieces after it."""
+        if self.handed is not None:
+            share, started = self.handed
+            self.held += max(share - (time.monotonic() - started), 0.0)
+        self.handed = None
 
     def release(self) -> float:
         """The held seconds join the seconds left, once every piece was searched whole: the
@@ -193,7 +207,11 @@ class CompileBudget:
         """The ``time_budget`` of the search of the piece of this weight being decided (module
         docstring): None without a deadline, 0 or less when spent."""
         left = self.left()
-        return None if left is None else left * weight / max(self.weight, weight)
+        if left is None:
+            return None
+        share = left * weight / max(self.weight, weight)
+        self.handed = (share, time.monotonic())
+        return share
 
 
 __all__ = ["AT_FLOOR", "AT_FLOOR_REASON", "FLOOR_SHARE", "SPENT", "CompileBudget", "Room"]
