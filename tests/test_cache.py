@@ -64,6 +64,23 @@ def test_other_rules_device_lowering_or_search_miss(tmp_path: Path,
     assert cache.get(_key()) == RECORD
 
 
+def test_a_key_made_by_another_search_misses(tmp_path: Path) -> None:
+    """The key holds the search's fingerprint (the source of the search, its pipeline, the
+    μGraphs, oracle and verifier): a decision cached by another version of the search (one
+    that found nothing where this one reaches deeper) is a miss, not reused."""
+    from dataclasses import replace
+
+    from egraph_mirage.fx.cache import search_fingerprint
+
+    cache = SearchCache(tmp_path)
+    key = _key()
+    assert key.code == search_fingerprint() and len(key.code) == 16
+    cache.put(replace(key, code="0" * 16), RECORD)
+    assert cache.get(key) is None
+    cache.put(key, RECORD)
+    assert cache.get(key) == RECORD
+
+
 def test_other_program_or_shape_misses(tmp_path: Path) -> None:
     cache = SearchCache(tmp_path)
     cache.put(_key(), RECORD)

@@ -4,8 +4,10 @@ For each piece of a model the backend searches for a μGraph, compiles it and de
 use it (``fx.backend``). That work is keyed by what decides its outcome (``CacheKey``): the
 piece's program as canonical μGraph JSON (``mugraph.serialize.dumps``, which holds its operators,
 shapes and dtypes), the rules' digest (``oracle.rules.rules_digest`` of the shipped rules and the
-generated prelude), the lowering's fingerprint (``gpu.tune.lowering_fingerprint``), the device's
-name, the search settings and ``FORMAT_VERSION`` (``piece_key``; ``whole_key`` for the check of
+generated prelude), the lowering's fingerprint (``gpu.tune.lowering_fingerprint``), the
+search's (``search_fingerprint``: a search changed since a piece was found nothing for, one that
+now reaches deeper, searches it again), the device's name, the search settings and
+``FORMAT_VERSION`` (``piece_key``; ``whole_key`` for the check of
 a whole graph with its pieces replaced). A record is any JSON-able mapping; the backend stores a
 piece's decision (``fx.decision.PieceDecision.to_record``: the winner's μGraph JSON text, its
 statistics and times, the decision) and a whole graph's times.
@@ -30,6 +32,7 @@ GPU tuner's trials), ``$XDG_CACHE_HOME/egraph-mirage``, ``~/.cache/egraph-mirage
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -94,6 +97,19 @@ def lowering_fingerprint() -> str:
     return fingerprint()
 
 
+@functools.cache
+def search_fingerprint() -> str:
+    """Hash of the source files that decide what a search finds and how it is checked (the
+    search, the pipeline that runs it, the μGraphs, the oracle, the verifier, the ranking and
+    extraction): a changed search invalidates cached decisions."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for folder in ("search", "pipeline", "mugraph", "oracle", "verify", "rank", "extract"):
+        for path in sorted((root / folder).rglob("*.py")):
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class CacheKey:
     """What decides a cached outcome. ``program`` is the canonical μGraph JSON of the piece
@@ -110,6 +126,8 @@ class CacheKey:
     lowering: str = ""
     search: Mapping[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    #: the search's fingerprint (``search_fingerprint``)
+    code: str = ""
 
     @classmethod
     def of(cls, graph: KernelGraph, *, rules: str | None = None, device: str | None = None,
@@ -125,7 +143,7 @@ class CacheKey:
                    rules=default_rules_digest() if rules is None else rules,
                    device=device_name() if device is None else device,
                    lowering=lowering_fingerprint() if lowering is None else lowering,
-                   search=dict(search or {}))
+                   search=dict(search or {}), code=search_fingerprint())
 
     def as_dict(self) -> dict[str, Any]:
         """The key as JSON-able data (tuples as lists), as stored in an entry."""
@@ -166,7 +184,7 @@ def whole_key(gm: Any, example_inputs: Sequence[Any], replaced: Sequence[Sequenc
                     operators=("whole graph",), shapes=tuple(tuple(s) for s, _, _ in layout),
                     dtypes=tuple(d for _, _, d in layout), rules=default_rules_digest(),
                     device=device_name(), lowering=lowering_fingerprint(),
-                    search={**settings, **timed})
+                    search={**settings, **timed}, code=search_fingerprint())
 
 
 def graph_key(gm: Any, example_inputs: Sequence[Any], settings: Mapping[str, Any],
