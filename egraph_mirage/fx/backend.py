@@ -537,19 +537,18 @@ class Backend:
             return decision, None, True
         decision.decision = REPLACE  # where timed, ``why_not_used`` decides with the times
         if o.profiling() and _on_gpu():
-            started = time.monotonic()
+            # timing a winner, as timing a room, is not the searches' time (``fx.budget``)
             try:
-                decision.times = dict(timing.time_against_inductor(
-                    runner, traced, piece, mode,
-                    launch=self._timed_launch(traced, winner, knobs, piece)))
-                runner = self._fewer_launches(piece, traced, winner, decision, runner, mode)
+                with self._budget.uncharged():
+                    decision.times = dict(timing.time_against_inductor(
+                        runner, traced, piece, mode,
+                        launch=self._timed_launch(traced, winner, knobs, piece)))
+                    runner = self._fewer_launches(piece, traced, winner, decision, runner, mode)
             except Exception as e:
                 decision.decision = KEEP
                 decision.reason = f"timing failed: {type(e).__name__}: {e}"
                 LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
                 return decision, None, False
-            finally:  # timing a winner, as timing a room, is not the searches' time (fx.budget)
-                self._budget.extend(time.monotonic() - started)
         return decision, runner, True
 
     def _fewer_launches(self, piece: Piece, traced: TracedProgram, winner: KernelGraph,
