@@ -1,8 +1,9 @@
 """The backend's ``budget`` bounds a whole compilation (``fx.budget``), ``refine`` included.
 
 A stand-in search records the ``time_budget`` it is handed and spends it (sleeps, or moves a
-fake clock, ``Clock``), finding nothing, so that every piece is refined into parts that are
-searched too. Nothing here waits on the clock to find something: sleeps only spend budgets,
+fake clock, ``Clock``, which the ``clock`` fixture puts in ``fx.budget``'s place: the budget's
+arithmetic whatever the host's load), finding nothing, so that every piece is refined into
+parts that are searched too. Nothing here waits on the clock to find something: sleeps only spend budgets,
 and the assertions bound time.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,14 @@ class Clock:
 
     def monotonic(self) -> float:
         return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """``fx.budget``'s clock replaced by a ``Clock`` for the test."""
+    fake = Clock()
+    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", fake)
+    return fake
 
 
 class Spending:
@@ -121,16 +131,12 @@ def compile_timed(backend: Backend, xs: tuple[torch.Tensor, ...], fn: Any = thre
 
 
 def test_a_compilation_of_three_pieces_searches_within_its_budget_refine_included(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        clock: Clock) -> None:
     """budget=B for three pieces whose searches find nothing and spend what they are given:
     the budgets handed out add up to at most B, and every search, the parts' included, ends
     within B (plus ``MARGIN_S``) of the compilation's start. A piece reached with no time left
     is kept unsearched, saying so. The budget's clock moves only by what the searches spend
     (``Clock``), so the partition's time on a loaded host does not take the first share."""
-    import sys
-
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget = 2.0
     search = Spending(clock=clock)
     backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
@@ -157,17 +163,13 @@ def test_a_compilation_of_three_pieces_searches_within_its_budget_refine_include
 
 
 def test_the_seconds_held_for_the_parts_outlast_a_search_that_overran(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        clock: Clock) -> None:
     """With ``refine``, one share of the budget is held back in seconds for the parts of the
     pieces found nothing for (``CompileBudget.held``): the first piece's search overruns the
     whole budget (a search may end later than its share), so the two pieces after it are not
     searched, but the parts still get the held seconds (``release`` moves the deadline), where
     a reserve counted as a weight alone was taken by the overrun and no part was searched. On
     a fake clock (``Clock``): only the searches spend time."""
-    import sys
-
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget = 2.0
     search = Spending(first=budget + 1.0, clock=clock)
     backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
@@ -179,7 +181,7 @@ def test_the_seconds_held_for_the_parts_outlast_a_search_that_overran(
     assert [p.reason for p in pieces[1:]] == [SPENT, SPENT]
     # three pieces of one weight and the reserve of that weight: a quarter of the budget
     held = budget / 4
-    # its share: a third of the rest (the rooms' real seconds, on this host, move the deadline)
+    # its share: a third of what the parts' reserve leaves
     assert search.budgets[0] == pytest.approx(budget / 4, abs=0.05)
     searched = [p for p in parts if p.search_seconds is not None]
     assert searched and len(search.budgets) == 1 + len(searched)
@@ -189,7 +191,7 @@ def test_the_seconds_held_for_the_parts_outlast_a_search_that_overran(
 
 
 def test_the_held_seconds_are_shared_by_every_refined_piece_s_parts(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        clock: Clock) -> None:
     """Three pieces found nothing for, each spending its whole share: the first refined
     piece's parts share the held seconds with the pieces refined after it (each weighs in
     until its parts take its place), so every piece's parts are searched and the first's take
@@ -197,10 +199,6 @@ def test_the_held_seconds_are_shared_by_every_refined_piece_s_parts(
     parts unsearched (a compilation's first layer found nothing for its norm with the q, k, v
     projections, whose parts the last layer's norm with the down projection then left no
     time). On a fake clock (``Clock``)."""
-    import sys
-
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget = 4.0
     search = Spending(clock=clock)
     backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
@@ -220,16 +218,12 @@ def test_the_held_seconds_are_shared_by_every_refined_piece_s_parts(
 
 
 def test_what_a_piece_found_nothing_for_left_of_its_share_goes_to_its_parts(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        clock: Clock) -> None:
     """The first piece's search ends with nothing long before its share is spent (a program
     of several outputs stops at its first output with no result); the other two spend theirs.
     The rest of the first piece's share is held for the parts (``CompileBudget.hold_rest``): the
     pieces after it share only what they would have had, and the parts get the reserve and
     that rest, where the pieces after it once took the rest. On a fake clock (``Clock``)."""
-    import sys
-
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget, spent_first = 4.0, 0.1
     search = Spending(first=spent_first, clock=clock)
     backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
@@ -246,16 +240,12 @@ def test_what_a_piece_found_nothing_for_left_of_its_share_goes_to_its_parts(
 
 
 def test_every_piece_is_searched_whole_before_any_is_refined(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        clock: Clock) -> None:
     """With ``refine``, the three pieces are searched whole first, each with a share that keeps
     one share back (the first: the budget over 4), and only then the parts of those the search
     found nothing for: a whole block fused is worth more than its parts, so no piece's parts
     take the time of a later piece searched whole. (The searches find nothing at once; on a
     fake clock, ``Clock``, whatever the host's load.)"""
-    import sys
-
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget = 30.0
     search = Spending(cap=0.0, clock=clock)
     backend = Backend(search=search, budget=budget, rest="eager", cache=False, workers=1)
@@ -269,17 +259,13 @@ def test_every_piece_is_searched_whole_before_any_is_refined(
 
 
 def test_a_piece_reached_after_the_deadline_is_not_searched_nor_cached(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, clock: Clock) -> None:
     """A first search that overruns the whole budget leaves none for the other pieces: they
     are kept, unsearched, and not cached. The same graph compiled again with the same settings
     comes from the cache: the graph's record says what its first compilation left unsearched,
     and nothing is searched. Another graph with the same pieces searches them: there the piece
     found in the cache costs nothing and the others share the budget by weight. On a fake
     clock (``Clock``): only the searches spend time, whatever the host's load."""
-    import sys
-
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget = 2.0
     xs = block_inputs((32, 24, 16, 8))  # three pieces, three programs
     first = Spending(first=budget + 0.2, clock=clock)
@@ -503,19 +489,15 @@ def test_on_a_gpu_each_part_of_a_refined_piece_is_timed_and_one_at_its_floor_is_
 
 
 def test_timing_inductors_code_before_the_searches_is_not_charged_to_them(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
     """On a GPU each distinct piece's Inductor code is compiled and timed before any search
     (its room, ``Backend._gains``), which for a model of many distinct pieces takes longer than
     a small budget. That time is not the searches': here timing the three rooms (a stand-in)
     takes longer than the whole budget, and the searches still get all of it. On a fake clock
     (``Clock``): only the rooms and the searches spend time, whatever the host's load."""
-    import sys
-
     from egraph_mirage.fx import backend as be
     from egraph_mirage.fx import inductor_timing
 
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget, room_s = 3.0, 1.2
 
     def time_inductor(piece: Any, mode: Any) -> float:
@@ -536,19 +518,15 @@ def test_timing_inductors_code_before_the_searches_is_not_charged_to_them(
 
 
 def test_timing_the_parts_rooms_is_not_charged_to_their_searches(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
     """On a GPU a refined piece's parts have Inductor's code timed too before they are
     searched (their rooms); that takes seconds per part (an Inductor compilation each), which
     are not the parts' share: here each room's timing (a stand-in on the fake clock,
     ``Clock``) takes as long as the whole budget, and the parts still share the seconds held
     for them, where they once found the budget spent."""
-    import sys
-
     import egraph_mirage.fx.backend as be
     from egraph_mirage.fx import inductor_timing
 
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget = 2.0
 
     def time_inductor(piece: Any, mode: Any = None) -> float:
@@ -570,22 +548,18 @@ def test_timing_the_parts_rooms_is_not_charged_to_their_searches(
 
 
 def test_timing_the_winners_against_inductors_code_is_not_charged_to_the_searches(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
     """On a GPU each winner is compiled as Inductor would launch it and timed against Inductor's
     code for its piece: seconds per winner, which would leave the pieces searched after it (and
     the refined pieces' parts) less than their shares. That time is not the searches': here
     timing each of the three winners (a stand-in) takes longer than the whole budget, and every
     search still gets its share of it. On a fake clock (``Clock``): only the timings spend
     time, whatever the host's load."""
-    import sys
-
     from backend_stand_ins import StandIn
 
     from egraph_mirage.fx import backend as be
     from egraph_mirage.fx import inductor_timing
 
-    clock = Clock()
-    monkeypatch.setattr(sys.modules["egraph_mirage.fx.budget"], "time", clock)
     budget, timing_s = 4.0, 1.6
     budgets: list[float | None] = []
     winners = StandIn()
