@@ -3,8 +3,8 @@
 A stand-in search records the ``time_budget`` it is handed and spends it (sleeps, or moves a
 fake clock, ``Clock``, which the ``clock`` fixture puts in ``fx.budget``'s place: the budget's
 arithmetic whatever the host's load), finding nothing, so that every piece is refined into
-parts that are searched too. Nothing here waits on the clock to find something: sleeps only spend budgets,
-and the assertions bound time.
+parts that are searched too. Nothing here waits on the clock to find something: sleeps only
+spend budgets, and the assertions bound time.
 """
 
 from __future__ import annotations
