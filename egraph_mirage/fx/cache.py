@@ -101,7 +101,8 @@ def lowering_fingerprint() -> str:
 def search_fingerprint() -> str:
     """Hash of the source files that decide what a search finds and how it is checked (the
     search, the pipeline that runs it, the μGraphs, the oracle, the verifier, the ranking and
-    extraction): a changed search invalidates cached decisions."""
+    extraction): a changed search invalidates cached decisions. Computed once per process (the
+    files do not change under a running process), as every key asks for it."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]
     for folder in ("search", "pipeline", "mugraph", "oracle", "verify", "rank", "extract"):
