@@ -38,14 +38,9 @@ def test_ropes_rotate_half_is_one_kernel_that_slices_its_tiles() -> None:
     its two slices are halves of a tile that holds the whole head dim, so the search takes
     them in the thread block (``slice_last`` at block level) and the rotation is one kernel,
     not slices between kernels; it lowers and matches the program in Triton's interpreter."""
-    import numpy as np
-
     g = em.new_kernel_graph()
     x = g.new_input((8, 32), em.float16)
-    cos, sin = g.new_input((1, 32), em.float16), g.new_input((1, 32), em.float16)
-    first = g.apply("slice_last", [x], start=0, stop=16)
-    second = g.apply("slice_last", [x], start=16, stop=32)
-    g.mark_output(g.add(g.mul(x, cos), g.mul(g.concat(g.neg(second), first, 1), sin)))
+    _rotated(g, x, g.new_input((1, 32), em.float16), g.new_input((1, 32), em.float16))
     results = superoptimize(g, SearchConfig(max_results=1), max_tasks=200, workers=1,
                             progress=False)  # found at task 94 (2026-11-28)
     assert results, results.stats.no_result_reasons
@@ -53,14 +48,7 @@ def test_ropes_rotate_half_is_one_kernel_that_slices_its_tiles() -> None:
     assert [t.op for t in best.operators] == ["customized"]
     (kernel,) = best.operators
     assert [t.op for t in kernel.params["kernel"].tb.tensors].count("slice_last") == 2
-    assert em.verify(g, best, tests=4, seed=5).equivalent
-    rng = np.random.default_rng(0)
-    xs = [rng.standard_normal(t.dims).astype(np.float16) for t in g.inputs]
-    import torch
-
-    (got,) = em.compile(best)(*[torch.from_numpy(v) for v in xs])
-    (want,) = g.evaluate([v.astype(np.float64) for v in xs])
-    np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-2, atol=2e-2)
+    _verified_and_interpreted(g, best)
 
 
 def test_a_projection_with_ropes_rotation_is_one_kernel_with_its_accumulator() -> None:
@@ -71,18 +59,12 @@ def test_a_projection_with_ropes_rotation_is_one_kernel_with_its_accumulator() -
     (``SearchConfig.block_ops``); at the program's own 8 no one-kernel form exists. The form
     found rotates each step's partial product and accumulates the rotated partials (RoPE is
     linear); it verifies and matches the program in Triton's interpreter."""
-    import numpy as np
-    import torch
-
     from egraph_mirage.search.prepare import prepare
 
     g = em.new_kernel_graph()
     x, w = g.new_input((1, 1, 64), em.float16), g.new_input((4, 64, 32), em.float16)
     cos, sin = g.new_input((1, 1, 32), em.float16), g.new_input((1, 1, 32), em.float16)
-    q = g.matmul(x, w)
-    first = g.apply("slice_last", [q], start=0, stop=16)
-    second = g.apply("slice_last", [q], start=16, stop=32)
-    g.mark_output(g.add(g.mul(q, cos), g.mul(g.concat(g.neg(second), first, 2), sin)))
+    _rotated(g, g.matmul(x, w), cos, sin)
     assert prepare(g, SearchConfig()).config.max_block_ops == 9
     results = superoptimize(g, SearchConfig(max_kernels=1, max_results=1), max_tasks=300,
                             workers=1, progress=False)  # 18 s on one core (2026-11-28)
@@ -91,6 +73,25 @@ def test_a_projection_with_ropes_rotation_is_one_kernel_with_its_accumulator() -
     (kernel,) = best.operators
     ops = [t.op for t in kernel.params["kernel"].tb.tensors if t.op != "input"]
     assert len(ops) == 9 and "forloop_accum" in ops and ops.count("slice_last") == 2
+    _verified_and_interpreted(g, best)
+
+
+def _rotated(g: em.KernelGraph, q: em.Tensor, cos: em.Tensor, sin: em.Tensor) -> None:
+    """Marks RoPE of ``q`` as ``transformers`` writes it the program's output: ``q * cos +
+    cat(-q[..., h:], q[..., :h]) * sin``, ``h`` half of ``q``'s last dim."""
+    d = q.dims[-1]
+    first = g.apply("slice_last", [q], start=0, stop=d // 2)
+    second = g.apply("slice_last", [q], start=d // 2, stop=d)
+    rotated = g.concat(g.neg(second), first, len(q.dims) - 1)
+    g.mark_output(g.add(g.mul(q, cos), g.mul(rotated, sin)))
+
+
+def _verified_and_interpreted(g: em.KernelGraph, best: em.KernelGraph) -> None:
+    """``best`` verifies against ``g`` and, lowered to Triton (the interpreter without a GPU),
+    matches ``g``'s float64 evaluation on random fp16 inputs."""
+    import numpy as np
+    import torch
+
     assert em.verify(g, best, tests=4, seed=5).equivalent
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(t.dims).astype(np.float16) for t in g.inputs]
