@@ -76,6 +76,38 @@ def test_a_projection_with_ropes_rotation_is_one_kernel_with_its_accumulator() -
     _verified_and_interpreted(g, best)
 
 
+def test_a_projection_with_ropes_rotation_splits_its_hidden_dim_and_rotates_in_the_combine(
+        ) -> None:
+    """The same projection with RoPE at a decode step's shape (4 heads of 128, hidden 256):
+    its one-kernel form has one block per head, too few to stream a real model's weights.
+    Split-K gives more: the first kernel writes the partial products of each piece of the
+    hidden dim, the second sums them and rotates the sum. Its combine holds the rotation's 7
+    operators after the sum: the tail of the program after its matmul (``tasks.tail``) raises
+    ``Context.combine_ops`` from ``SPLIT_COMBINE``'s 5 to 8, without which no two-kernel form
+    is found within the same 60 tasks. The form verifies and matches the program in Triton's
+    interpreter."""
+    from egraph_mirage.search.prepare import prepare
+    from egraph_mirage.search.tasks import SPLIT_COMBINE, Context, tail
+
+    g = em.new_kernel_graph()
+    x, w = g.new_input((1, 1, 256), em.float16), g.new_input((4, 256, 128), em.float16)
+    cos, sin = g.new_input((1, 1, 128), em.float16), g.new_input((1, 1, 128), em.float16)
+    _rotated(g, g.matmul(x, w), cos, sin)
+    assert [t.op for t in tail(g)] == ["slice_last", "slice_last", "neg", "concat", "mul",
+                                      "mul", "add"]
+    assert SPLIT_COMBINE == 5 and Context(prepare(g, SearchConfig())).combine_ops == 8
+    results = superoptimize(g, SearchConfig(max_kernels=2, max_results=1), max_tasks=60,
+                            workers=1, progress=False)  # 2.3 s on one core (2026-11-29)
+    assert results, results.stats.no_result_reasons
+    best = results.best.graph
+    split, combine = (t.params["kernel"].tb for t in best.operators)
+    assert [t.op for t in split.tensors if t.op != "input"] == ["matmul", "forloop_accum"]
+    assert split.grid_dim[0] > 1  # the pieces of the hidden dim: blocks beside the heads'
+    ops = [t.op for t in combine.tensors if t.op != "input"]
+    assert ops[0] == "forloop_accum" and ops.count("slice_last") == 2 and "concat" in ops
+    _verified_and_interpreted(g, best)
+
+
 def _rotated(g: em.KernelGraph, q: em.Tensor, cos: em.Tensor, sin: em.Tensor) -> None:
     """Marks RoPE of ``q`` as ``transformers`` writes it the program's output: ``q * cos +
     cat(-q[..., h:], q[..., :h]) * sin``, ``h`` half of ``q``'s last dim."""

@@ -19,9 +19,10 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from ..errors import EMError
-from ..graph import KernelGraph
+from ..graph import KernelGraph, Tensor
 from ..mugraph.serialize import dumps, loads
 from ..mugraph.threadblock import EPILOGUE
+from ..ops import REDUCING
 from .blocks import BlockSearch, Counters, loads_read
 from .config import SearchConfig, SearchError
 from .dims import LinkProbe
@@ -72,7 +73,10 @@ SPLIT_MIN = 2
 #: other shape
 SPLIT_LEAD = 1
 #: the second kernel of a split task combines the pieces: it is searched with at most this many
-#: operators (accumulating two partial results and finishing them takes 3 to 5)
+#: operators (accumulating two partial results and finishing them takes 3 to 5), or one more
+#: than the program's tail after its last reduction where that is longer
+#: (``Context.combine_ops``: RoPE's rotation after a projection, 7 operators, is applied to the
+#: summed partials)
 SPLIT_COMBINE = 5
 
 
@@ -190,6 +194,9 @@ class Context:
         walks = [i for i in self.split_shapes if self.first_shapes[i].frange > 1]
         self.early_splits = sorted(walks, key=lambda i: len(self.first_shapes[i].loaders)
                                    < len(payload.inputs))
+        #: the most operators of a split task's second kernel (``SPLIT_COMBINE``)
+        self.combine_ops = min(max(SPLIT_COMBINE, 1 + len(tail(self.target))),
+                               payload.config.max_block_ops or SPLIT_COMBINE)
 
     @cached_property
     def counts(self) -> tuple[int, ...]:
@@ -320,6 +327,23 @@ def dispatch_order(tasks: Sequence[Task], ctx: Context, workers: int) -> list[Ta
 HANDED_ON = 1.0
 
 
+def tail(g: KernelGraph) -> list[Tensor]:
+    """The operators of ``g`` that read its last matmul or reduction (``ops.REDUCING``, in
+    graph order), directly or not, casts left out: what a split reduction's combine must
+    apply after summing the pieces (a projection's RoPE rotation). Empty without one."""
+    last = max((i for i, t in enumerate(g.operators) if t.op in REDUCING), default=None)
+    if last is None:
+        return []
+    after = {g.operators[last].index}
+    out = []
+    for t in g.operators[last + 1:]:
+        if any(o.index in after for o in t.operands):
+            after.add(t.index)
+            if t.op != "cast":
+                out.append(t)
+    return out
+
+
 def splits_reduction(ks: KernelShape, out_classes: Sequence[Any], config: SearchConfig) -> bool:
     """Whether a grid axis of ``ks`` cuts a dimension class the output lacks into a few large
     pieces (a ``grid_splits`` count) and each block walks its piece with the loop (or loads it
@@ -347,7 +371,7 @@ def run_task(payload: Payload, task: Task, deadline: float | None = None,
         # the same sizes, all the others
         partials = (True if task.kind in (SPLIT, BESIDE) else
                     False if task.index in ctx.split_set else None)
-        combine = (1, min(SPLIT_COMBINE, payload.config.max_block_ops)) if partials else None
+        combine = (1, ctx.combine_ops) if partials else None
         for tensors, steps in units(run.intermediates(ctx.first_shapes[task.index], inputs, [],
                                                       task.ops, partials,
                                                       beside=task.kind == BESIDE)):
