@@ -171,16 +171,13 @@ class CompileBudget:
             self.held += max(share - (time.monotonic() - started), 0.0)
         self.handed = None
 
-    def release(self) -> float:
+    def release(self) -> None:
         """The held seconds join the seconds left, once every piece was searched whole: the
         deadline moves, where needed, so that at least they are left for the parts (the
-        pieces' searches' overruns do not take them). Returns the seconds it moved."""
+        pieces' searches' overruns do not take them)."""
         held, self.held = self.held, 0.0
-        if self.deadline is None:
-            return 0.0
-        moved = max(time.monotonic() + held - self.deadline, 0.0)
-        self.deadline += moved
-        return moved
+        if self.deadline is not None:
+            self.deadline = max(self.deadline, time.monotonic() + held)
 
     def weigh(self, gain: float) -> float:
         """The weight of a piece or part whose search can gain ``gain`` (``pieces``' unit)."""

@@ -10,6 +10,8 @@ lines: what each part of the key hashes to) and prints, for the keys of the two 
 last graphs, the debug lines that differ; then the second compilation's cProfile, by
 cumulative and by own time, and a third compilation's key against the second's. Each
 compilation's last key's lines are written to ``$OUT/key_<compilation>.txt``.
+(``aot_cache_key.py`` compares the keys of one stand-in winner compiled twice, both from its
+decision; this one a model whose first compilation searched.)
 
 Usage, on the GPU machine from the repository root (egglog on the path):
   python3 scripts/gpu_probes/recompile_keys.py [LAYERS] [BUDGET] [WORKERS]
