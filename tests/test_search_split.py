@@ -99,6 +99,19 @@ def test_a_combine_keeps_the_split_kernels_grid_and_walks_its_pieces() -> None:
     assert seen
 
 
+@pytest.mark.parametrize("name", em.benchmarks.names())
+def test_a_benchmark_programs_combine_keeps_split_combines_operators(name: str) -> None:
+    """A split's combine is searched with ``SPLIT_COMBINE`` operators, or one more than the
+    program's tail after its last matmul or reduction where that is longer
+    (``Context.combine_ops``; a projection's RoPE: ``test_search_unseen.py``). The eight
+    programs' tails are at most one operator (LoRA's add, the gated MLP's mul), so their
+    searches are unchanged by it."""
+    from egraph_mirage.search.tasks import SPLIT_COMBINE, tail
+
+    after = tail(em.benchmarks.get(name, small=True))
+    assert len(after) <= 1 and 1 + len(after) <= SPLIT_COMBINE
+
+
 #: operand dims probed at full size and shrunk (sizes above ``dims.SMALL`` replaced)
 _DIMS = [[(1, 64, 64), (1, 64, 64)], [(2, 96, 64), (2, 64, 128)], [(1, 64, 1), (1, 64, 64)],
          [(64, 128)], [(1, 32, 128)], [(8, 64), (64, 96)], [(128,), (128,)], [(16, 96), (96,)]]
