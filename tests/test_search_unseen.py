@@ -1,6 +1,7 @@
 """Programs outside the paper's eight (``benchmarks.UNSEEN``), written down before the search
 was tried on them: at small shapes, under a budget of tasks (never seconds), the search returns a
-verified one-kernel μGraph that writes nothing to device memory but the output."""
+verified one-kernel μGraph that writes nothing to device memory but the output; and model code's
+RoPE after a projection, in one kernel and split over the hidden dim."""
 
 from __future__ import annotations
 

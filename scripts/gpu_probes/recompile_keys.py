@@ -5,15 +5,19 @@ where its time goes.
 its cache: no search runs, Inductor's cache of compiled graphs hits, yet AOTAutograd's cache
 misses (``again_torch_caches``) and the "Inductor" stage takes 23-28 s on an 8-layer Llama at
 b = 1 (H200). This compiles a ``LAYERS``-layer Llama at 8B sizes through ``generate()`` with
-the backend twice on one cache, records every AOTAutograd cache key computed (with its debug
-lines: what each part of the key hashes to) and prints, for the keys of the two compilations'
-last graphs, the debug lines that differ; then the second compilation's cProfile, by
-cumulative and by own time, and a third compilation's key against the second's. Each
-compilation's last key's lines are written to ``$OUT/key_<compilation>.txt``.
+the backend three times on one cache (the first searches, the others come from the cache),
+records every AOTAutograd cache key computed (with its debug lines: what each part of the key
+hashes to) and, per compilation, the kernels Inductor's coordinate-descent tuning runs on at
+the first call, with their autotune-cache state (for a hit, the ``.best_config`` files of the
+kernel's folder, which other kernels may share); it prints the second compilation's cProfile,
+by cumulative and by own time, and for the last graph's keys of the first and second
+compilations, and of the second and third, the debug lines that differ. Each compilation's
+last key's lines are written to ``$OUT/key_<compilation>.txt``.
 (``aot_cache_key.py`` compares the keys of one stand-in winner compiled twice, both from its
 decision; this one a model whose first compilation searched.)
 
-Usage, on the GPU machine from the repository root (egglog on the path):
+Usage, on the GPU machine from the repository root, egglog on the path (``pip install
+--no-deps --target /tmp/egg .whl/*.whl`` and ``PYTHONPATH=/tmp/egg``, as ``gpu_host.sh`` does):
   python3 scripts/gpu_probes/recompile_keys.py [LAYERS] [BUDGET] [WORKERS]
 
 Figures (H200, 2 layers, budget 75 s, 15 workers, 2026-11-29): the first compilation 300.4 s
