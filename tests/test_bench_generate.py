@@ -119,13 +119,13 @@ def test_the_modes_are_timed_in_alternating_rounds_without_compiling_again(
     # rounds that each start from the next mode; no mode compiles again while timed (else the
     # rows say so: Dynamo keeps each mode's code, guarded by its backend)
     calls: list[tuple[str, int]] = []
-    generate = gb._generate
+    generate = gb.timed_generate
 
     def recorded(model: Any, prompt: Any, new: int, config: Any, cfg: Any) -> Any:
         calls.append(("eager" if config is None else config.mode, new))
         return generate(model, prompt, new, config, cfg)
 
-    monkeypatch.setattr(gb, "_generate", recorded)
+    monkeypatch.setattr(gb, "timed_generate", recorded)
     cfg = gb.GenerateBenchConfig(
         models=("llama",), preset="small", layers=1, batches=(1,), prompt_len=4, new_tokens=1,
         max_cache_len=8, modes=("egraph_mirage", "egraph_mirage-max-autotune"), repeats=2,

@@ -95,7 +95,7 @@ from .torch_bench import (
 
 __all__ = ["BACKEND_MODES", "FAMILIES", "KEYS", "MODES", "PRESETS", "BenchGenerateError",
            "GenerateBenchConfig", "ModelSizes", "SharedBackend", "add_arguments",
-           "bench_generate", "build_model", "format_table", "run_command"]
+           "bench_generate", "build_model", "format_table", "run_command", "timed_generate"]
 
 #: family: (its config class, its causal-LM class), names in ``transformers``
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -231,7 +231,7 @@ def _compile_config(mode: str, cfg: GenerateBenchConfig) -> tuple[Any, Any]:
     return config, backend
 
 
-def _generate(model: Any, prompt: Any, new: int, compile_config: Any, cfg: GenerateBenchConfig
+def timed_generate(model: Any, prompt: Any, new: int, compile_config: Any, cfg: GenerateBenchConfig
               ) -> tuple[Any, float]:
     """The tokens ``generate()`` gives after ``prompt`` (greedy, ``new`` of them, a static
     cache of ``max_cache_len``), and its seconds between two synchronizations."""
@@ -286,7 +286,7 @@ def _first_call(model: Any, prompt: Any, mode: str, row: dict[str, Any], want: A
     ``want`` (None: eager's are not there), the backend's counts; the tokens and the compiled
     forward."""
     compiled = _Compiled(*_compile_config(mode, cfg))
-    tokens, row["compile_s"] = _generate(model, prompt, cfg.new_tokens + 1, compiled.config,
+    tokens, row["compile_s"] = timed_generate(model, prompt, cfg.new_tokens + 1, compiled.config,
                                          cfg)
     compiled.call = getattr(model, "_compiled_call", None)
     compiled.last = getattr(model, "_last_compile_config", None)
@@ -321,8 +321,8 @@ def _timed(model: Any, prompt: Any, compiled: Mapping[str, _Compiled],
             graphs = counters["stats"]["unique_graphs"]
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
             compiled[mode].use(model)  # both calls find it: the same config keeps it
-            first = _generate(model, prompt, 1, compiled[mode].config, cfg)[1]
-            whole = _generate(model, prompt, n, compiled[mode].config, cfg)[1]
+            first = timed_generate(model, prompt, 1, compiled[mode].config, cfg)[1]
+            whole = timed_generate(model, prompt, n, compiled[mode].config, cfg)[1]
             if r:
                 short[mode].append(first)
                 full[mode].append(whole)
@@ -345,7 +345,7 @@ def _again(model: Any, prompt: Any, mode: str, row: dict[str, Any],
     _reset()
     compile_config, backend = _compile_config(mode, cfg)
     before = {k: counters[group][k] for group, k in TORCH_CACHES}
-    row["again_compile_s"] = _generate(model, prompt, cfg.new_tokens + 1, compile_config,
+    row["again_compile_s"] = timed_generate(model, prompt, cfg.new_tokens + 1, compile_config,
                                        cfg)[1]
     counts = _backend_counts(backend)
     row.update(again_searches=counts["searches"], again_cache_hits=counts["cache_hits"],

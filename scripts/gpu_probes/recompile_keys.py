@@ -39,20 +39,25 @@ import os
 import pstats
 import sys
 import tempfile
-import time
 from typing import Any
 
 import torch
 
 sys.path.insert(0, ".")
-from egraph_mirage.bench.generate_bench import PRESETS, SharedBackend, build_model
+from egraph_mirage.bench.generate_bench import (
+    PRESETS,
+    GenerateBenchConfig,
+    SharedBackend,
+    build_model,
+    timed_generate,
+)
 from egraph_mirage.fx.backend import Backend
 
 
 def main() -> None:
     from torch._dynamo.utils import counters
     from torch._functorch._aot_autograd import autograd_cache
-    from transformers import CompileConfig, GenerationConfig
+    from transformers import CompileConfig
 
     layers = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     budget = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
@@ -94,20 +99,12 @@ def main() -> None:
         backend = Backend(budget=budget, workers=workers, cache_dir=cache)
         config = CompileConfig(backend=SharedBackend(backend), mode="reduce-overhead",
                                dynamic=False, fullgraph=False)
-        gen = GenerationConfig(max_new_tokens=3, do_sample=False, cache_implementation="static",
-                               max_cache_len=1024, compile_config=config, pad_token_id=0,
-                               eos_token_id=None)
         prof = cProfile.Profile() if profile else None
-        t0 = time.perf_counter()
         if prof:
             prof.enable()
-        with torch.no_grad():
-            model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                           generation_config=gen)
-        torch.cuda.synchronize()
+        seconds = timed_generate(model, prompt, 3, config, GenerateBenchConfig())[1]
         if prof:
             prof.disable()
-        seconds = time.perf_counter() - t0
         print(f"== {label}: {seconds:.1f} s; aot {dict(counters['aot_autograd'])}; "
               f"inductor {dict(counters['inductor']).get('fxgraph_cache_hit', 0)} hit(s) "
               f"{dict(counters['inductor']).get('fxgraph_cache_miss', 0)} miss(es); "

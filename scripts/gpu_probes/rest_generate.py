@@ -24,12 +24,17 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, ".")
-from egraph_mirage.bench.generate_bench import PRESETS, SharedBackend, build_model
+from egraph_mirage.bench.generate_bench import (
+    PRESETS,
+    GenerateBenchConfig,
+    SharedBackend,
+    build_model,
+    timed_generate,
+)
 from egraph_mirage.fx.backend import Backend
 from egraph_mirage.search.results import SearchResults, SearchStats
 
@@ -45,7 +50,7 @@ via_compile_fx.__name__ = "compile_fx"
 
 
 def main() -> None:
-    from transformers import CompileConfig, GenerationConfig
+    from transformers import CompileConfig
 
     layers = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     new = int(sys.argv[2]) if len(sys.argv) > 2 else 64
@@ -63,22 +68,10 @@ def main() -> None:
                                 fullgraph=False) for k, b in backends.items()}
 
     def gen(name: str, n: int) -> float:
-        config = GenerationConfig(max_new_tokens=n, do_sample=False,
-                                  cache_implementation="static", max_cache_len=1024,
-                                  compile_config=configs[name], pad_token_id=0,
-                                  eos_token_id=None)
         torch._dynamo.reset()  # each configuration compiles its own code
-        with torch.no_grad():
-            model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                           generation_config=config, max_new_tokens=2)  # compile, warm
-            out = []
-            for k in (1, n + 1):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                               generation_config=config, max_new_tokens=k)
-                torch.cuda.synchronize()
-                out.append(time.perf_counter() - t0)
+        cfg = GenerateBenchConfig()
+        timed_generate(model, prompt, 2, configs[name], cfg)  # compile, warm
+        out = [timed_generate(model, prompt, k, configs[name], cfg)[1] for k in (1, n + 1)]
         return (out[1] - out[0]) / n * 1e3
 
     got: dict[str, list[float]] = {k: [] for k in configs}

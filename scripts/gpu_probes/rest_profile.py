@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import collections
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, ".")
-from egraph_mirage.bench.generate_bench import PRESETS, build_model
+from egraph_mirage.bench.generate_bench import (
+    PRESETS,
+    GenerateBenchConfig,
+    build_model,
+    timed_generate,
+)
 
 
 def via_compile_fx(gm, example_inputs, mode=None, options=None):
@@ -36,7 +40,7 @@ via_compile_fx.seen = []
 
 def main() -> None:
     from torch.profiler import ProfilerActivity, profile
-    from transformers import CompileConfig, GenerationConfig
+    from transformers import CompileConfig
 
     layers = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     new = int(sys.argv[2]) if len(sys.argv) > 2 else 32
@@ -53,16 +57,7 @@ def main() -> None:
         cc = CompileConfig(backend=b, mode="reduce-overhead", dynamic=False, fullgraph=False)
 
         def gen(n: int) -> float:
-            config = GenerationConfig(max_new_tokens=n, do_sample=False,
-                                      cache_implementation="static", max_cache_len=1024,
-                                      compile_config=cc, pad_token_id=0, eos_token_id=None)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                               generation_config=config, max_new_tokens=n)
-            torch.cuda.synchronize()
-            return time.perf_counter() - t0
+            return timed_generate(model, prompt, n, cc, GenerateBenchConfig())[1]
 
         torch._dynamo.reset()
         gen(3)

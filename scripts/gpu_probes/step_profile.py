@@ -36,13 +36,18 @@ import io
 import pstats
 import statistics
 import sys
-import time
 from typing import Any
 
 import torch
 
 sys.path.insert(0, ".")
-from egraph_mirage.bench.generate_bench import PRESETS, SharedBackend, build_model
+from egraph_mirage.bench.generate_bench import (
+    PRESETS,
+    GenerateBenchConfig,
+    SharedBackend,
+    build_model,
+    timed_generate,
+)
 from egraph_mirage.fx.backend import Backend
 from egraph_mirage.search.results import SearchResults, SearchStats
 
@@ -84,7 +89,7 @@ def entries(model: Any) -> dict[str, int]:
 
 
 def main() -> None:
-    from transformers import CompileConfig, GenerationConfig
+    from transformers import CompileConfig
 
     layers = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     new = int(sys.argv[2]) if len(sys.argv) > 2 else 64
@@ -105,19 +110,9 @@ def main() -> None:
     calls: dict[str, tuple[Any, Any]] = {}
 
     def gen(name: str, n: int) -> float:
-        config = GenerationConfig(max_new_tokens=n, do_sample=False,
-                                  cache_implementation="static", max_cache_len=1024,
-                                  compile_config=configs[name], pad_token_id=0,
-                                  eos_token_id=None)
         if name in calls:
             model._compiled_call, model._last_compile_config = calls[name]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                           generation_config=config, max_new_tokens=n)
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
+        seconds = timed_generate(model, prompt, n, configs[name], GenerateBenchConfig())[1]
         calls[name] = (model._compiled_call, model._last_compile_config)
         return seconds
 
