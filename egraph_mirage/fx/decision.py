@@ -125,6 +125,18 @@ def slower(times: Mapping[str, Any], timing: str) -> str:
     return ""
 
 
+def mixed(times: Mapping[str, Any], timing: str) -> bool:
+    """Whether ``times`` are faster than Inductor's under some kind of timing the ``timing``
+    option asks for and slower under another: a verdict the host's or the GPU's noise may have
+    made (``fx.whole`` times such a pair again)."""
+    verdicts = set()
+    for kind in kinds(timing):
+        ours, theirs = (times.get(f) for f in TIMES[kind])
+        if ours is not None and theirs is not None:
+            verdicts.add(ours < theirs)
+    return verdicts == {True, False}
+
+
 def slower_alone(times: Mapping[str, Any], timing: str) -> str:
     """Why a piece's timed winner with these ``times`` is not used under the ``timing`` option,
     judged alone ("" when it is used). Under "graph", it must be faster under CUDA-graph

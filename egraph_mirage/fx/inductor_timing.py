@@ -279,6 +279,24 @@ def time_graphs(ours: Callable[..., Any], inductor: Callable[..., Any],
     return time_pair(ours, inductor, xs, ("graph", "plain"))
 
 
+#: the record's field saying how many times a pair was timed (``fastest``); absent: once
+TIMINGS = "timings"
+
+
+def fastest(*records: Mapping[str, float | None]) -> dict[str, float | None]:
+    """One record of the same pair timed several times (``time_graphs``' records): each
+    field's smallest value (noise on a host or a GPU only ever adds time), None where any
+    record has None (a CUDA graph not captured), and ``TIMINGS``: how many records."""
+    out: dict[str, float | None] = {}
+    for f in TIME_FIELDS:
+        values = [r[f] for r in records if f in r]
+        if values:
+            out[f] = None if any(v is None for v in values) else min(
+                v for v in values if v is not None)
+    out[TIMINGS] = float(sum(int(r.get(TIMINGS) or 1) for r in records))
+    return out
+
+
 def _restoring(fn: Callable[..., Any], state: Saved) -> Callable[..., Any]:
     """``fn``, each call after the tensors of ``state`` (``mutation.saved``) are set back."""
     def call(*a: Any) -> Any:
@@ -300,8 +318,10 @@ def fmt_times(times: Mapping[str, float | None], names: tuple[str, str] = ("ours
         vals = [times[TIMES[k][who]] for k in present]
         return " / ".join("–" if v is None else f"{v:.1f}" for v in vals)
 
+    timed = int(times.get(TIMINGS) or 1)
     return (f"{names[0]} {cell(0)} µs, {names[1]} {cell(1)} µs "
-            f"({' / '.join(say[k] for k in present)})")
+            f"({' / '.join(say[k] for k in present)}"
+            + (f"; fastest of {timed} timings" if timed > 1 else "") + ")")
 
 
 __all__ = ["GRAPH_ROUNDS", "GRAPH_TIMING", "PIECE_INPUTS", "PLAIN_ROUNDS", "PLAIN_TIMING",

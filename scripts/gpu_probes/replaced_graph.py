@@ -9,8 +9,8 @@ Inductor's mode MODE (default max-autotune-no-cudagraphs, so that the timer's CU
 the profiler see every kernel), and where the backend judges the whole graph
 (`fx.whole.WholeGraph.never_slower`), first builds and times, against Inductor's code for
 Dynamo's graph: the graph with every chosen piece replaced, and with PER_WINNER=1 with each
-kind of chosen piece alone (the pieces of one winner); for each, the GPU kernels whose µs per call differ most from
-Inductor's code's.
+kind of chosen piece alone (the pieces of one winner); for each, the GPU kernels whose µs per
+call differ most from Inductor's code's.
 
 Each graph is compiled twice: in MODE, and in MODE without coordinate descent tuning (Inductor's
 benchmarking of each reduction kernel's block sizes at compile time), to tell its choices from
@@ -23,9 +23,11 @@ alone (so that the probe does not depend on a close call: at 4 layers, budget 60
 layer's key RoPE won 1.09 against 1.11 µs in one run and lost in the next two).
 
 Usage, on the GPU machine from the repository root (JAX on the CPU, egglog on the path):
-  [FORCE=1] [PER_WINNER=1] [FAMILY=qwen3] python3 scripts/gpu_probes/replaced_graph.py OUT \
-    [LAYERS] [BUDGET] [MODE]
-(FAMILY: the model family of ``bench generate``, default llama.)
+  [FORCE=1] [PER_WINNER=1] [FAMILY=qwen3] [LAYER=hf-static] [ONE_TUNING=1] \
+    python3 scripts/gpu_probes/replaced_graph.py OUT [LAYERS] [BUDGET] [MODE]
+(FAMILY: the model family of ``bench generate``, default llama; LAYER: `bench torch`'s decode
+layer at b = 1 in fp16 instead of a `generate()` step, LAYERS unused; ONE_TUNING: the graphs
+compiled in MODE alone, not also without coordinate descent tuning.)
 
 Seen (H200, 4 layers, budget 60, commit 502779f, MODE max-autotune-no-cudagraphs): with the
 key RoPE replaced the graph took 1,046.6 µs against 878.4 (twice the same): Inductor's kernels
@@ -33,6 +35,11 @@ for the rest summed to 1,010.2 against 840.3 µs, 28 kinds against 25; its gate/
 down projection kernels (reductions: Inductor turns the M = 1 matmuls into them) were the ones
 slower, and the partitioned module writes the cache with `index_put` (torch.export's
 decomposition of `index_copy_`) fused into the projections' reductions.
+
+Seen (H200, LAYER=hf-static, budget 150, FORCE=1 PER_WINNER=1 ONE_TUNING=1, commit 31e1046):
+each kind of replaced piece moved Inductor's kernels for the rest by more than it gained (the
+down projection 31.4–40.6 µs against 31.7, coordinate descent's block sizes drawn anew); the
+table is in docs/torch.md, section 5.
 """
 
 from __future__ import annotations
@@ -67,20 +74,27 @@ def main() -> None:
 
     def probed(self: WholeGraph, names: list[str]) -> Any:
         xs = list(self.example_inputs)
-        by_winner: dict[str, list[str]] = {}
+        # a piece is built replaced with every replaced part of it (a refined piece's parts
+        # cannot be chosen one by one): each set is a kind of top-level piece, named by what
+        # its replaced parts compute (a model's identical layers: one set)
+        parts: dict[str, list[str]] = {}
         for p in self.report.pieces:
             if p.status == rep.REPLACED and p.name.split(".")[0] in names:
-                what = f"{' '.join(p.operators)} on {' '.join('x'.join(map(str, s)) for s in p.shapes)}"
-                by_winner.setdefault(what, []).append(p.name.split(".")[0])
+                shapes = " ".join("x".join(map(str, s)) for s in p.shapes)
+                what = f"{' '.join(p.operators)} on {shapes}"
+                parts.setdefault(p.name.split(".")[0], []).append(what)
                 print(f"chosen {p.name}: {what}: ours {p.ours_us} / {p.ours_plain_us}, Inductor "
                       f"{p.inductor_us} / {p.inductor_plain_us} µs", flush=True)
+        by_winner: dict[str, list[str]] = {}
+        for top, whats in parts.items():
+            by_winner.setdefault(" + ".join(sorted(whats)), []).append(top)
         with preserved(self.gm, xs):
             # a name no piece has: the partitioned module with every piece as it was
             sets = ([("partitioned, none replaced", ["-"]), ("all", names)]
                     + (list(by_winner.items()) if len(by_winner) > 1 and
                        os.environ.get("PER_WINNER") else []))
             modes = torch._inductor.list_mode_options
-            for tuned in (True, False):
+            for tuned in _TUNINGS:
                 # the mode's options without coordinate descent, where not tuned
                 torch._inductor.list_mode_options = (modes if tuned else lambda *a, **k: {
                     o: v for o, v in modes(*a, **k).items() if o != "coordinate_descent_tuning"})
@@ -89,7 +103,7 @@ def main() -> None:
                     inductor = self._inductor(self.mode)
                     k_ind = _kernels(inductor, xs)
                     for label, chosen in sets:
-                        compiled = self.build(chosen)
+                        compiled = self.build(chosen, self.mode)
                         t = time_graphs(compiled, inductor, xs, written(self.gm))
                         print(f"== coordinate descent {tuned}: {label} ({len(chosen)} replaced, "
                               f"launch {self.report.launch}): ours {t['ours_us']:.1f} / "
@@ -149,12 +163,18 @@ def main() -> None:
 
 
     WholeGraph.never_slower = probed  # type: ignore[method-assign]
+    if os.environ.get("ONE_TUNING"):  # only Inductor's mode as it is (half the compilations)
+        global _TUNINGS
+        _TUNINGS = (True,)
     if os.environ.get("FORCE"):  # every timed winner tried in the graph, faster alone or not
         decision.slower_alone = lambda times, timing: ""
-    model = build_model(os.environ.get("FAMILY", "llama"), PRESETS["llama3_8b"], layers, 128256,
-                        torch.float16, "cuda", 1)
     backend = Backend(budget=budget, workers=max(1, len(os.sched_getaffinity(0)) - 1),
                       cache_dir=os.path.join(out, "cache"))
+    if os.environ.get("LAYER"):  # bench torch's decode layer instead of a generate() step
+        _layer(os.environ["LAYER"], backend, mode)
+        return
+    model = build_model(os.environ.get("FAMILY", "llama"), PRESETS["llama3_8b"], layers, 128256,
+                        torch.float16, "cuda", 1)
     prompt = torch.randint(1, 1000, (1, 128), device="cuda")
     config = GenerationConfig(
         max_new_tokens=3, do_sample=False, cache_implementation="static", max_cache_len=1024,
@@ -168,6 +188,30 @@ def main() -> None:
         if r.note:
             print("  note:", r.note)
 
+
+def _layer(name: str, backend: Any, mode: str) -> None:
+    """`bench torch`'s layer NAME (hf-static, hf-qwen3-static) at 8B sizes, b = 1, fp16,
+    compiled through ``backend`` in Inductor's ``mode`` and called once."""
+    from egraph_mirage.bench.torch_bench import (
+        TorchBenchConfig,
+        _input_sets,
+        _module,
+        _sizes,
+        load_example,
+    )
+
+    cfg = TorchBenchConfig(models=(name,), preset="llama3_8b", device="cuda")
+    example = load_example()
+    module = _module(example, name, _sizes(example, cfg), torch.float16, "cuda")
+    xs = _input_sets(module, 1, cfg)[0]
+    fn = torch.compile(module, backend=backend, mode=mode, dynamic=False)
+    with torch.no_grad():
+        fn(*xs)
+    for r in backend.reports:
+        print(r.text())
+
+
+_TUNINGS: tuple[bool, ...] = (True, False)
 
 if __name__ == "__main__":
     main()
