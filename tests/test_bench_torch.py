@@ -347,3 +347,41 @@ def test_modes_are_timed_in_rounds_the_fastest_plain_round_and_the_median_graph_
     assert calls == ["a", "b"] * 3
     assert [r["plain_us"] for r in rows] == [10.0, 1.0] and rows[0]["graph_us"] == 2.0
     assert rows[0]["plain_rounds"] == [10.0, 30.0, 20.0]
+
+
+class _ProfilingTimer(tb.CpuTimer):
+    """``CpuTimer`` with a stand-in kernel profile (``CudaTimer.kernels``'s shape: µs per call
+    by kernel name), or one that fails."""
+
+    def __init__(self, fails: bool = False) -> None:
+        super().__init__(repeats=1)
+        self.fails = fails
+
+    def kernels(self, fn: Any, input_sets: Any) -> dict[str, float]:
+        if self.fails:
+            raise RuntimeError("no profiler here")
+        return {f"kernel_{i}": float(i) for i in range(1, 16)}
+
+
+def test_each_mode_is_profiled_and_its_slowest_kernels_are_in_the_row_and_the_table(
+        tmp_path: Path) -> None:
+    """Where the timer profiles kernels (``CudaTimer.kernels`` on a GPU), each row keeps its
+    kernels' µs per call in all and its ``KERNELS_KEPT`` slowest, slowest first, and the table
+    lists them under the figures: which kernel holds a mode back from the floor. A profile that
+    fails leaves the times and says so."""
+    cfg = tb.TorchBenchConfig(models=("llama",), batches=(1,), preset="small",
+                              modes=("eager",), rest="eager", device="cpu",
+                              cache_dir=str(tmp_path))
+    (row,) = tb.bench_torch(cfg, timer=_ProfilingTimer(), log=lambda _: None)
+    assert row["kernels_total_us"] == sum(range(1, 16)) == 120
+    assert row["kernels_us"] == [[f"kernel_{i}", float(i)]
+                                 for i in range(15, 15 - tb.KERNELS_KEPT, -1)]
+    table = tb.format_table([row])
+    assert table.splitlines()[-1] == ("  llama fp16 b=1 eager: 120.0 in kernels: 15.0 kernel_15, "
+                                      "14.0 kernel_14, 13.0 kernel_13, 12.0 kernel_12, 11.0 "
+                                      "kernel_11, 10.0 kernel_10")
+    said: list[str] = []
+    (row,) = tb.bench_torch(cfg, timer=_ProfilingTimer(fails=True), log=said.append)
+    assert row["kernels_us"] is None and row["error"] is None and row["plain_us"] is not None
+    assert "note: llama eager: kernels not profiled: RuntimeError: no profiler here" in said
+    assert "in kernels" not in tb.format_table([row])

@@ -48,6 +48,11 @@ measured once per run, as ``bench gpu`` does); ``floor_us``, the bytes at that b
 is counted, ``copy_bandwidth``, ``floor_us`` and the fractions are None. Rows written before
 these fields existed render without them; no floor is inferred for them.
 
+On a GPU every mode is also profiled after its timing (``_profile``): ``kernels_total_us``, its
+GPU kernels' µs per call in all, and ``kernels_us``, the slowest of them by name, which the
+table's last lines list beside the mode's CUDA-graph µs and the floor (``format_kernels``):
+which kernel holds a mode back from the floor, in the rows themselves.
+
 Without a CUDA GPU the command refuses, unless ``--cpu-smoke``: the small preset on the CPU,
 kernels in Triton's interpreter, timed by wall clock (no graph replay), the backend's rest run
 eagerly; it tests the command, its figures mean nothing.
@@ -73,7 +78,8 @@ from .gpu_report import best, fmt, ratio
 from .text_table import aligned
 
 __all__ = ["KEYS", "MODELS", "MODES", "TOLERANCE", "BenchTorchError", "CpuTimer",
-           "TorchBenchConfig", "add_arguments", "bench_torch", "format_table", "load_example",
+           "TorchBenchConfig", "add_arguments", "bench_torch", "format_kernels", "format_table",
+           "load_example",
            "run_command"]
 
 #: model name: (``HFDecodeStep``'s family, its cache), or None for ``LlamaLayer``
@@ -90,7 +96,10 @@ KEYS = ("model", "preset", "sizes", "batch", "dtype", "device", "timing", "backe
         "graph_us", "plain_rounds", "speedup_vs_eager", "speedup_vs_eager_graph", "speedup_vs_best",
         "speedup_vs_best_graph", "floor_bytes", "copy_bandwidth", "floor_us", "floor_fraction",
         "floor_fraction_graph", "compile_s", "max_error", "matches_eager", "tolerance",
-        "pieces", "replaced", "searches", "cache_hits", "report", "error")
+        "pieces", "replaced", "searches", "cache_hits", "report", "error", "kernels_us",
+        "kernels_total_us")
+#: the kernels a row keeps of its mode's profile (``kernels_us``): the slowest, by µs per call
+KERNELS_KEPT = 12
 #: the largest relative error against eager a mode may have (a whole layer: looser than one
 #: kernel's ``gpu.tune.TOLERANCE``)
 TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-3}
@@ -422,9 +431,33 @@ def _measure(module: Any, model: str, dtype: str, batch: int, cfg: TorchBenchCon
     except Exception as e:
         for row, _ in timed:
             row["error"] = row["error"] or f"timing: {type(e).__name__}: {_first(e)}"
+    _profile(timed, sets, timer, say)
     _speedups(rows)
     _floor(rows, nbytes, copy_bandwidth)
     return rows
+
+
+def _profile(timed: Sequence[tuple[dict[str, Any], Any]], sets: list[tuple[Any, ...]],
+             timer: Any, say: Callable[[str], None]) -> None:
+    """Where each mode's time goes, where ``timer`` profiles kernels (``CudaTimer.kernels``:
+    torch's profiler over plain calls): each row's ``kernels_total_us``, the µs per call of
+    all its GPU kernels (its CUDA-graph time less this is what launches and gaps add), and
+    ``kernels_us``, its ``KERNELS_KEPT`` slowest kernels as (name, µs per call): which kernel
+    holds a mode back from the floor. A profile that fails leaves them None, with a note."""
+    if not hasattr(timer, "kernels"):
+        return
+    for row, fn in timed:
+        if row["error"] is not None:
+            continue
+        try:
+            got = timer.kernels(fn, sets)
+        except Exception as e:  # the times stand without it
+            say(f"note: {row['model']} {row['mode']}: kernels not profiled: "
+                f"{type(e).__name__}: {_first(e)}")
+            continue
+        row["kernels_total_us"] = sum(got.values())
+        slowest = sorted(got.items(), key=lambda kv: -kv[1])[:KERNELS_KEPT]
+        row["kernels_us"] = [[name, us] for name, us in slowest]
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -489,7 +522,27 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
                      f"once at {', '.join(f'{b / 1e12:.2f}' for b in bandwidths)} TB/s)")
     lines += [f"{r['model']} {r['dtype']} b={r['batch']} {r['mode']}: {r['error']}" for r in rows
               if r.get("error")]
-    return "\n".join(lines)
+    return "\n".join(lines + format_kernels(rows))
+
+
+def format_kernels(rows: Sequence[Mapping[str, Any]], kept: int = 6) -> list[str]:
+    """Where each profiled row's time goes (``kernels_us``): its kernels' µs per call in all,
+    against its CUDA-graph µs and its floor, then its ``kept`` slowest kernels; none for rows
+    without a profile."""
+    lines: list[str] = []
+    for r in rows:
+        if not r.get("kernels_us"):
+            continue
+        if not lines:
+            lines.append("kernels (torch's profiler over plain calls, µs per call; the "
+                         "slowest first):")
+        against = "".join(f", {what} {fmt(r.get(key))}" for what, key in
+                          (("graph", "graph_us"), ("floor", "floor_us")) if r.get(key))
+        slowest = ", ".join(f"{fmt(us)} {name[:60]}" for name, us in r["kernels_us"][:kept])
+        lines.append(f"  {r['model']} {SHORT_DTYPES.get(r['dtype'], r['dtype'])} "
+                     f"b={r['batch']} {r['mode']}: {fmt(r['kernels_total_us'])} in kernels"
+                     f"{against}: {slowest}")
+    return lines
 
 
 # --- the command -------------------------------------------------------------------------------
@@ -607,7 +660,8 @@ def run_command(args: Any) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
 
     def on_row(row: dict[str, Any]) -> None:
-        print(json.dumps({k: row[k] for k in KEYS if k not in ("report", "sizes")}),
+        print(json.dumps({k: row[k] for k in KEYS if k not in ("report", "sizes",
+                                                                  "kernels_us")}),
               file=sys.stderr, flush=True)
         done.append(row)
         if args.out:
