@@ -79,8 +79,7 @@ from .text_table import aligned
 
 __all__ = ["KEYS", "MODELS", "MODES", "TOLERANCE", "BenchTorchError", "CpuTimer",
            "TorchBenchConfig", "add_arguments", "bench_torch", "format_kernels", "format_table",
-           "load_example",
-           "run_command"]
+           "load_example", "run_command"]
 
 #: model name: (``HFDecodeStep``'s family, its cache), or None for ``LlamaLayer``
 HF_MODELS: dict[str, tuple[str, str] | None] = {

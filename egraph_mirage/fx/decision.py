@@ -202,4 +202,4 @@ def _grids(mugraph: KernelGraph) -> list[list[int]]:
     return grids
 
 
-__all__ = ["KEEP", "REPLACE", "PieceDecision", "least_gain", "slower", "slower_alone"]
+__all__ = ["KEEP", "REPLACE", "PieceDecision", "least_gain", "mixed", "slower", "slower_alone"]

@@ -325,5 +325,6 @@ def fmt_times(times: Mapping[str, float | None], names: tuple[str, str] = ("ours
 
 
 __all__ = ["GRAPH_ROUNDS", "GRAPH_TIMING", "PIECE_INPUTS", "PLAIN_ROUNDS", "PLAIN_TIMING",
-           "SYNCED_CALLS", "TIMED", "TIMES", "TIME_FIELDS", "fmt_times", "key_settings", "kinds",
-           "rotated", "time_against_inductor", "time_graphs", "time_inductor", "time_pair"]
+           "SYNCED_CALLS", "TIMED", "TIMES", "TIME_FIELDS", "TIMINGS", "fastest", "fmt_times",
+           "key_settings", "kinds", "rotated", "time_against_inductor", "time_graphs",
+           "time_inductor", "time_pair"]

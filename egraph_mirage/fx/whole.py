@@ -150,9 +150,9 @@ class WholeGraph:
         verdict is mixed, faster under one kind of timing the ``timing`` option asks for and
         slower under another (``decision.mixed``), timed once more and the fastest of each
         side's two timings counting (``inductor_timing.fastest``). Two timings of the same
-        compiled code minutes apart differ by more than a piece gains: plain launches of one
-        Inductor-compiled bf16 decoder layer measured 157.7 then 261.7 µs in one compilation (H200),
-        while its replayed time held at 143.7–144.0 µs."""
+        compiled code within one compilation differ by more than a piece gains: plain launches
+        of Inductor's code for a bf16 decoder layer measured 157.7, then 261.7 µs (H200), its
+        replayed time 143.7, then 144.0."""
         record = timing.time_graphs(ours, theirs, self.example_inputs, written(self.gm))
         if mixed(record, self.options.timing):
             again = timing.time_graphs(ours, theirs, self.example_inputs, written(self.gm))
