@@ -151,8 +151,8 @@ class WholeGraph:
         slower under another (``decision.mixed``), timed once more and the fastest of each
         side's two timings counting (``inductor_timing.fastest``). Two timings of the same
         compiled code within one compilation differ by more than a piece gains: plain launches
-        of Inductor's code for a bf16 decoder layer measured 157.7, then 261.7 µs (H200), its
-        replayed time 143.7, then 144.0."""
+        of Inductor's code for a bf16 decoder layer measured 157.7, 261.7 and 289.1 µs back
+        to back (H200), its replayed time 143.7–144.0."""
         record = timing.time_graphs(ours, theirs, self.example_inputs, written(self.gm))
         if mixed(record, self.options.timing):
             again = timing.time_graphs(ours, theirs, self.example_inputs, written(self.gm))
