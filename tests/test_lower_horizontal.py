@@ -38,7 +38,7 @@ def _siblings(chain: bool = False) -> em.KernelGraph:
 
 def test_siblings_run_as_one_grid_and_match() -> None:
     g = _siblings()
-    (run,) = groups(g, {}, {})
+    (run,) = groups(g, {})
     assert len(run) == 2
     assert graph_knobs(g)["horizontal"] == (False, True)
     one = generate_source(g, LowerOptions(horizontal=True))
@@ -56,7 +56,7 @@ def test_siblings_run_as_one_grid_and_match() -> None:
 
 def test_a_kernel_reading_its_neighbour_s_output_is_launched_after_it() -> None:
     g = _siblings(chain=True)
-    assert groups(g, {}, {}) == []
+    assert groups(g, {}) == []
     assert "horizontal" not in graph_knobs(g)
     assert canonical_knobs(g, {"horizontal": True}) == {"horizontal": False}
     assert generate_source(g, LowerOptions(horizontal=True)).count("_launch(kernel_") == 2
@@ -77,3 +77,22 @@ def test_not_with_programmatic_dependent_launch() -> None:
 ])
 def test_the_block_index_of_a_flat_grid(grid: tuple[int, int, int], want: list[str]) -> None:
     assert flat_pid_lines(grid) == want
+
+
+def test_siblings_reading_weights_through_their_own_strides_run_as_one_grid() -> None:
+    """A model's projections read ``nn.Linear``'s weights, stored (out, in), as Wᵀ through the
+    view's strides (``LowerOptions.input_strides``): such siblings are one launch too, each
+    block body reading its weight through its own strides, with no copy; the program matches
+    the one reading contiguous copies, launch by launch."""
+    g = _siblings()
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 32, generator=gen) / 4).half()
+    stored = [(torch.randn(n, 32, generator=gen) / 4).half() for n in (64, 32)]  # (out, in)
+    wq, wk = (w.t() for w in stored)  # (32, out), strides (1, 32)
+    strides = (None, (1, 32), (1, 32))
+    one = em.compile(g, horizontal=True, input_strides=strides)
+    assert one.source.count("_launch(kernel_") == 1 and one.source.count("(1, 32)") >= 2
+    want = em.compile(g)(x, wq.contiguous(), wk.contiguous())
+    for got in (one(x, wq, wk), one.module.launch(x, wq, wk)):  # checked, then direct
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)

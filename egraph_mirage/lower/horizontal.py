@@ -17,11 +17,12 @@ one flat index), and a kernel over the sum of their grids calls the body its blo
         elif pid < 48:
             kernel_1(b0, ..., pid - 32)
 
-``groups`` finds the runs: consecutive launches of plain kernels (no fused combine, no input
-read through a view of its own strides), with no library operator between them, each reading
-none of the run's earlier outputs. The blocks of one launch share ``num_warps`` and
-``num_stages``; whether one launch is faster than several is the tuner's to measure (the knob
-``horizontal``).
+``groups`` finds the runs: consecutive launches of plain kernels (no fused combine), with no
+library operator between them, each reading none of the run's earlier outputs. A kernel that
+reads an input through a view of its own strides (``LowerOptions.input_strides``: a model's
+weight read as Wᵀ) takes part like any other: its block body reads through those strides.
+The blocks of one launch share ``num_warps`` and ``num_stages``; whether one launch is faster
+than several is the tuner's to measure (the knob ``horizontal``).
 """
 
 from __future__ import annotations
@@ -38,12 +39,9 @@ from ..ops import lookup
 MAX_SIBLINGS = 8
 
 
-def groups(graph: KernelGraph, combines: Mapping[int, Any],
-           strided: Mapping[int, Any]) -> list[list[GraphDefinedKernel]]:
+def groups(graph: KernelGraph, combines: Mapping[int, Any]) -> list[list[GraphDefinedKernel]]:
     """The runs of sibling kernels of ``graph`` (two or more each), in launch order;
-    ``combines``: the fused combines (``fuse.plan``; their kernels take no part), ``strided``:
-    graph inputs read through their own strides (``input_strides``; a kernel reading one takes
-    no part)."""
+    ``combines``: the fused combines (``fuse.plan``; their kernels take no part)."""
     runs: list[list[GraphDefinedKernel]] = []
     current: list[GraphDefinedKernel] = []
     written: set[int] = set()
@@ -65,8 +63,7 @@ def groups(graph: KernelGraph, combines: Mapping[int, Any],
             written.add(t.index)
             continue
         seen.add(id(kernel))
-        plain = id(kernel) not in combines and not any(o.index in strided for o in t.operands)
-        if not plain:
+        if id(kernel) in combines:
             close()
             continue
         if any(o.index in written for o in t.operands) or len(current) == MAX_SIBLINGS:

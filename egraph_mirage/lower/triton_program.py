@@ -50,7 +50,7 @@ def graph_knobs(graph: KernelGraph) -> dict[str, tuple[bool, ...]]:
         knobs["swap_dots"] = (False, True)
     if len(fuse.launches(graph)) > 1:
         knobs["pdl"] = (False, True)
-    if horizontal.groups(graph, {}, {}):
+    if horizontal.groups(graph, {}):
         knobs["horizontal"] = (False, True)
     return knobs
 
@@ -63,7 +63,7 @@ def canonical_knobs(graph: KernelGraph, knobs: Mapping[str, Any]) -> dict[str, A
     combines = fuse.plan(graph) if out.get("fuse_combines", LowerOptions.fuse_combines) else {}
     if out.get("pdl") and len(_launched(graph, combines)) < 2:
         out["pdl"] = False
-    if out.get("horizontal") and (out.get("pdl") or not horizontal.groups(graph, combines, {})):
+    if out.get("horizontal") and (out.get("pdl") or not horizontal.groups(graph, combines)):
         out["horizontal"] = False
     return out
 
@@ -202,8 +202,7 @@ def plan_launches(graph: KernelGraph, options: LowerOptions) -> LaunchPlan:
     combines = fuse.plan(graph) if options.fuse_combines else {}
     order = _launched(graph, combines)
     pdl = options.pdl and len(order) > 1
-    siblings = (horizontal.groups(graph, combines, input_strides(graph, options))
-                if options.horizontal and not pdl else [])
+    siblings = horizontal.groups(graph, combines) if options.horizontal and not pdl else []
     return LaunchPlan(_names(graph), combines, {id(k): outs for k, outs in fuse.launches(graph)},
                       order, pdl, siblings)
 
@@ -271,7 +270,7 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         if id(kernel) in run_of:  # the run's first kernel: the whole run, one launch
             run = run_of[id(kernel)]
             launched.update(id(k) for k in run)
-            wrapper = _launch_siblings(run, operands, outputs, names, kernel_name,
+            wrapper = _launch_siblings(run, operands, outputs, names, kernel_name, strides_of,
                                        lambda: f"kernel_{len(kernels)}", body, traced)
             kernels[id(run[0].tb), f"siblings@{len(kernels)}"] = wrapper[0]
             kernel_sources.append(wrapper[1])
@@ -313,12 +312,15 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
 
 def _launch_siblings(run: Sequence[GraphDefinedKernel], operands: Mapping[int, Any],
                      outputs: Mapping[int, list[Tensor]], names: Mapping[int, str],
-                     kernel_name: Callable[..., str], new_name: Callable[[], str],
-                     body: list[str], traced: list[str]) -> tuple[str, str]:
+                     kernel_name: Callable[..., str],
+                     strides_of: Callable[[GraphDefinedKernel], tuple[Any, ...]],
+                     new_name: Callable[[], str], body: list[str], traced: list[str]
+                     ) -> tuple[str, str]:
     """The host lines of sibling kernels ``run`` launched as one grid (``horizontal``): each
-    kernel's outputs allocated, its block body a function of the flat block index
-    (``kernel_name`` writes it), and the launch of a kernel calling them (named by
-    ``new_name`` once they are); returns that kernel's name and source."""
+    kernel's outputs allocated, its block body a function of the flat block index reading its
+    inputs through the strides ``strides_of`` gives it (``kernel_name`` writes it), and the
+    launch of a kernel calling them (named by ``new_name`` once they are); returns that
+    kernel's name and source."""
     members = []
     args: list[str] = []
     for kernel in run:
@@ -328,7 +330,9 @@ def _launch_siblings(run: Sequence[GraphDefinedKernel], operands: Mapping[int, A
             body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype={TORCH_DTYPE[u.dtype]}, "
                         f"device={device}.device)")
             traced.append(body[-1])
-        fn = kernel_name(kernel.tb, "flat", lambda: KernelRole(flat_pid=True))
+        views = strides_of(kernel)
+        fn = kernel_name(kernel.tb, "flat",
+                         lambda views=views: KernelRole(flat_pid=True, input_strides=views))
         mine = [names[o.index] for o in operands[id(kernel)]] + [names[u.index] for u in outs]
         members.append((fn, len(mine), math.prod(kernel.tb.grid_dim)))
         args += mine
