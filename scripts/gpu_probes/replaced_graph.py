@@ -71,6 +71,8 @@ def main() -> None:
     budget = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
     mode = sys.argv[4] if len(sys.argv) > 4 else "max-autotune-no-cudagraphs"
     original = WholeGraph.never_slower
+    # ONE_TUNING: only Inductor's mode as it is (half the compilations)
+    tunings = (True,) if os.environ.get("ONE_TUNING") else (True, False)
 
     def probed(self: WholeGraph, names: list[str]) -> Any:
         xs = list(self.example_inputs)
@@ -94,7 +96,7 @@ def main() -> None:
                     + (list(by_winner.items()) if len(by_winner) > 1 and
                        os.environ.get("PER_WINNER") else []))
             modes = torch._inductor.list_mode_options
-            for tuned in _TUNINGS:
+            for tuned in tunings:
                 # the mode's options without coordinate descent, where not tuned
                 torch._inductor.list_mode_options = (modes if tuned else lambda *a, **k: {
                     o: v for o, v in modes(*a, **k).items() if o != "coordinate_descent_tuning"})
@@ -163,9 +165,6 @@ def main() -> None:
 
 
     WholeGraph.never_slower = probed  # type: ignore[method-assign]
-    if os.environ.get("ONE_TUNING"):  # only Inductor's mode as it is (half the compilations)
-        global _TUNINGS
-        _TUNINGS = (True,)
     if os.environ.get("FORCE"):  # every timed winner tried in the graph, faster alone or not
         decision.slower_alone = lambda times, timing: ""
     backend = Backend(budget=budget, workers=max(1, len(os.sched_getaffinity(0)) - 1),
@@ -210,8 +209,6 @@ def _layer(name: str, backend: Any, mode: str) -> None:
     for r in backend.reports:
         print(r.text())
 
-
-_TUNINGS: tuple[bool, ...] = (True, False)
 
 if __name__ == "__main__":
     main()
