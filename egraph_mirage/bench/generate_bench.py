@@ -231,8 +231,8 @@ def _compile_config(mode: str, cfg: GenerateBenchConfig) -> tuple[Any, Any]:
     return config, backend
 
 
-def timed_generate(model: Any, prompt: Any, new: int, compile_config: Any, cfg: GenerateBenchConfig
-              ) -> tuple[Any, float]:
+def timed_generate(model: Any, prompt: Any, new: int, compile_config: Any,
+                   cfg: GenerateBenchConfig) -> tuple[Any, float]:
     """The tokens ``generate()`` gives after ``prompt`` (greedy, ``new`` of them, a static
     cache of ``max_cache_len``), and its seconds between two synchronizations."""
     import torch
@@ -286,8 +286,8 @@ def _first_call(model: Any, prompt: Any, mode: str, row: dict[str, Any], want: A
     ``want`` (None: eager's are not there), the backend's counts; the tokens and the compiled
     forward."""
     compiled = _Compiled(*_compile_config(mode, cfg))
-    tokens, row["compile_s"] = timed_generate(model, prompt, cfg.new_tokens + 1, compiled.config,
-                                         cfg)
+    tokens, row["compile_s"] = timed_generate(model, prompt, cfg.new_tokens + 1,
+                                              compiled.config, cfg)
     compiled.call = getattr(model, "_compiled_call", None)
     compiled.last = getattr(model, "_last_compile_config", None)
     if mode == "eager":
@@ -345,8 +345,8 @@ def _again(model: Any, prompt: Any, mode: str, row: dict[str, Any],
     _reset()
     compile_config, backend = _compile_config(mode, cfg)
     before = {k: counters[group][k] for group, k in TORCH_CACHES}
-    row["again_compile_s"] = timed_generate(model, prompt, cfg.new_tokens + 1, compile_config,
-                                       cfg)[1]
+    row["again_compile_s"] = timed_generate(model, prompt, cfg.new_tokens + 1,
+                                            compile_config, cfg)[1]
     counts = _backend_counts(backend)
     row.update(again_searches=counts["searches"], again_cache_hits=counts["cache_hits"],
                again_torch_caches={k: counters[group][k] - before[k]
