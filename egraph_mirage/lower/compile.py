@@ -92,9 +92,13 @@ class CompiledGraph:
     ``run_reference``). ``source`` is the generated program, ``path`` its file."""
 
     def __init__(self, graph: KernelGraph, module: ModuleType, source: str, path: Path,
-                 interpret: bool, input_strides: Sequence[tuple[int, ...] | None] = ()) -> None:
+                 interpret: bool, input_strides: Sequence[tuple[int, ...] | None] = (),
+                 writes: int = 0) -> None:
         import torch
 
+        #: outputs also written into destinations (``LowerOptions.writes``): after the inputs,
+        #: a call passes each write's destination and index tensor, which go in as they are
+        self.writes = writes
         self.inputs = [(t.dims, t.dtype) for t in graph.inputs]
         #: per input, the strides the program reads it with (None: row-major)
         self.strides = list(input_strides) or [None] * len(graph.inputs)
@@ -123,11 +127,19 @@ class CompiledGraph:
         typed checks of their number, types, shapes, dtypes."""
         import torch
 
-        if len(inputs) != len(self._expected):
-            raise ShapeError(f"compiled μGraph: takes {len(self._expected)} inputs, got "
-                             f"{len(inputs)}")
+        n = len(self._expected)
+        if len(inputs) != n + 2 * self.writes:
+            raise ShapeError(f"compiled μGraph: takes {n} inputs"
+                             + (f" and {self.writes} destination and index pairs"
+                                if self.writes else "") + f", got {len(inputs)}")
+        for k, x in enumerate(inputs[n:]):
+            if not isinstance(x, torch.Tensor) or (k % 2 and x.is_floating_point()):
+                raise DTypeError(f"compiled μGraph: write {k // 2}'s "
+                                 + ("index" if k % 2 else "destination")
+                                 + f" is {getattr(x, 'dtype', type(x).__name__)}, not an "
+                                 + ("integer tensor" if k % 2 else "torch.Tensor"))
         xs = []
-        for k, (x, (shape, dtype)) in enumerate(zip(inputs, self._expected)):
+        for k, (x, (shape, dtype)) in enumerate(zip(inputs[:n], self._expected)):
             if not isinstance(x, torch.Tensor):
                 raise DTypeError(f"compiled μGraph: input {k} is {type(x).__name__}, not a "
                                  "torch.Tensor")
@@ -137,7 +149,7 @@ class CompiledGraph:
             if x.dtype != dtype:
                 raise DTypeError(f"compiled μGraph: input {k} is {x.dtype}, expected {dtype}")
             xs.append(laid_out(x, self.strides[k]))
-        return xs
+        return xs + list(inputs[n:])
 
 
 def laid_out(x: Any, strides: Sequence[int] | None) -> Any:
@@ -157,7 +169,8 @@ def compile_graph(graph: KernelGraph, *, interpret: bool | None = None,
                   **options: Any) -> CompiledGraph:
     """Lower ``graph`` and load it. ``options`` are ``LowerOptions`` fields (``num_warps``,
     ``num_stages``, ``fp32_dots``, ``fp32_precision``, ``fuse_combines``, ``swap_dots``,
-    ``pdl``, ``input_strides``: inputs read in place through a view, a transposed weight).
+    ``pdl``, ``input_strides``: inputs read in place through a view, a transposed weight;
+    ``writes``: outputs also stored into destinations the call passes after the inputs).
     ``interpret``: run in Triton's interpreter (default: when ``TRITON_INTERPRET=1`` or no CUDA
     device). ``fp32_dots`` defaults to True for bfloat16 graphs in the interpreter, whose bf16
     ``tl.dot`` is wrong."""
@@ -172,7 +185,8 @@ def compile_graph(graph: KernelGraph, *, interpret: bool | None = None,
     lowering = options_from(options)
     source = generate_source(graph, lowering)
     module, path = _import(source, interpret)
-    return CompiledGraph(graph, module, source, path, interpret, lowering.input_strides)
+    return CompiledGraph(graph, module, source, path, interpret, lowering.input_strides,
+                         len(lowering.writes))
 
 
 def _has(graph: KernelGraph, dtype: DType) -> bool:

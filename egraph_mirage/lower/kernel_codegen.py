@@ -39,6 +39,7 @@ from .tile_context import (
     squeezed,
     swappable,
 )
+from .writes import OutputWrite, host_parameters, store_lines
 
 #: the largest block Triton accepts (elements)
 MAX_BLOCK_NUMEL = 1 << 20
@@ -104,6 +105,9 @@ class KernelRole:
     #: the block body as a function of the flat block index ``hpid`` (its last argument),
     #: which a kernel running siblings side by side calls (``horizontal``)
     flat_pid: bool = False
+    #: (output position, write) of outputs also stored into a destination at positions an
+    #: index tensor gives (``writes``): parameters ``w<j>``, ``wi<j>`` after the outputs
+    writes: tuple[tuple[int, OutputWrite], ...] = ()
 
 
 class KernelWriter:
@@ -165,6 +169,7 @@ class KernelWriter:
         tb = self.tb
         args = [f"in{k}" for k in range(len(tb.inputs))] + [f"out{k}" for k in
                                                               range(len(tb.outputs))]
+        args += host_parameters([w for _, w in self.role.writes])
         args += self.role.extra_args
         if self.role.flat_pid:
             args.append("hpid")
@@ -427,6 +432,9 @@ class KernelWriter:
         self.post.append(f"out{k}_off = {self._offsets(v.padded, strides, starts)}")
         self.post.append(f"tl.store(out{k} + out{k}_off, {value}"
                          + (f", mask={mask})" if mask else ")"))
+        for j, (at, w) in enumerate(self.role.writes):
+            if at == k:
+                self.post += store_lines(j, f"out{k}_off", value, mask, w)
 
     def _starts(self, dmap: Sequence[int], dims: Sequence[int]) -> dict[int, str]:
         """Where each block starts along the dimensions of a tensor of ``dims`` that grid axes

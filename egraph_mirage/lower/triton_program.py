@@ -28,6 +28,7 @@ from ..ops import lookup
 from . import fuse, horizontal
 from .kernel_codegen import DotConfig, KernelRole, kernel_source
 from .tile_context import swappable
+from .writes import OutputWrite, checked, host_parameters
 
 TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16",
                DType.float32: "torch.float32"}
@@ -110,6 +111,9 @@ class LowerOptions:
     #: per graph input, the element strides it is read with (a transposed view of a weight,
     #: read in place), or None: row-major; empty: every input row-major
     input_strides: tuple[tuple[int, ...] | None, ...] = ()
+    #: graph outputs also stored in place into a destination the caller passes, at positions
+    #: an index tensor gives (``writes``: a static cache's new token)
+    writes: tuple[OutputWrite, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("num_warps", "num_stages"):
@@ -226,15 +230,19 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
             kernel_sources.insert(at, kernel_source(tb, name, dots, how()))
         return kernels[id(tb), role]
 
-    def launched_name(kernel: GraphDefinedKernel, c: fuse.Combine | None, at: int) -> str:
+    def launched_name(kernel: GraphDefinedKernel, c: fuse.Combine | None, at: int,
+                      writes: tuple[tuple[int, OutputWrite], ...] = ()) -> str:
         """The kernel launched ``at``-th for ``kernel`` (the producer of combine ``c``, which
-        calls the consumer's function), with its programmatic-dependent-launch lines."""
+        calls the consumer's function), with its programmatic-dependent-launch lines and the
+        writes of its outputs ``writes``."""
         head = pdl_head(at, len(plan.order)) if pdl else ()
         where = f"@{at}" if pdl else ""  # a block graph launched twice: each with its own head
+        where += f"|{writes}" if writes else ""
         views = strides_of(kernel)
         if c is None:
             return kernel_name(kernel.tb, "plain" + where,
-                               lambda: KernelRole(head=head, input_strides=views))
+                               lambda: KernelRole(head=head, input_strides=views,
+                                                  writes=writes))
         if strides_of(c.consumer):
             raise LowerError("a kernel that combines partials in the kernel before it reads an "
                              "input through a view of its own strides: not supported (give "
@@ -247,6 +255,9 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         return kernel_name(c.producer.tb, "producer" + where, role)
 
     strided = input_strides(graph, options)
+    # graph output tensor index -> (write number, write)
+    written = {graph.outputs[o].index: (j, options.writes[j]) for o, j in
+               checked(options.writes, [t.dims for t in graph.outputs]).items()}
     operands = {id(t.params["kernel"]): t.operands for t in graph.operators
                 if lookup(t.op).graph_defined}  # type: ignore[arg-type]
 
@@ -260,6 +271,9 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
     run_of = {id(k): run for run in plan.siblings for k in run}
     for t in graph.operators:
         if not lookup(t.op).graph_defined:  # type: ignore[arg-type]
+            if t.index in written:
+                raise LowerError(f"output write {written[t.index][0]}: its output is computed "
+                                 f"by library operator {t.op}, not by a kernel")
             body.append(_host_call(t, names))
             traced.append(body[-1])
             continue
@@ -271,7 +285,7 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
             run = run_of[id(kernel)]
             launched.update(id(k) for k in run)
             wrapper = _launch_siblings(run, operands, outputs, names, kernel_name, strides_of,
-                                       lambda: f"kernel_{len(kernels)}", body, traced)
+                                       lambda: f"kernel_{len(kernels)}", body, traced, written)
             kernels[id(run[0].tb), f"siblings@{len(kernels)}"] = wrapper[0]
             kernel_sources.append(wrapper[1])
             continue
@@ -280,9 +294,14 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
             continue  # runs inside its producer's launch
         outs = list(outputs[id(kernel)])
         args = [names[o.index] for o in t.operands] + [names[u.index] for u in outs]
+        mine = _writes_of(outs, written)
+        if c is not None and (mine or _writes_of(outputs[id(c.consumer)], written)):
+            raise LowerError("output write: its output is stored by a split-K combine fused "
+                             "into the kernel before it (lower with fuse_combines=False)")
+        args += [f"{p}{j}" for _, (j, _w) in mine for p in ("w", "wi")]
         device = names[t.operands[0].index]
         at = plan.position(kernel)
-        name = launched_name(kernel, c, at)
+        name = launched_name(kernel, c, at, tuple((k, w) for k, (_, w) in mine))
         # a fused combine's completion counters: the shared buffer (``launch``), or the
         # caller's persistent buffer, else a fresh zeroed one per call (``launch_traced``)
         counters: list[str] = []
@@ -310,17 +329,24 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
     return Emitted(kernel_sources, body, traced)
 
 
+def _writes_of(outs: Sequence[Tensor], written: Mapping[int, tuple[int, OutputWrite]]
+               ) -> list[tuple[int, tuple[int, OutputWrite]]]:
+    """(position among ``outs``, (write number, write)) of the kernel outputs ``outs`` that are
+    written (``written``: graph output tensor index -> write)."""
+    return [(k, written[u.index]) for k, u in enumerate(outs) if u.index in written]
+
+
 def _launch_siblings(run: Sequence[GraphDefinedKernel], operands: Mapping[int, Any],
                      outputs: Mapping[int, list[Tensor]], names: Mapping[int, str],
                      kernel_name: Callable[..., str],
                      strides_of: Callable[[GraphDefinedKernel], tuple[Any, ...]],
-                     new_name: Callable[[], str], body: list[str], traced: list[str]
-                     ) -> tuple[str, str]:
+                     new_name: Callable[[], str], body: list[str], traced: list[str],
+                     written: Mapping[int, tuple[int, OutputWrite]]) -> tuple[str, str]:
     """The host lines of sibling kernels ``run`` launched as one grid (``horizontal``): each
     kernel's outputs allocated, its block body a function of the flat block index reading its
-    inputs through the strides ``strides_of`` gives it (``kernel_name`` writes it), and the
-    launch of a kernel calling them (named by ``new_name`` once they are); returns that
-    kernel's name and source."""
+    inputs through the strides ``strides_of`` gives it and writing its written outputs
+    (``written``; ``kernel_name`` writes it), and the launch of a kernel calling them (named
+    by ``new_name`` once they are); returns that kernel's name and source."""
     members = []
     args: list[str] = []
     for kernel in run:
@@ -331,9 +357,12 @@ def _launch_siblings(run: Sequence[GraphDefinedKernel], operands: Mapping[int, A
                         f"device={device}.device)")
             traced.append(body[-1])
         views = strides_of(kernel)
-        fn = kernel_name(kernel.tb, "flat",
-                         lambda views=views: KernelRole(flat_pid=True, input_strides=views))
+        writes = tuple((k, w) for k, (_, w) in _writes_of(outs, written))
+        fn = kernel_name(kernel.tb, "flat" + (f"|{writes}" if writes else ""),
+                         lambda views=views, writes=writes: KernelRole(
+                             flat_pid=True, input_strides=views, writes=writes))
         mine = [names[o.index] for o in operands[id(kernel)]] + [names[u.index] for u in outs]
+        mine += [f"{p}{j}" for _, (j, _w) in _writes_of(outs, written) for p in ("w", "wi")]
         members.append((fn, len(mine), math.prod(kernel.tb.grid_dim)))
         args += mine
     name = new_name()
@@ -502,7 +531,10 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
     need at most (0: none)."""
     ins = [names[t.index] for t in graph.inputs]
     outs = [names[t.index] for t in graph.outputs]
-    signature = ", ".join(ins)
+    extra = host_parameters(options.writes)
+    signature = ", ".join(ins + extra)
+    checked_ins = ", ".join(ins)
+    passed = "".join(f", {p}" for p in extra)
     described = "\n".join(f"    {names[t.index]}: {t.dtype.value} {t.dims}" for t in graph.inputs)
     returned = "\n".join(f"    {names[t.index]}: {t.dtype.value} {t.dims}"
                          for t in graph.outputs)
@@ -518,6 +550,8 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
         described,
         "Outputs:",
         returned,
+        *[f"Writes output {w.output} into w{j} at the positions wi{j} gives along dim {w.dim}"
+          for j, w in enumerate(options.writes)],
         "",
         "Without a GPU, set TRITON_INTERPRET=1 before importing this file.",
         '"""',
@@ -542,7 +576,8 @@ def _file(graph: KernelGraph, names: dict[int, str], options: LowerOptions,
         f"def run({signature}, *, num_warps=NUM_WARPS, num_stages=NUM_STAGES):",
         '    """The μGraph on torch tensors (on the GPU, or on the CPU under the interpreter);',
         '    returns the list of outputs."""',
-        f"    return launch(*_checked([{signature}]), num_warps=num_warps, num_stages=num_stages)",
+        f"    return launch(*_checked([{checked_ins}]){passed}, num_warps=num_warps, "
+        "num_stages=num_stages)",
         "",
         "",
         f"def launch({signature}, *, num_warps=NUM_WARPS, num_stages=NUM_STAGES):",
