@@ -42,35 +42,34 @@ both_dtypes = pytest.mark.parametrize("dtype", list(DTYPES), ids=["fp16", "bf16"
 #: node name (less its number) -> tag of a piece's signature
 TAGS = {"rsqrt": "norm", "layer_norm": "layernorm", "linear": "proj", "cat": "rope",
         "scaled_dot_product_attention": "sdpa", "matmul": "bmm", "softmax": "softmax",
-        "silu": "silu", "gelu": "gelu"}
-#: a static cache's in-place write of the new token's K and V (``index_copy_`` exports as
-#: ``index_put`` and a ``copy_`` back): the only operators a decoder layer leaves out
-CACHE_WRITE = {name: "no op-table operator computes it"
-               for name in ("index_put", "index_put_1", "copy__default", "copy__default_1")}
+        "silu": "silu", "gelu": "gelu", "index_put": "write"}
 INPUT_COPY = "a copy of a value from outside runs as is (the piece takes the copy)"
 VIEW_COPY = "a view of a computed value would be a copy (only views of inputs fold)"
 
 #: the pieces of each decoder layer (family, attention): (signature, outputs), in order
 LAYER_PIECES = {
-    # SDPA: attention in 3 pieces (the norm with the q, k and v projections and both RoPEs, of
-    # three outputs: q, and K and V for the cache write; SDPA with its shared K/V heads as a
-    # broadcast; the output projection with the residual add); MLP in 2
-    ("llama", "sdpa"): [("norm proj proj proj rope rope", 3), ("sdpa", 1), ("proj", 1),
-                        ("norm proj silu proj", 1), ("proj", 1)],
+    # SDPA: attention in 3 pieces (the norm with the q, k and v projections, both RoPEs and
+    # the static cache's write of the new K and V (``index_copy_`` exports as ``index_put``
+    # and a ``copy_`` back), of five outputs: q, the new K and V (the test's step returns
+    # them) and both caches, written in place; SDPA with its shared K/V heads as a broadcast,
+    # reading the written caches; the output projection with the residual add); MLP in 2
+    ("llama", "sdpa"): [("norm proj proj proj rope rope write write", 5), ("sdpa", 1),
+                        ("proj", 1), ("norm proj silu proj", 1), ("proj", 1)],
     # eager: the query's projection and RoPE go with the scores and softmax (which read the
     # written cache, so they cannot join the norm's piece), the second product with the
     # output projection and residual
-    ("llama", "eager"): [("norm proj proj rope", 3), ("proj rope bmm softmax", 1),
+    ("llama", "eager"): [("norm proj proj rope write write", 5), ("proj rope bmm softmax", 1),
                          ("bmm proj", 1), ("norm proj silu proj", 1), ("proj", 1)],
     # Qwen3: the per-head q_norm/k_norm join the projection before them
-    ("qwen3", "sdpa"): [("norm proj norm proj norm proj rope rope", 3), ("sdpa", 1),
+    ("qwen3", "sdpa"): [("norm proj norm proj norm proj rope rope write write", 5), ("sdpa", 1),
                         ("proj", 1), ("norm proj silu proj", 1), ("proj", 1)],
-    ("qwen3", "eager"): [("norm proj norm proj rope", 3), ("proj norm rope bmm softmax", 1),
-                         ("bmm proj", 1), ("norm proj silu proj", 1), ("proj", 1)],
+    ("qwen3", "eager"): [("norm proj norm proj rope write write", 5),
+                         ("proj norm rope bmm softmax", 1), ("bmm proj", 1),
+                         ("norm proj silu proj", 1), ("proj", 1)],
 }
-#: what each decoder layer leaves out: the cache write only
-LAYER_LEFT_OUT = {(family, attn): CACHE_WRITE for family in ("llama", "qwen3")
-                  for attn in ("sdpa", "eager")}
+#: what each decoder layer leaves out: nothing
+LAYER_LEFT_OUT: dict[tuple[str, str], dict[str, str]] = {
+    (family, attn): {} for family in ("llama", "qwen3") for attn in ("sdpa", "eager")}
 
 
 def _signature(piece: Any) -> tuple[str, int]:
@@ -92,21 +91,24 @@ def _left_out_matches(left_out: dict[str, str], expected: dict[str, str]) -> boo
 @both_dtypes
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_a_decoder_layer_at_decode_is_cut_at_its_norms_and_its_cache_write(
+def test_a_decoder_layer_at_decode_is_cut_at_its_norms_and_nothing_is_left_out(
         family: str, attn: str, dtype: Any) -> None:
     """``LlamaDecoderLayer`` / ``Qwen3DecoderLayer`` (transformers 5.x, random init), one
     decode step with a static cache written in place, attention ``sdpa`` or ``eager``.
     Fuses (one piece each): transformers' float32 RMSNorm with the projections and RoPEs it
-    feeds (three outputs; eager: K, V and the normed hidden state the query's projection
-    takes, which goes with the scores and softmax); SDPA; the output projection with the
-    residual add; the MLP's norm with gate/up and silu·mul; the down projection with the
-    residual. Not in any piece: the cache write (``index_put``, ``copy_``)."""
+    feeds and the static cache's write of the new K and V (five outputs: the three values,
+    and both caches, written in place; eager: K, V and the normed hidden state the query's
+    projection takes, which goes with the scores and softmax); SDPA; the output projection
+    with the residual add; the MLP's norm with gate/up and silu·mul; the down projection with
+    the residual. Nothing is left out."""
     step = ub.hf_step(family, attn, dtype)
     parts = partition(step, step.example_inputs())
     assert [_signature(p) for p in parts.pieces] == LAYER_PIECES[family, attn]
     assert _left_out_matches(dict(parts.left_out), LAYER_LEFT_OUT[family, attn])
     norm_piece = next(p for p in parts.pieces if _signature(p)[0].startswith("norm proj"))
-    assert _signature(norm_piece)[1] == 3  # the float32 RMSNorm with the projections it feeds
+    assert _signature(norm_piece)[1] == 5  # the float32 RMSNorm with the projections it feeds
+    traced = trace_fx(norm_piece.module, norm_piece.example_inputs)
+    assert len(traced.outputs) == 3 and len(traced.writes) == 2  # the caches: written
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -163,7 +165,7 @@ def test_a_boolean_attention_mask_leaves_attention_in_its_piece(family: str, dty
     step = ub.hf_step(family, "sdpa", dtype, masked=True)
     parts = partition(step, step.example_inputs())
     assert [_signature(p) for p in parts.pieces] == LAYER_PIECES[family, "sdpa"]
-    assert _left_out_matches(dict(parts.left_out), {**CACHE_WRITE, **MASK_LEFT_OUT})
+    assert _left_out_matches(dict(parts.left_out), MASK_LEFT_OUT)
     (piece,) = [p for p in parts.pieces if _signature(p)[0] == "sdpa"]
     mask = piece.example_inputs[-1]
     assert mask.dtype == dtype and mask.isinf().any() and (mask == 0).any()
@@ -355,9 +357,9 @@ def test_a_decoder_layer_with_static_cache_sdpa(tmp_path: Path) -> None:
     followed by RoPE, attention (20 of 345 tasks; at 96, one kernel: the test above) and the
     MLP's gated pair (20 of 137): the search does not find them within 20 tasks, and the
     pieces are searched in parts (a projection apart from its RoPE at the second cut). The
-    static cache's write runs as is."""
+    static cache's write goes with the part computing the new K or V; nothing is left out."""
     family, dtype = "llama", torch.float16
     step = ub.hf_step(family, "sdpa", dtype)
     want, got, report = _compiled(step, step.example_inputs(), tmp_path, max_tasks=20)
     _check(want, got, report, dtype, [RMS_NORM, RMS_NORM, "matmul", "matmul add", "matmul add"])
-    assert report.left_out == CACHE_WRITE
+    assert report.left_out == {}

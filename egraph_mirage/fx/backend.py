@@ -93,6 +93,7 @@ from . import inductor_timing as timing
 from . import report as rep
 from .budget import SPENT, CompileBudget, Room
 from .cache import SearchCache, graph_key, piece_key
+from .checks import graph_tolerance, outputs_error, piece_error
 from .decision import KEEP, REPLACE, PieceDecision, slower
 from .mutation import preserved
 from .options import BackendError, BackendOptions, DynamicShapesError
@@ -295,7 +296,7 @@ class Backend:
             ours = compile_rest(module, example_inputs, self.options.rest, mode, gm)
             with torch.no_grad():
                 got, want = ours(*example_inputs), gm(*example_inputs)
-            error, tolerance = _outputs_error(got, want), _graph_tolerance(want)
+            error, tolerance = outputs_error(got, want), graph_tolerance(want)
         except Exception as e:
             error, tolerance, why = float("inf"), 0.0, f"{type(e).__name__}: {e}"
         else:
@@ -430,7 +431,11 @@ class Backend:
                 LOG.info("egraph-mirage: %s: launched by its op: %s", piece.name, e)
         device = next((x.device for x in piece.example_inputs if isinstance(x, torch.Tensor)),
                       None)
-        return out, PieceCall(define_piece_op(runner, traced, piece.name), launch, device)
+        if traced.writes:
+            out.writes = (", ".join(traced.placeholders[w.dest] for w in traced.writes)
+                          + f" by {getattr(runner, 'writes_by', 'torch')}")
+        return out, PieceCall(define_piece_op(runner, traced, piece.name), launch, device,
+                              traced.writes)
 
     def _refine(self, index: int, piece: Piece, piece_report: rep.PieceReport,
                 report: rep.CompileReport, mode: str | None = None, per_byte: float = 1.0,
@@ -527,7 +532,7 @@ class Backend:
         winner, knobs = loads(decision.mugraph), decision.knobs
         try:
             runner = make_runner(traced, winner, knobs or {}, piece.example_inputs)
-            error = _check(runner, piece)
+            error = piece_error(runner, piece, traced)
         except Exception as e:
             decision.reason = f"the winner failed to compile or run: {type(e).__name__}: {e}"
             LOG.warning("egraph-mirage: %s: %s", piece.name, decision.reason)
@@ -566,7 +571,7 @@ class Backend:
         fused = {**knobs, "fuse_combines": True}
         try:
             fused_runner = make_runner(traced, winner, fused, piece.example_inputs)
-            if _check(fused_runner, piece) > _tolerance(traced.graph):
+            if piece_error(fused_runner, piece, traced) > _tolerance(traced.graph):
                 return runner
             times = dict(timing.time_against_inductor(
                 fused_runner, traced, piece, mode,
@@ -736,49 +741,6 @@ def _moved(traced: TracedProgram | EMError) -> int:
     ``gpu.floor.io_bytes``; 0 for a piece that does not trace): the order pieces are decided
     in, the largest first, so that the time budget goes first where the layer's time is."""
     return io_bytes(traced.graph) if isinstance(traced, TracedProgram) else 0
-
-
-def _check(runner: Runner, piece: Piece) -> float:
-    """The largest relative error of ``runner``'s outputs against the piece's eager outputs on
-    its example inputs."""
-    from ..gpu.torch_eval import relative_error
-
-    with torch.no_grad():
-        ref = piece.module(*piece.example_inputs)
-        got = runner(list(piece.example_inputs))
-    return max((relative_error(a, b) for a, b in zip(got, ref, strict=True)), default=0.0)
-
-
-#: relative error (``gpu.torch_eval.relative_error``) of a graph's outputs with Inductor
-#: launching the pieces' kernels, against Dynamo's graph run as is, as a multiple of a
-#: kernel's tolerance in the outputs' loosest dtype (``gpu.tune.TOLERANCE``): 1e-2 in fp16,
-#: 8e-2 in bf16, whose 3 fewer mantissa bits a model's depth adds up (an 8-layer Llama's
-#: logits with its attention replaced: 3.1e-2 against Dynamo's graph, where each kernel
-#: matched within its own tolerance)
-GRAPH_TOLERANCE = 2.0
-
-
-def _graph_tolerance(want: Any) -> float:
-    """The launch check's tolerance for a graph's outputs ``want`` (``GRAPH_TOLERANCE``)."""
-    from ..gpu.tune import TOLERANCE
-    from .traced import DTYPES
-
-    want = list(want) if isinstance(want, (list, tuple)) else [want]
-    loosest = [TOLERANCE[DTYPES[name]] for w in want if isinstance(w, torch.Tensor)
-               and (name := str(w.dtype).removeprefix("torch.")) in DTYPES]
-    return GRAPH_TOLERANCE * max(loosest, default=TOLERANCE[DTYPES["float16"]])
-
-
-def _outputs_error(got: Any, want: Any) -> float:
-    """The largest relative error between two graphs' outputs (tuples or lists of tensors)."""
-    from ..gpu.torch_eval import relative_error
-
-    got = list(got) if isinstance(got, (list, tuple)) else [got]
-    want = list(want) if isinstance(want, (list, tuple)) else [want]
-    if len(got) != len(want):
-        return float("inf")
-    return max((relative_error(a, b) for a, b in zip(got, want) if isinstance(b, torch.Tensor)),
-               default=0.0)
 
 
 def _tolerance(g: KernelGraph) -> float:

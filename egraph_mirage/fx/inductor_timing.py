@@ -179,7 +179,7 @@ def time_against_inductor(runner: Runner, traced: TracedProgram, piece: Piece,
         ours = _launched_by_inductor(launch, xs) if launch is not None else None
     if ours is None:
         op = define_piece_op(runner, traced, f"{piece.name}_timed")
-        ours = lambda *a: op.op(list(a))  # noqa: E731
+        ours = lambda *a: op(list(a))  # noqa: E731
     return time_pair(ours, lambda *a: theirs(*a), xs, ("graph", "plain"), rotated(xs))
 
 

@@ -25,17 +25,24 @@ def written(gm: torch.fx.GraphModule) -> set[int]:
     """Indices of ``gm``'s placeholders that an in-place operation of ``gm`` may write: the
     first operand of an in-place method (``add_``, ``index_copy_``, ``copy_``; a name ending in
     one ``_``), of an item assignment (``operator.setitem``) or of an operator whose schema
-    writes it, followed back through whatever it was computed from to the placeholders (a view
-    of an input writes the input; following every first operand is on the safe side)."""
+    writes it, or an operand a submodule writes (a piece's module writing a static cache, or
+    its replacement: ``written_inputs``), followed back through whatever it was computed from
+    to the placeholders (a view of an input writes the input; following every first operand
+    is on the safe side)."""
     places = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     out: set[int] = set()
     for node in gm.graph.nodes:
-        if node.op not in ("call_method", "call_function") or not node.args:
-            continue
-        if not _writes_first(node):
+        if node.op == "call_module":
+            sub = gm.get_submodule(node.target)
+            inner = (written(sub) if isinstance(sub, torch.fx.GraphModule)
+                     else getattr(sub, "written_inputs", ()))
+            starts = [node.args[i] for i in inner if i < len(node.args)]
+        elif node.op in ("call_method", "call_function") and node.args and _writes_first(node):
+            starts = [node.args[0]]
+        else:
             continue
         seen: set[Any] = set()
-        todo = [node.args[0]]
+        todo = list(starts)
         while todo:
             n = todo.pop()
             if not isinstance(n, torch.fx.Node) or n in seen:

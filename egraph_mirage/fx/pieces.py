@@ -82,6 +82,7 @@ from typing import Any
 from ..errors import EMError, GraphError, UnsupportedOpError
 from . import aten
 from .trace import DTYPES, aten_name, ensure_meta, export_aten, is_aten, meta_of, trace_fx
+from .writes import absorbed
 
 #: the prefix of the pieces' submodule names
 PREFIX = "egm_"
@@ -167,6 +168,7 @@ def partition(gm: Any, example_inputs: Sequence[Any], *, max_matmuls: int = 2,
     pieces = [c for c in pieces if _worth(c)]
     order = {n: i for i, n in enumerate(work.graph.nodes)}
     pieces.sort(key=lambda c: order[c[-1]])  # numbered in the order their outputs are computed
+    pieces = absorbed(work, pieces, left)  # a static cache's write joins its value's piece
     fuse_by_partitions(work, [dict.fromkeys(c) for c in pieces], prefix=PREFIX,
                        always_return_tuple=True)
     examples = _piece_inputs(work, example_inputs)

@@ -82,6 +82,11 @@ class PieceReport:
     #: SHA-256 of the winner's μGraph JSON and knobs ("" when there is none): what the
     #: whole-graph decision's cache key records of a replaced piece
     winner: str = ""
+    #: the inputs a replaced piece writes in place (its placeholders' names) and who stores
+    #: them (a static cache's new token, ``fx.writes``): ``"args_3, args_5 by its kernels"``
+    #: (or ``by torch``, where the lowering could not store them from the kernel computing
+    #: them)
+    writes: str = ""
 
     def line(self) -> str:
         shapes = " ".join("x".join(map(str, s)) for s in self.shapes)
@@ -92,7 +97,8 @@ class PieceReport:
         if self.status == REPLACED:
             grids = " ".join("(" + ",".join(map(str, g)) + ")" for g in self.grids)
             parts.append(f"{REPLACED}: {self.num_kernels} kernel(s)"
-                         + (f", grid {grids}" if grids else ""))
+                         + (f", grid {grids}" if grids else "")
+                         + (f", writes {self.writes}" if self.writes else ""))
         else:
             parts.append(f"{self.status}" + (f": {self.reason}" if self.reason else ""))
         if self.ours_plain_us is not None or self.inductor_plain_us is not None:

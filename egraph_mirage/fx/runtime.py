@@ -32,7 +32,8 @@ import torch
 from ..errors import LowerError
 from ..graph import KernelGraph
 from ..lower.compile import laid_out
-from .traced import TracedProgram
+from ..lower.writes import OutputWrite
+from .traced import CacheWrite, TracedProgram
 from .views import apply_steps
 
 #: the namespace of the backend's operators (``torch.ops.egraph_mirage``)
@@ -57,8 +58,12 @@ def make_runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str,
     element order, the launches and the outputs' reshapes run on the host."""
     # in Triton's interpreter (no CUDA device), compiling also makes Triton's library functions
     # interpreted, though torch._dynamo imported triton first (``lower.compile.use_interpreter``)
-    fn, strides = _compiled(mugraph, dict(knobs), _view_strides(traced, example_inputs)
-                            if example_inputs is not None else ())
+    fn, strides, by_kernels = _compiled(
+        mugraph, dict(knobs), _view_strides(traced, example_inputs)
+        if example_inputs is not None else (),
+        output_writes(traced, example_inputs) if example_inputs is not None else ())
+    # per cache write, the call's destination and index positions (``lower.writes``)
+    extra = [p for w in traced.writes for p in (w.dest, w.index)] if by_kernels else []
     # per graph input: where its source is, its views, and whether those only reshape (the
     # element order stays the source's) an input that only graph-defined kernels read: a
     # kernel reads it through its pointer in row-major order, so a contiguous source then goes
@@ -98,10 +103,12 @@ def make_runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str,
                     continue
                 # the layout compiled for (a copy that has it where the view has another)
                 ins.append(laid_out(apply_steps(x, steps), read))
-            results = launch(*ins)
+            results = launch(*ins, *(xs[p] for p in extra))
         else:  # the compiled μGraph checks the number, shapes and dtypes of its inputs
-            results = fn(*traced.graph_inputs(*xs))
+            results = fn(*traced.graph_inputs(*xs), *(xs[p] for p in extra))
             state["checked"] = True
+        if traced.writes and not by_kernels:
+            write_by_hand(traced, xs, results)
         fresh: list[Any] = []
         for (index, shape, dtype), alias in zip(outs, may_alias, strict=True):
             y = results[index]
@@ -116,6 +123,7 @@ def make_runner(traced: TracedProgram, mugraph: KernelGraph, knobs: Mapping[str,
             fresh.append(y)
         return fresh
 
+    run.writes_by = ("its kernels" if by_kernels else "torch") if traced.writes else ""  # type: ignore[attr-defined]
     return run
 
 
@@ -136,8 +144,10 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
     every call leaves zeroed, as an input of the traced graph (``PieceCall`` holds one as a
     buffer): Inductor then mutates it in place, where a buffer made in the function would be
     zeroed by a kernel of its own at every call."""
-    fn, strides = _compiled(mugraph, {**dict(knobs), "pdl": False},
-                            _view_strides(traced, example_inputs))
+    fn, strides, by_kernels = _compiled(mugraph, {**dict(knobs), "pdl": False},
+                                        _view_strides(traced, example_inputs),
+                                        output_writes(traced, example_inputs))
+    extra = [p for w in traced.writes for p in (w.dest, w.index)] if by_kernels else []
     launch = fn.module.launch_traced
     views = [(v.position, v.source, v.steps, strides[i] if strides else None)
              for i, v in enumerate(traced.inputs)]
@@ -149,7 +159,9 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
         for p, source, steps, read in views:
             ins.append(laid_out(apply_steps(xs[p] if p >= 0 else attributes[source], steps),
                                 read))
-        results = launch(*ins, counters=counters)
+        results = launch(*ins, *(xs[p] for p in extra), counters=counters)
+        if traced.writes and not by_kernels:
+            write_by_hand(traced, xs, results)
         return tuple(results[index].reshape(shape).to(dtype) for index, shape, dtype in outs)
 
     run.counters = getattr(fn.module, "COUNTERS", 0)  # type: ignore[attr-defined]
@@ -157,20 +169,51 @@ def make_inductor_launch(traced: TracedProgram, mugraph: KernelGraph, knobs: Map
 
 
 def _compiled(mugraph: KernelGraph, knobs: dict[str, Any],
-              strides: tuple[tuple[int, ...] | None, ...]
-              ) -> tuple[Any, tuple[tuple[int, ...] | None, ...]]:
+              strides: tuple[tuple[int, ...] | None, ...],
+              writes: tuple[OutputWrite, ...] = ()
+              ) -> tuple[Any, tuple[tuple[int, ...] | None, ...], bool]:
     """``mugraph`` compiled with ``knobs``, reading the inputs that ``strides`` gives strides
-    in place; where the lowering refuses that layout (``LowerError``: a fused combine reading
-    such an input), compiled for row-major inputs, which the caller copies at every call, as
-    before. Returns the compiled μGraph and the strides it was compiled for (() for none)."""
+    in place and storing ``writes`` from its kernels; where the lowering refuses that
+    (``LowerError``: a fused combine reading such an input, or storing a written output),
+    compiled without it: for row-major inputs, which the caller copies at every call, as
+    before, or without the writes, which the caller then makes itself. Returns the compiled
+    μGraph, the strides it was compiled for (() for none) and whether its kernels write."""
     from ..api import compile as compile_mugraph
 
-    if any(strides):
+    tries = [(st, w) for st in ((strides, ()) if any(strides) else ((),))
+             for w in ((writes, ()) if writes else ((),))]
+    for st, w in tries[:-1]:
         try:
-            return compile_mugraph(mugraph, **knobs, input_strides=strides), strides
+            return (compile_mugraph(mugraph, **knobs, **_lowering(st, w)), st,
+                    bool(w))
         except LowerError:
             pass
-    return compile_mugraph(mugraph, **knobs), ()
+    st, w = tries[-1]
+    return compile_mugraph(mugraph, **knobs, **_lowering(st, w)), st, bool(w)
+
+
+def _lowering(strides: tuple[tuple[int, ...] | None, ...], writes: tuple[OutputWrite, ...]
+              ) -> dict[str, Any]:
+    return {**({"input_strides": strides} if strides else {}),
+            **({"writes": writes} if writes else {})}
+
+
+def output_writes(traced: TracedProgram, example_inputs: Sequence[Any]
+                  ) -> tuple[OutputWrite, ...]:
+    """The lowering's writes (``lower.writes``) of ``traced``'s cache writes, each destination
+    addressed with the strides of its example input."""
+    out = []
+    for w in traced.writes:
+        dest = example_inputs[w.dest]
+        extent = 1 + sum((n - 1) * st for n, st in zip(dest.shape, dest.stride()))
+        out.append(OutputWrite(w.output, w.shape, tuple(dest.stride()), w.dim, extent))
+    return tuple(out)
+
+
+def write_by_hand(traced: TracedProgram, xs: Sequence[Any], results: Sequence[Any]) -> None:
+    """``traced``'s cache writes made with torch (where the kernels do not make them)."""
+    for w in traced.writes:
+        xs[w.dest].index_copy_(w.dim, xs[w.index], results[w.output].reshape(w.shape))
 
 
 def input_layout(traced: TracedProgram, example_inputs: Sequence[Any]
@@ -225,22 +268,37 @@ class PieceOp:
     def __init__(self, runner: Runner, traced: TracedProgram, tag: str) -> None:
         self.name = f"{re.sub(r'[^0-9A-Za-z_]', '_', tag)}_{next(_OP_NUMBERS)}"
         outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
+        #: the inputs the piece writes in place (a static cache: ``fx.writes``), passed apart
+        #: as the operator's mutable ``dests``
+        self.dests = sorted({w.dest for w in traced.writes})
+        dests = self.dests
 
-        def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-            return runner(list(xs))
+        def impl(xs: list[torch.Tensor], *written: list[torch.Tensor]) -> list[torch.Tensor]:
+            return runner(_merged(list(xs), dests, *written))
 
-        def fake(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        def fake(xs: list[torch.Tensor], *written: list[torch.Tensor]) -> list[torch.Tensor]:
             device = xs[0].device if xs else torch.device("cpu")
             return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in outs]
 
         self.library = torch.library.Library(NAMESPACE, "FRAGMENT")
-        self.library.define(f"{self.name}(Tensor[] xs) -> Tensor[]")
+        mutable = ", Tensor(a!)[] dests" if dests else ""
+        self.library.define(f"{self.name}(Tensor[] xs{mutable}) -> Tensor[]")
         self.library.impl(self.name, impl, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{self.name}", fake, lib=self.library)
         self.op = getattr(getattr(torch.ops, NAMESPACE), self.name).default
 
     def __call__(self, xs: list[Any]) -> list[Any]:
-        return self.op(xs)
+        if not self.dests:
+            return self.op(xs)
+        return self.op([x for i, x in enumerate(xs) if i not in self.dests],
+                       [xs[i] for i in self.dests])
+
+
+def _merged(xs: list[Any], dests: Sequence[int], written: Sequence[Any] = ()) -> list[Any]:
+    """The piece's inputs in order from the operator's ``xs`` and ``dests`` (``PieceOp``)."""
+    for i, d in zip(dests, written):
+        xs.insert(i, d)
+    return xs
 
 
 def define_piece_op(runner: Runner, traced: TracedProgram, tag: str) -> PieceOp:
@@ -254,11 +312,16 @@ class PieceCall(torch.nn.Module):
     instead, so that Inductor, tracing it, launches the kernels itself."""
 
     def __init__(self, op: PieceOp, inductor_launch: Callable[..., tuple[Any, ...]] | None = None,
-                 device: Any = None) -> None:
+                 device: Any = None, writes: Sequence[CacheWrite] = ()) -> None:
         super().__init__()
         self.piece_op = op  # keeps the operator's registration alive
-        self.op = op.op
         self.inductor_launch = inductor_launch
+        #: (position among the piece's outputs, input position) of the written inputs it
+        #: returns (``fx.writes``): the caches, written in place
+        self.returned = sorted((w.returned_at, w.dest) for w in writes
+                               if w.returned_at is not None)
+        #: the input positions the piece writes in place (``mutation.written``)
+        self.written_inputs = frozenset(w.dest for w in writes)
         self.by_inductor = False
         n = getattr(inductor_launch, "counters", 0)
         # the fused combines' completion counters, zero between calls: a buffer, so that
@@ -269,9 +332,14 @@ class PieceCall(torch.nn.Module):
     def forward(self, *args: Any) -> tuple[Any, ...]:
         if self.by_inductor and self.inductor_launch is not None:
             if self.counters is not None:
-                return self.inductor_launch(*args, counters=self.counters)
-            return self.inductor_launch(*args)
-        return tuple(self.op(list(args)))
+                outs = list(self.inductor_launch(*args, counters=self.counters))
+            else:
+                outs = list(self.inductor_launch(*args))
+        else:
+            outs = list(self.piece_op(list(args)))
+        for at, dest in self.returned:
+            outs.insert(at, args[dest])
+        return tuple(outs)
 
 
 def piece_calls(modules: Iterable[Any]) -> list[PieceCall]:

@@ -39,6 +39,7 @@ from .traced import (
 )
 from .tracer import Tracer
 from .views import Source, Step, check_views
+from .writes import stripped, with_writes
 
 
 def from_torch(fn_or_module: Any, *example_inputs: Any) -> KernelGraph:
@@ -58,12 +59,14 @@ def trace_fx(gm: Any, example_inputs: Sequence[Any]) -> TracedProgram:
     names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     if not is_aten(gm):
         gm = export_aten(gm, example_inputs)
+    cut = stripped(gm)  # a static cache's write: the value traced, where it goes recorded
+    gm = cut.module
     ensure_meta(gm, example_inputs)
     traced = Tracer(gm, example_inputs).run()
     inputs = tuple(replace(v, source=names[v.position]) if v.kind == "placeholder" else v
                    for v in traced.inputs)
-    return with_batch_folded(with_rows_folded(without_unit_batch(
-        replace(traced, placeholders=names, inputs=inputs))), example_inputs)
+    return with_writes(with_batch_folded(with_rows_folded(without_unit_batch(
+        replace(traced, placeholders=names, inputs=inputs))), example_inputs), cut)
 
 
 def without_unit_batch(traced: TracedProgram) -> TracedProgram:

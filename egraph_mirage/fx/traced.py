@@ -59,6 +59,21 @@ class OutputView:
 
 
 @dataclass(frozen=True)
+class CacheWrite:
+    """A traced piece's write: graph output ``output`` (a value of ``shape``, in its torch
+    layout) into placeholder ``dest`` along ``dim`` at the positions placeholder ``index``
+    holds; the piece's module returns the written ``dest`` at ``returned_at`` among its
+    outputs (None: it does not)."""
+
+    output: int
+    shape: tuple[int, ...]
+    dest: int
+    index: int
+    dim: int
+    returned_at: int | None
+
+
+@dataclass(frozen=True)
 class TracedProgram:
     """A kernel graph traced from an fx program, and how to call it in the program's place."""
 
@@ -67,6 +82,9 @@ class TracedProgram:
     inputs: tuple[InputView, ...]  # one per graph input, in order
     outputs: tuple[OutputView, ...]  # one per fx output, in order
     attributes: Mapping[str, Any]  # values of attribute sources at trace time
+    #: graph outputs the program also writes into its inputs (a static cache's new token:
+    #: ``fx.writes``); those not returned by the fx program are not among ``outputs``
+    writes: tuple[CacheWrite, ...] = ()
 
     def graph_inputs(self, *args: Any, attributes: Mapping[str, Any] | None = None) -> list[Any]:
         """The graph's inputs (torch tensors) from the placeholders' values ``args`` and the

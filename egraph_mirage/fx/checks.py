@@ -1,0 +1,68 @@
+"""The numeric checks of the backend: a replaced piece's kernels against the piece's eager
+code (``piece_error``, the inputs it writes in place included), and a graph with its pieces
+launched by Inductor against Dynamo's graph (``outputs_error`` within ``graph_tolerance``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .pieces import Piece
+from .runtime import Runner
+from .traced import TracedProgram
+
+
+def piece_error(runner: Runner, piece: Piece, traced: TracedProgram) -> float:
+    """The largest relative error of ``runner``'s outputs against the piece's eager outputs on
+    its example inputs, and of the inputs both write in place (a static cache,
+    ``TracedProgram.writes``; each run on copies of them, from the same values)."""
+    from ..gpu.torch_eval import relative_error
+
+    dests = {w.dest for w in traced.writes}
+    returned = {w.returned_at for w in traced.writes}
+
+    def fresh() -> list[Any]:
+        return [x.clone() if i in dests else x for i, x in enumerate(piece.example_inputs)]
+
+    with torch.no_grad():
+        want_in, got_in = fresh(), fresh()
+        ref = [r for k, r in enumerate(piece.module(*want_in)) if k not in returned]
+        got = runner(got_in)
+    pairs = [*zip(got, ref, strict=True), *((got_in[d], want_in[d]) for d in sorted(dests))]
+    return max((relative_error(a, b) for a, b in pairs), default=0.0)
+
+
+#: relative error (``gpu.torch_eval.relative_error``) of a graph's outputs with Inductor
+#: launching the pieces' kernels, against Dynamo's graph run as is, as a multiple of a
+#: kernel's tolerance in the outputs' loosest dtype (``gpu.tune.TOLERANCE``): 1e-2 in fp16,
+#: 8e-2 in bf16, whose 3 fewer mantissa bits a model's depth adds up (an 8-layer Llama's
+#: logits with its attention replaced: 3.1e-2 against Dynamo's graph, where each kernel
+#: matched within its own tolerance)
+GRAPH_TOLERANCE = 2.0
+
+
+def graph_tolerance(want: Any) -> float:
+    """The launch check's tolerance for a graph's outputs ``want`` (``GRAPH_TOLERANCE``)."""
+    from ..gpu.tune import TOLERANCE
+    from .traced import DTYPES
+
+    want = list(want) if isinstance(want, (list, tuple)) else [want]
+    loosest = [TOLERANCE[DTYPES[name]] for w in want if isinstance(w, torch.Tensor)
+               and (name := str(w.dtype).removeprefix("torch.")) in DTYPES]
+    return GRAPH_TOLERANCE * max(loosest, default=TOLERANCE[DTYPES["float16"]])
+
+
+def outputs_error(got: Any, want: Any) -> float:
+    """The largest relative error between two graphs' outputs (tuples or lists of tensors)."""
+    from ..gpu.torch_eval import relative_error
+
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    want = list(want) if isinstance(want, (list, tuple)) else [want]
+    if len(got) != len(want):
+        return float("inf")
+    return max((relative_error(a, b) for a, b in zip(got, want) if isinstance(b, torch.Tensor)),
+               default=0.0)
+
+
+__all__ = ["GRAPH_TOLERANCE", "graph_tolerance", "outputs_error", "piece_error"]

@@ -1,0 +1,128 @@
+"""A static cache's in-place write of the new token (``fx.writes``, ``lower.writes``): the K
+and V a decode step computes are written into the layer's caches with ``index_copy_`` at a
+position held in a tensor, as transformers' ``StaticCache`` writes them. The write joins the
+piece computing K and V (nothing is left out), and the replaced piece's kernels store the new
+token into the caches themselves: the caches after a compiled call are eager's, also at a
+position that moved between calls (read on the device at every call)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import egraph_mirage as em  # noqa: E402
+from egraph_mirage.fx import partition  # noqa: E402
+from egraph_mirage.fx.report import REPLACED, reports_of  # noqa: E402
+from egraph_mirage.fx.trace import trace_fx  # noqa: E402
+from egraph_mirage.gpu.torch_eval import relative_error  # noqa: E402
+
+HIDDEN, HEADS, HEAD_DIM, CACHE = 64, 2, 16, 8
+
+
+class KVStep(torch.nn.Module):
+    """A decode step's key and value projections written into static caches, then attention
+    over the caches for a query given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.k_proj = torch.nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False).half()
+        self.v_proj = torch.nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False).half()
+
+    def forward(self, x: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        k = self.k_proj(x).view(b, 1, HEADS, HEAD_DIM).transpose(1, 2)
+        v = self.v_proj(x).view(b, 1, HEADS, HEAD_DIM).transpose(1, 2)
+        k_cache.index_copy_(2, position, k)
+        v_cache.index_copy_(2, position, v)
+        return torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache)
+
+
+def _inputs(position: int = 5) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(1)
+    return ((torch.randn(1, HIDDEN, generator=gen) / 4).half(),
+            (torch.randn(1, HEADS, 1, HEAD_DIM, generator=gen)).half(),
+            (torch.randn(1, HEADS, CACHE, HEAD_DIM, generator=gen)).half(),
+            (torch.randn(1, HEADS, CACHE, HEAD_DIM, generator=gen)).half(),
+            torch.tensor([position]))
+
+
+def test_the_cache_write_joins_the_piece_computing_the_new_token() -> None:
+    """Exported, ``index_copy_`` is ``index_put`` and a ``copy_`` back: both join the piece
+    of the projection computing the new token (here one piece each for K and V, which share
+    no node), which writes its cache input and returns it (what attention reads); its kernel
+    graph computes the new K or V, and records where it goes."""
+    model = KVStep()
+    parts = partition(model, _inputs())
+    assert dict(parts.left_out) == {}
+    assert [(p.matmuls, sum(n.startswith("index_put") for n in p.nodes))
+            for p in parts.pieces] == [(1, 1), (1, 1), (2, 0)]  # K, V, attention
+    for piece, cache in zip(parts.pieces, ("k_cache", "v_cache")):
+        traced = trace_fx(piece.module, piece.example_inputs)
+        (w,) = traced.writes
+        assert (traced.placeholders[w.dest], traced.placeholders[w.index], w.dim, w.shape,
+                w.returned_at) == (cache, "position", 2, (1, HEADS, 1, HEAD_DIM), 0)
+        assert traced.outputs == ()  # the new token is only written: no fx output
+
+
+def test_the_replaced_piece_writes_the_caches_from_its_kernels(tmp_path: Path) -> None:
+    model = KVStep()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
+        "max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
+        "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)})
+    want_in, got_in = _inputs(), _inputs()
+    with torch.no_grad():
+        want = model(*want_in)
+        got = compiled(*got_in)
+    (report,) = reports_of(compiled)
+    print(report.text())
+    written = [p.writes for p in report.pieces if p.status == REPLACED and p.writes]
+    assert len(written) == 2 and all(w.endswith(" by its kernels") for w in written)
+    assert relative_error(got, want) < 1e-2
+    for c in (2, 3):  # the caches: the new token at position 5, the rest untouched
+        assert relative_error(got_in[c], want_in[c]) < 1e-2
+        keep = [p for p in range(CACHE) if p != 5]
+        assert torch.equal(got_in[c][:, :, keep], _inputs()[c][:, :, keep])
+    # the next step: the position tensor advanced in place (as ``cache_position`` is)
+    for xs in (want_in, got_in):
+        xs[4].fill_(6)
+    with torch.no_grad():
+        want, got = model(*want_in), compiled(*got_in)
+    assert relative_error(got, want) < 1e-2
+    for c in (2, 3):
+        assert relative_error(got_in[c][:, :, 6], want_in[c][:, :, 6]) < 1e-2
+
+
+def test_where_the_lowering_cannot_store_it_torch_writes_the_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A winner whose kernels cannot store the write (the lowering refuses it: a split-K
+    combine fused into the kernel before it) still writes the caches, with torch after its
+    kernels; the report says so."""
+    from egraph_mirage.errors import LowerError
+    from egraph_mirage.lower import triton_program
+
+    def refused(writes: tuple[object, ...], outputs: object) -> dict[int, int]:
+        if writes:
+            raise LowerError("output write: refused here")
+        return {}
+
+    monkeypatch.setattr(triton_program, "checked", refused)
+    model = KVStep()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
+        "max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
+        "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)})
+    want_in, got_in = _inputs(), _inputs()
+    with torch.no_grad():
+        want, got = model(*want_in), compiled(*got_in)
+    (report,) = reports_of(compiled)
+    written = [p.writes for p in report.pieces if p.status == REPLACED and p.writes]
+    assert len(written) == 2 and all(w.endswith(" by torch") for w in written)
+    assert relative_error(got, want) < 1e-2
+    for c in (2, 3):
+        assert relative_error(got_in[c], want_in[c]) < 1e-2
