@@ -838,7 +838,7 @@ def test_a_piece_call_holds_its_fused_combines_counters_as_a_buffer() -> None:
         return (xs[0] * 2,)
 
     class Op:  # stands in for a PieceOp
-        op = staticmethod(lambda xs: [xs[0] * 3])
+        __call__ = staticmethod(lambda xs: [xs[0] * 3])
 
     launch.counters = 16  # type: ignore[attr-defined]
     call = PieceCall(Op(), launch, device="cpu")  # type: ignore[arg-type]

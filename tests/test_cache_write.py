@@ -1,5 +1,5 @@
-"""A static cache's in-place write of the new token (``fx.writes``, ``lower.writes``): the K
-and V a decode step computes are written into the layer's caches with ``index_copy_`` at a
+"""A static cache's in-place write of the new token (``fx.cache_writes``, ``lower.writes``):
+the K and V a decode step computes are written into the layer's caches with ``index_copy_`` at a
 position held in a tensor, as transformers' ``StaticCache`` writes them. The write joins the
 piece computing K and V (nothing is left out), and the replaced piece's kernels store the new
 token into the caches themselves: the caches after a compiled call are eager's, also at a
@@ -100,9 +100,9 @@ def test_the_replaced_piece_writes_the_caches_from_its_kernels(tmp_path: Path) -
 
 def test_where_the_lowering_cannot_store_it_torch_writes_the_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A winner whose kernels cannot store the write (the lowering refuses it: a split-K
-    combine fused into the kernel before it) still writes the caches, with torch after its
-    kernels; the report says so."""
+    """A winner whose kernels cannot store the write (the lowering refuses it: the new token
+    computed by a library operator, not a kernel) still writes the caches, with torch after
+    its kernels; the report says so."""
     from egraph_mirage.errors import LowerError
     from egraph_mirage.lower import triton_program
 
@@ -126,3 +126,36 @@ def test_where_the_lowering_cannot_store_it_torch_writes_the_cache(
     assert relative_error(got, want) < 1e-2
     for c in (2, 3):
         assert relative_error(got_in[c], want_in[c]) < 1e-2
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_inductor_launches_the_writing_kernels_without_copying_the_caches(
+        tmp_path: Path) -> None:
+    """On a GPU the replaced pieces' kernels are traced into Inductor's graph
+    (``launch="inductor"``): the kernels writing a cache are functionalized and put back in
+    place, so the caches come out as eager's, and no kernel copies a whole cache (a copy of
+    the cache would cost more than the write saves)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = KVStep().cuda()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
+        "max_tasks": 40, "budget": None, "config": em.SearchConfig(max_results=1),
+        "cache_dir": str(tmp_path), "timing": "graph"})
+    want_in = tuple(x.cuda() for x in _inputs())
+    got_in = tuple(x.cuda() for x in _inputs())
+    with torch.no_grad():
+        want, got = model(*want_in), compiled(*got_in)
+    (report,) = reports_of(compiled)
+    print(report.text())
+    assert relative_error(got, want) < 1e-2
+    for c in (2, 3):
+        assert relative_error(got_in[c], want_in[c]) < 1e-2
+    if report.launch == "inductor" and any(p.writes for p in report.pieces
+                                           if p.status == REPLACED):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            compiled(*got_in)
+            torch.cuda.synchronize()
+        names = [e.key for e in prof.key_averages()]
+        print(names)
+        assert not any("copy" in n.lower() or "clone" in n.lower() for n in names), names

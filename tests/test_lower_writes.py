@@ -93,19 +93,27 @@ def test_several_positions_through_a_strided_cache() -> None:
     assert ks.data_ptr() == store.data_ptr()
 
 
-def test_a_write_from_a_fused_combine_is_refused_with_a_typed_error() -> None:
-    """Where the written output is stored by a split-K combine fused into the kernel before
-    it, the lowering refuses (the caller writes it another way), naming the knob; unfused,
-    the combine kernel writes it."""
-    g = em.benchmarks.get("rmsnorm_linear")
-    h = hw.BUILDERS["rmsnorm_linear"][1](g)
+@pytest.mark.parametrize("fused", [True, False], ids=["combine fused", "combine launched"])
+def test_a_split_k_output_is_written_by_its_combine(fused: bool) -> None:
+    """A split-K form: the output is stored by its combine, fused into the kernel of the
+    partial sums (the last block of a group runs it, passed the destination) or launched on
+    its own; either way the destination gets the output at the index."""
+    g = em.new_kernel_graph()
+    x, w = g.new_input((3, 256)), g.new_input((256, 48))
+    g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
+    h = hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4))
     (out,) = h.outputs
-    cache = torch.zeros(out.dims).half()
+    rows = out.dims[0]
+    cache = torch.zeros((CACHE, *out.dims[1:])).half()
     write = OutputWrite(0, out.dims, tuple(cache.stride()), 0, cache.numel())
-    with pytest.raises(LowerError, match="fuse_combines=False"):
-        generate_source(h, LowerOptions(writes=(write,)))
-    assert "tl.store(w0 + w0_off" in generate_source(h, LowerOptions(fuse_combines=False,
-                                                                    writes=(write,)))
+    fn = em.compile(h, fuse_combines=fused, writes=(write,))
+    assert fn.source.count("_launch(kernel_") == (1 if fused else 2)
+    gen = torch.Generator().manual_seed(0)
+    xs = [(torch.randn(t.dims, generator=gen) / 4).half() for t in h.inputs]
+    position = torch.arange(rows) + 1
+    (y,) = fn(*xs, cache, position)
+    torch.testing.assert_close(cache[1:1 + rows], y, rtol=0, atol=0)
+    assert not cache[0].any() and not cache[1 + rows:].any()
 
 
 def test_bad_writes_and_bad_calls_are_typed_errors() -> None:

@@ -81,8 +81,8 @@ from typing import Any
 
 from ..errors import EMError, GraphError, UnsupportedOpError
 from . import aten
+from .cache_writes import absorbed
 from .trace import DTYPES, aten_name, ensure_meta, export_aten, is_aten, meta_of, trace_fx
-from .writes import absorbed
 
 #: the prefix of the pieces' submodule names
 PREFIX = "egm_"

@@ -83,7 +83,7 @@ class PieceReport:
     #: whole-graph decision's cache key records of a replaced piece
     winner: str = ""
     #: the inputs a replaced piece writes in place (its placeholders' names) and who stores
-    #: them (a static cache's new token, ``fx.writes``): ``"args_3, args_5 by its kernels"``
+    #: them (a static cache's new token, ``fx.cache_writes``): ``"args_3, args_5 by its kernels"``
     #: (or ``by torch``, where the lowering could not store them from the kernel computing
     #: them)
     writes: str = ""

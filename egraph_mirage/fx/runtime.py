@@ -174,7 +174,8 @@ def _compiled(mugraph: KernelGraph, knobs: dict[str, Any],
               ) -> tuple[Any, tuple[tuple[int, ...] | None, ...], bool]:
     """``mugraph`` compiled with ``knobs``, reading the inputs that ``strides`` gives strides
     in place and storing ``writes`` from its kernels; where the lowering refuses that
-    (``LowerError``: a fused combine reading such an input, or storing a written output),
+    (``LowerError``: a fused combine reading such an input, or a written output a library
+    operator computes),
     compiled without it: for row-major inputs, which the caller copies at every call, as
     before, or without the writes, which the caller then makes itself. Returns the compiled
     μGraph, the strides it was compiled for (() for none) and whether its kernels write."""
@@ -268,7 +269,7 @@ class PieceOp:
     def __init__(self, runner: Runner, traced: TracedProgram, tag: str) -> None:
         self.name = f"{re.sub(r'[^0-9A-Za-z_]', '_', tag)}_{next(_OP_NUMBERS)}"
         outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
-        #: the inputs the piece writes in place (a static cache: ``fx.writes``), passed apart
+        #: the inputs the piece writes in place (a static cache: ``fx.cache_writes``), passed apart
         #: as the operator's mutable ``dests``
         self.dests = sorted({w.dest for w in traced.writes})
         dests = self.dests
@@ -317,7 +318,7 @@ class PieceCall(torch.nn.Module):
         self.piece_op = op  # keeps the operator's registration alive
         self.inductor_launch = inductor_launch
         #: (position among the piece's outputs, input position) of the written inputs it
-        #: returns (``fx.writes``): the caches, written in place
+        #: returns (``fx.cache_writes``): the caches, written in place
         self.returned = sorted((w.returned_at, w.dest) for w in writes
                                if w.returned_at is not None)
         #: the input positions the piece writes in place (``mutation.written``)

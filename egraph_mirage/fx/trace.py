@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import EMError, UnsupportedOpError
 from ..graph import KernelGraph, Tensor, new_kernel_graph
 from . import aten
+from .cache_writes import stripped, with_writes
 from .traced import (
     DTYPES,
     InputView,
@@ -39,7 +40,6 @@ from .traced import (
 )
 from .tracer import Tracer
 from .views import Source, Step, check_views
-from .writes import stripped, with_writes
 
 
 def from_torch(fn_or_module: Any, *example_inputs: Any) -> KernelGraph:

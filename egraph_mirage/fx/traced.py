@@ -83,7 +83,7 @@ class TracedProgram:
     outputs: tuple[OutputView, ...]  # one per fx output, in order
     attributes: Mapping[str, Any]  # values of attribute sources at trace time
     #: graph outputs the program also writes into its inputs (a static cache's new token:
-    #: ``fx.writes``); those not returned by the fx program are not among ``outputs``
+    #: ``fx.cache_writes``); those not returned by the fx program are not among ``outputs``
     writes: tuple[CacheWrite, ...] = ()
 
     def graph_inputs(self, *args: Any, attributes: Mapping[str, Any] | None = None) -> list[Any]:

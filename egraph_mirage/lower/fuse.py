@@ -150,19 +150,22 @@ def consumer_role(c: Combine) -> KernelRole:
         unroll=c.consumer.tb.forloop_range <= MAX_UNROLL)
 
 
-def producer_role(c: Combine, consumer_name: str) -> KernelRole:
+def producer_role(c: Combine, consumer_name: str, writes: int = 0) -> KernelRole:
     """The producer: private outputs in fp32, and extra parameters and closing lines for the
     completion count and the consumer's call (``consumer_name`` is its ``@triton.jit``
-    function)."""
+    function), passing on the destinations and index tensors of the consumer's ``writes``
+    output writes (``lower.writes``)."""
     tb = c.consumer.tb
     extra = [f"cin{j}" for j, k in enumerate(c.from_producer) if k is None]
-    extra += [f"cout{k}" for k in range(len(tb.outputs))] + ["counters"]
+    extra += [f"cout{k}" for k in range(len(tb.outputs))]
+    passed = [f"c{p}{j}" for j in range(writes) for p in ("w", "wi")]
+    extra += [*passed, "counters"]
     group = "0"
     for ax in c.kept:
         pid = f"pid_{'xyz'[ax]}"
         group = pid if group == "0" else f"({group}) * {tb.grid_dim[ax]} + {pid}"
     args = [f"out{k}" if k is not None else f"cin{j}" for j, k in enumerate(c.from_producer)]
-    args += [f"cout{k}" for k in range(len(tb.outputs))]
+    args += [f"cout{k}" for k in range(len(tb.outputs))] + passed
     tail = (
         f"# fused combine: the last of the {c.group} blocks of this group (they differ only along",
         f"# the grid axes cut into pieces) runs {consumer_name} for the group",

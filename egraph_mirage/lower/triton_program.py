@@ -231,10 +231,11 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         return kernels[id(tb), role]
 
     def launched_name(kernel: GraphDefinedKernel, c: fuse.Combine | None, at: int,
-                      writes: tuple[tuple[int, OutputWrite], ...] = ()) -> str:
+                      writes: tuple[tuple[int, OutputWrite], ...] = (),
+                      combined: tuple[tuple[int, OutputWrite], ...] = ()) -> str:
         """The kernel launched ``at``-th for ``kernel`` (the producer of combine ``c``, which
         calls the consumer's function), with its programmatic-dependent-launch lines and the
-        writes of its outputs ``writes``."""
+        writes of its outputs ``writes`` (of the consumer's: ``combined``)."""
         head = pdl_head(at, len(plan.order)) if pdl else ()
         where = f"@{at}" if pdl else ""  # a block graph launched twice: each with its own head
         where += f"|{writes}" if writes else ""
@@ -249,10 +250,13 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
                              "that input contiguous)")
 
         def role() -> KernelRole:
-            inner = kernel_name(c.consumer.tb, "consumer", lambda: fuse.consumer_role(c))
-            return replace(fuse.producer_role(c, inner), head=head, input_strides=views)
+            inner = kernel_name(c.consumer.tb, "consumer" + (f"|{combined}" if combined else ""),
+                                lambda: replace(fuse.consumer_role(c), writes=combined))
+            return replace(fuse.producer_role(c, inner, len(combined)), head=head,
+                           input_strides=views)
 
-        return kernel_name(c.producer.tb, "producer" + where, role)
+        return kernel_name(c.producer.tb, "producer" + where + (f"|{combined}" if combined
+                                                                else ""), role)
 
     strided = input_strides(graph, options)
     # graph output tensor index -> (write number, write)
@@ -295,13 +299,15 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         outs = list(outputs[id(kernel)])
         args = [names[o.index] for o in t.operands] + [names[u.index] for u in outs]
         mine = _writes_of(outs, written)
-        if c is not None and (mine or _writes_of(outputs[id(c.consumer)], written)):
-            raise LowerError("output write: its output is stored by a split-K combine fused "
-                             "into the kernel before it (lower with fuse_combines=False)")
+        if c is not None and mine:
+            raise LowerError("output write: its output is a split-K partial")
         args += [f"{p}{j}" for _, (j, _w) in mine for p in ("w", "wi")]
+        # the fused combine's writes: parameters of the producer, which passes them on
+        combined = _writes_of(outputs[id(c.consumer)], written) if c is not None else []
         device = names[t.operands[0].index]
         at = plan.position(kernel)
-        name = launched_name(kernel, c, at, tuple((k, w) for k, (_, w) in mine))
+        name = launched_name(kernel, c, at, tuple((k, w) for k, (_, w) in mine),
+                             tuple((k, w) for k, (_, w) in combined))
         # a fused combine's completion counters: the shared buffer (``launch``), or the
         # caller's persistent buffer, else a fresh zeroed one per call (``launch_traced``)
         counters: list[str] = []
@@ -311,6 +317,7 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
             args += [names[b_outs[0].operands[j].index] for j, k in enumerate(c.from_producer)
                      if k is None]
             args += [names[u.index] for u in b_outs]
+            args += [f"{p}{j}" for _, (j, _w) in combined for p in ("w", "wi")]
             counters = [f"_counters({device}.device, {c.groups})"]
             fresh_counters = [f"_traced_counters(counters, {c.groups}, {device}.device)"]
             outs += b_outs
