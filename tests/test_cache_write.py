@@ -159,3 +159,38 @@ def test_on_a_gpu_inductor_launches_the_writing_kernels_without_copying_the_cach
         names = [e.key for e in prof.key_averages()]
         print(names)
         assert not any("copy" in n.lower() or "clone" in n.lower() for n in names), names
+
+
+def test_a_piece_traced_into_the_graph_returns_the_cache_it_writes_in_its_place() -> None:
+    """Traced into the graph handed to Inductor (``fx.rest.inlined``), a replaced piece that
+    writes a cache gives its users what its module would: its kernels' outputs, and the
+    written cache where the module returned it (what attention reads)."""
+    import operator
+
+    from egraph_mirage.fx.rest import inlined
+    from egraph_mirage.fx.runtime import PieceCall
+    from egraph_mirage.fx.traced import CacheWrite
+
+    class Op:  # stands in for a PieceOp
+        __call__ = staticmethod(lambda xs: [xs[0] * 3])
+
+    def launch(x: torch.Tensor, cache: torch.Tensor, position: torch.Tensor
+               ) -> tuple[torch.Tensor, ...]:  # stands in for the kernels' launch
+        cache.index_copy_(0, position, x * 2)
+        return (x * 3,)
+
+    write = CacheWrite(output=1, shape=(1, 4), dest=1, index=2, dim=0, returned_at=0)
+    root = torch.nn.Module()
+    root.egm_0 = PieceCall(Op(), launch, writes=[write])  # type: ignore[arg-type]
+    graph = torch.fx.Graph()
+    x, cache, position = (graph.placeholder(n) for n in ("x", "cache", "position"))
+    examples = (torch.ones(1, 4), torch.zeros(3, 4), torch.tensor([1]))
+    for node, value in zip((x, cache, position), examples, strict=True):
+        node.meta["val"] = value
+    call = graph.call_module("egm_0", (x, cache, position))
+    written, y = (graph.call_function(operator.getitem, (call, k)) for k in (0, 1))
+    graph.output((graph.call_function(torch.sum, (written,)), y))
+    flat, _ = inlined(torch.fx.GraphModule(root, graph))
+    assert not any(n.op == "call_module" for n in flat.graph.nodes)
+    total, got = flat(*(t.clone() for t in examples))
+    assert total.item() == 8.0 and torch.equal(got, torch.full((1, 4), 3.0))

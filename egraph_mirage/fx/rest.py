@@ -4,6 +4,7 @@ among it, with the metadata Dynamo gave the graph carried over."""
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -88,6 +89,8 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
         if call.counters is not None:
             xs.append(call.counters)
             launch = counters_last(launch)
+        if call.returned:  # the caches it writes, returned in their places
+            launch = functools.partial(_assembled, call, launch)
         try:
             traced = make_fx(launch, tracing_mode="fake")(*xs)
         except Exception:  # left to Inductor's own tracing, which reports it
@@ -119,6 +122,11 @@ def inlined(module: Any) -> tuple[Any, list[str]]:
     gm.recompile()
     _hashed_without_kernel_indices(gm)
     return gm, own
+
+
+def _assembled(call: PieceCall, launch: Any, *xs: Any) -> tuple[Any, ...]:
+    """``call``'s outputs from its Inductor ``launch`` on ``xs`` (``PieceCall.assembled``)."""
+    return call.assembled(launch(*xs), xs)
 
 
 def _stand_in(v: Any) -> Any:

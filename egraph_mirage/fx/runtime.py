@@ -338,6 +338,12 @@ class PieceCall(torch.nn.Module):
                 outs = list(self.inductor_launch(*args))
         else:
             outs = list(self.piece_op(list(args)))
+        return self.assembled(outs, args)
+
+    def assembled(self, outs: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The piece's outputs from its kernels' ``outs`` and its inputs ``args``: the
+        written inputs it returns (``returned``) put in their places."""
+        outs = list(outs)
         for at, dest in self.returned:
             outs.insert(at, args[dest])
         return tuple(outs)
