@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import egraph_mirage as em  # noqa: E402
+import egraph_mirage.fx.backend  # noqa: E402  (registers the backend by name)
 from egraph_mirage.fx import partition  # noqa: E402
 from egraph_mirage.fx.report import REPLACED, reports_of  # noqa: E402
 from egraph_mirage.fx.trace import trace_fx  # noqa: E402
@@ -69,11 +70,15 @@ def test_the_cache_write_joins_the_piece_computing_the_new_token() -> None:
         assert traced.outputs == ()  # the new token is only written: no fx output
 
 
-def test_the_replaced_piece_writes_the_caches_from_its_kernels(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_the_replaced_piece_writes_the_caches_from_its_kernels(tmp_path: Path, rest: str
+                                                               ) -> None:
+    """The replaced pieces' operators write the caches (each declares the input it writes:
+    functionalized and put back in place where Inductor compiles the rest)."""
     model = KVStep()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
-        "max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
+        "max_tasks": 40, "workers": 1, "rest": rest, "budget": None,
         "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)})
     want_in, got_in = _inputs(), _inputs()
     with torch.no_grad():

@@ -316,7 +316,13 @@ def _time(timed: Sequence[tuple[dict[str, Any], Any]], sets: list[tuple[Any, ...
 
 
 def _first(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:300]
+    """The first line of ``e``'s message; of a wrapper's (Dynamo's ``BackendCompilerFailed``,
+    whose first line ends ``raised:``), its cause's too."""
+    line = (str(e).strip().splitlines() or [""])[0]
+    inner = e.__cause__ or getattr(e, "inner_exception", None)
+    if isinstance(inner, BaseException) and inner is not e and line.endswith(":"):
+        line += f" {type(inner).__name__}: {_first(inner)}"
+    return line[:300]
 
 
 def _speedups(rows: list[dict[str, Any]]) -> None:

@@ -274,16 +274,21 @@ class PieceOp:
         self.dests = sorted({w.dest for w in traced.writes})
         dests = self.dests
 
-        def impl(xs: list[torch.Tensor], *written: list[torch.Tensor]) -> list[torch.Tensor]:
-            return runner(_merged(list(xs), dests, *written))
+        def impl(xs: list[torch.Tensor], *written: torch.Tensor) -> Any:
+            return _returned(runner(_merged(list(xs), dests, written)), bool(dests))
 
-        def fake(xs: list[torch.Tensor], *written: list[torch.Tensor]) -> list[torch.Tensor]:
+        def fake(xs: list[torch.Tensor], *written: torch.Tensor) -> Any:
             device = xs[0].device if xs else torch.device("cpu")
-            return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in outs]
+            return _returned([torch.empty(shape, dtype=dtype, device=device)
+                              for shape, dtype in outs], bool(dests))
 
         self.library = torch.library.Library(NAMESPACE, "FRAGMENT")
-        mutable = ", Tensor(a!)[] dests" if dests else ""
-        self.library.define(f"{self.name}(Tensor[] xs{mutable}) -> Tensor[]")
+        # a piece that writes inputs: one mutable argument each, and a fixed number of
+        # outputs (an operator returning a list and mutating inputs is not functionalized)
+        mutable = "".join(f", Tensor(d{k}!) d{k}" for k in range(len(dests)))
+        returns = (f"({', '.join(['Tensor'] * len(outs))})" if len(outs) != 1 else "Tensor"
+                   ) if dests else "Tensor[]"
+        self.library.define(f"{self.name}(Tensor[] xs{mutable}) -> {returns}")
         self.library.impl(self.name, impl, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{self.name}", fake, lib=self.library)
         self.op = getattr(getattr(torch.ops, NAMESPACE), self.name).default
@@ -291,8 +296,17 @@ class PieceOp:
     def __call__(self, xs: list[Any]) -> list[Any]:
         if not self.dests:
             return self.op(xs)
-        return self.op([x for i, x in enumerate(xs) if i not in self.dests],
-                       [xs[i] for i in self.dests])
+        out = self.op([x for i, x in enumerate(xs) if i not in self.dests],
+                      *(xs[i] for i in self.dests))
+        return [out] if isinstance(out, torch.Tensor) else list(out or ())
+
+
+def _returned(outs: list[Any], fixed: bool) -> Any:
+    """A runner's outputs as the operator returns them: a list, or (``fixed``, a piece that
+    writes inputs) one tensor, a tuple of several, or None for none."""
+    if not fixed:
+        return outs
+    return outs[0] if len(outs) == 1 else tuple(outs) if outs else None
 
 
 def _merged(xs: list[Any], dests: Sequence[int], written: Sequence[Any] = ()) -> list[Any]:
