@@ -175,10 +175,10 @@ def _compiled(mugraph: KernelGraph, knobs: dict[str, Any],
     """``mugraph`` compiled with ``knobs``, reading the inputs that ``strides`` gives strides
     in place and storing ``writes`` from its kernels; where the lowering refuses that
     (``LowerError``: a fused combine reading such an input, or a written output a library
-    operator computes),
-    compiled without it: for row-major inputs, which the caller copies at every call, as
-    before, or without the writes, which the caller then makes itself. Returns the compiled
-    μGraph, the strides it was compiled for (() for none) and whether its kernels write."""
+    operator computes), compiled without it: for row-major inputs, which the caller copies
+    at every call, as before, or without the writes, which the caller then makes itself.
+    Returns the compiled μGraph, the strides it was compiled for (() for none) and whether
+    its kernels write."""
     from ..api import compile as compile_mugraph
 
     tries = [(st, w) for st in ((strides, ()) if any(strides) else ((),))
@@ -214,7 +214,8 @@ def output_writes(traced: TracedProgram, example_inputs: Sequence[Any]
 def write_by_hand(traced: TracedProgram, xs: Sequence[Any], results: Sequence[Any]) -> None:
     """``traced``'s cache writes made with torch (where the kernels do not make them)."""
     for w in traced.writes:
-        xs[w.dest].index_copy_(w.dim, xs[w.index], results[w.output].reshape(w.shape))
+        dest = xs[w.dest]
+        dest.index_copy_(w.dim, xs[w.index], results[w.output].reshape(w.shape).to(dest.dtype))
 
 
 def input_layout(traced: TracedProgram, example_inputs: Sequence[Any]
@@ -269,8 +270,8 @@ class PieceOp:
     def __init__(self, runner: Runner, traced: TracedProgram, tag: str) -> None:
         self.name = f"{re.sub(r'[^0-9A-Za-z_]', '_', tag)}_{next(_OP_NUMBERS)}"
         outs = [(o.shape, getattr(torch, o.dtype)) for o in traced.outputs]
-        #: the inputs the piece writes in place (a static cache: ``fx.cache_writes``), passed apart
-        #: as the operator's mutable ``dests``
+        #: the inputs the piece writes in place (a static cache: ``fx.cache_writes``), passed
+        #: apart, each as a mutable argument of the operator
         self.dests = sorted({w.dest for w in traced.writes})
         dests = self.dests
 
