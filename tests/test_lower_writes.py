@@ -18,6 +18,8 @@ from egraph_mirage.lower.writes import OutputWrite
 from egraph_mirage.mugraph import ThreadBlockGraph
 
 HEADS, HEAD_DIM, CACHE = 2, 16, 8
+#: where the programs run: the GPU where there is one, else Triton's interpreter on the CPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _projection(g: em.KernelGraph, x: em.Tensor, w: em.Tensor, tile: int) -> em.Tensor:
@@ -42,8 +44,8 @@ def _kv(rows: int = 1) -> em.KernelGraph:
 
 def _inputs(rows: int = 1) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    return [(torch.randn(rows, 32, generator=gen) / 4).half(),
-            *((torch.randn(32, 32, generator=gen) / 4).half() for _ in range(2))]
+    return [(torch.randn(rows, 32, generator=gen) / 4).half().to(DEVICE),
+            *((torch.randn(32, 32, generator=gen) / 4).half().to(DEVICE) for _ in range(2))]
 
 
 def _write(output: int, cache: torch.Tensor, rows: int = 1) -> OutputWrite:
@@ -58,8 +60,8 @@ def test_each_output_is_written_into_its_cache_at_the_device_position(horizontal
     """Key and value go into their caches at position 5 (read from a tensor), every other
     position untouched; the outputs are returned as before."""
     g = _kv()
-    ks, vs = (torch.randn(1, HEADS, CACHE, HEAD_DIM).half() for _ in range(2))
-    position = torch.tensor([5])
+    ks, vs = (torch.randn(1, HEADS, CACHE, HEAD_DIM).half().to(DEVICE) for _ in range(2))
+    position = torch.tensor([5], device=DEVICE)
     fn = em.compile(g, horizontal=horizontal, writes=(_write(0, ks), _write(1, vs)))
     assert fn.source.count("_launch(kernel_") == (1 if horizontal else 2)
     want = em.compile(g)(*_inputs())
@@ -78,9 +80,9 @@ def test_several_positions_through_a_strided_cache() -> None:
     (1, CACHE, heads, head_dim) and viewed as (1, heads, CACHE, head_dim): each element goes
     where ``index_copy_`` puts it, whatever the strides."""
     g = _kv(rows=3)
-    store = torch.zeros(1, CACHE, HEADS, HEAD_DIM).half()
-    ks = store.transpose(1, 2)  # strides (.., 16, 128... ) not contiguous
-    position = torch.tensor([1, 6, 3])
+    store = torch.zeros(1, CACHE, HEADS, HEAD_DIM, device=DEVICE).half()
+    ks = store.transpose(1, 2)  # (1, heads, CACHE, head_dim), not contiguous
+    position = torch.tensor([1, 6, 3], device=DEVICE)
     # the projection's (3, 32) output as a value of (1, heads, 3, head_dim) has the rows of
     # one head apart: here the value is laid out (1, 3, heads, head_dim) -> as dims of
     # the write, (1, 3, HEADS, HEAD_DIM) with the cache's strides in that order
@@ -104,13 +106,13 @@ def test_a_split_k_output_is_written_by_its_combine(fused: bool) -> None:
     h = hw.rmsnorm_linear_split_k(g, hw.Tiles(grid=16, loop=32, splits=4))
     (out,) = h.outputs
     rows = out.dims[0]
-    cache = torch.zeros((CACHE, *out.dims[1:])).half()
+    cache = torch.zeros((CACHE, *out.dims[1:]), device=DEVICE).half()
     write = OutputWrite(0, out.dims, tuple(cache.stride()), 0, cache.numel())
     fn = em.compile(h, fuse_combines=fused, writes=(write,))
     assert fn.source.count("_launch(kernel_") == (1 if fused else 2)
     gen = torch.Generator().manual_seed(0)
-    xs = [(torch.randn(t.dims, generator=gen) / 4).half() for t in h.inputs]
-    position = torch.arange(rows) + 1
+    xs = [(torch.randn(t.dims, generator=gen) / 4).half().to(DEVICE) for t in h.inputs]
+    position = torch.arange(rows, device=DEVICE) + 1
     (y,) = fn(*xs, cache, position)
     torch.testing.assert_close(cache[1:1 + rows], y, rtol=0, atol=0)
     assert not cache[0].any() and not cache[1 + rows:].any()
@@ -118,7 +120,7 @@ def test_a_split_k_output_is_written_by_its_combine(fused: bool) -> None:
 
 def test_bad_writes_and_bad_calls_are_typed_errors() -> None:
     g = _kv()
-    cache = torch.zeros(1, HEADS, CACHE, HEAD_DIM).half()
+    cache = torch.zeros(1, HEADS, CACHE, HEAD_DIM, device=DEVICE).half()
     with pytest.raises(LowerError, match="not a distinct output"):
         generate_source(g, LowerOptions(writes=(_write(2, cache),)))
     with pytest.raises(LowerError, match="is not a value of dims"):
@@ -132,4 +134,4 @@ def test_bad_writes_and_bad_calls_are_typed_errors() -> None:
     with pytest.raises(ShapeError, match="destination and index"):
         fn(*_inputs())
     with pytest.raises(DTypeError, match="index"):
-        fn(*_inputs(), cache, torch.tensor([1.0]))
+        fn(*_inputs(), cache, torch.tensor([1.0], device=DEVICE))
