@@ -29,10 +29,12 @@ on_the_cpu = pytest.mark.skipif(torch.cuda.is_available(),
 
 class KVStep(torch.nn.Module):
     """A decode step's key and value projections written into static caches, then attention
-    over the caches for a query given."""
+    over the caches for a query given. ``style``: the write as transformers' ``StaticCache``
+    makes it (``index_copy_``), or as a slice assignment ``cache[:, :, position] = k``."""
 
-    def __init__(self) -> None:
+    def __init__(self, style: str = "index_copy_") -> None:
         super().__init__()
+        self.style = style
         torch.manual_seed(0)
         self.k_proj = torch.nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False).half()
         self.v_proj = torch.nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False).half()
@@ -42,8 +44,12 @@ class KVStep(torch.nn.Module):
         b = x.shape[0]
         k = self.k_proj(x).view(b, 1, HEADS, HEAD_DIM).transpose(1, 2)
         v = self.v_proj(x).view(b, 1, HEADS, HEAD_DIM).transpose(1, 2)
-        k_cache.index_copy_(2, position, k)
-        v_cache.index_copy_(2, position, v)
+        if self.style == "index_copy_":
+            k_cache.index_copy_(2, position, k)
+            v_cache.index_copy_(2, position, v)
+        else:
+            k_cache[:, :, position] = k
+            v_cache[:, :, position] = v
         return torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache)
 
 
@@ -56,12 +62,17 @@ def _inputs(position: int = 5) -> tuple[torch.Tensor, ...]:
             torch.tensor([position]))
 
 
-def test_the_cache_write_joins_the_piece_computing_the_new_token() -> None:
+STYLES = pytest.mark.parametrize("style", ["index_copy_", "slice assignment"])
+
+
+@STYLES
+def test_the_cache_write_joins_the_piece_computing_the_new_token(style: str) -> None:
     """Exported, ``index_copy_`` is ``index_put`` and a ``copy_`` back: both join the piece
     of the projection computing the new token (here one piece each for K and V, which share
     no node), which writes its cache input and returns it (what attention reads); its kernel
-    graph computes the new K or V, and records where it goes."""
-    model = KVStep()
+    graph computes the new K or V, and records where it goes. A slice assignment exports the
+    same way, its value viewed without the leading dim of 1 (put as the cache's shape)."""
+    model = KVStep(style)
     parts = partition(model, _inputs())
     assert dict(parts.left_out) == {}
     assert [(p.matmuls, sum(n.startswith("index_put") for n in p.nodes))
@@ -75,12 +86,13 @@ def test_the_cache_write_joins_the_piece_computing_the_new_token() -> None:
 
 
 @on_the_cpu
-@pytest.mark.parametrize("rest", ["eager", "inductor"])
-def test_the_replaced_piece_writes_the_caches_from_its_kernels(tmp_path: Path, rest: str
-                                                               ) -> None:
+@pytest.mark.parametrize("style, rest", [("index_copy_", "eager"), ("index_copy_", "inductor"),
+                                         ("slice assignment", "eager")])
+def test_the_replaced_piece_writes_the_caches_from_its_kernels(tmp_path: Path, style: str,
+                                                               rest: str) -> None:
     """The replaced pieces' operators write the caches (each declares the input it writes:
     functionalized and put back in place where Inductor compiles the rest)."""
-    model = KVStep()
+    model = KVStep(style)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
         "max_tasks": 40, "workers": 1, "rest": rest, "budget": None,

@@ -74,9 +74,21 @@ def _fits(w: _Found) -> bool:
         return False
     if d is None or v is None or not 0 <= w.dim < d.dim() or v.dtype != d.dtype:
         return False
-    want = list(d.shape)
-    want[w.dim] = i.shape[0]
-    return list(v.shape) == want
+    return _put_shape(w) is not None
+
+
+def _put_shape(w: _Found) -> tuple[int, ...] | None:
+    """The shape ``w`` puts into its destination (the destination's, ``dim`` as long as the
+    index), where ``value`` has it, or has it less leading dims of 1 (a slice assignment's
+    value: the same elements in the same order); else None."""
+    d, i, v = meta_of(w.dest), meta_of(w.index), meta_of(w.value)
+    want = [int(n) for n in d.shape]
+    want[w.dim] = int(i.shape[0])
+    have = [int(n) for n in v.shape]
+    lead = len(want) - len(have)
+    if lead < 0 or any(n != 1 for n in want[:lead]) or want[lead:] != have:
+        return None
+    return tuple(want)
 
 
 def absorbed(work: Any, pieces: Sequence[list[Any]], left: dict[Any, str]
@@ -103,12 +115,12 @@ def absorbed(work: Any, pieces: Sequence[list[Any]], left: dict[Any, str]
 @dataclass(frozen=True)
 class Stripped:
     """A piece's module less its writes (``stripped``) and what they were: per write, (the
-    value's node name, dest's and index's placeholder positions, dim, position among the
-    module's outputs it returned dest at or None); ``added``: how many values were appended
-    to the outputs (the last ones)."""
+    value's node name, the shape it is put as, dest's and index's placeholder positions, dim,
+    position among the module's outputs it returned dest at or None); ``added``: how many
+    values were appended to the outputs (the last ones)."""
 
     module: Any
-    writes: tuple[tuple[str, int, int, int, int | None], ...]
+    writes: tuple[tuple[str, tuple[int, ...], int, int, int, int | None], ...]
     added: int
 
 
@@ -122,7 +134,7 @@ def stripped(gm: Any) -> Stripped:
 
     found = [w for n in gm.graph.nodes if (w := _pattern(n)) is not None
              and w.dest.op == "placeholder" and w.index.op == "placeholder"
-             and all(u.op == "output" for u in w.back.users)]
+             and all(u.op == "output" for u in w.back.users) and _put_shape(w) is not None]
     if not found:
         return Stripped(gm, (), 0)
     graph = copy.deepcopy(gm.graph)
@@ -140,8 +152,8 @@ def stripped(gm: Any) -> Stripped:
             kept.append(value)
             added += 1
         at = names.index(w.back.name) if w.back.name in names else None
-        writes.append((w.value.name, places.index(w.dest.name), places.index(w.index.name),
-                       w.dim, at))
+        writes.append((w.value.name, _put_shape(w) or (), places.index(w.dest.name),
+                       places.index(w.index.name), w.dim, at))
     out.args = (tuple(kept),)
     for w in found:
         graph.erase_node(nodes[w.back.name])
@@ -157,8 +169,8 @@ def with_writes(traced: TracedProgram, cut: Stripped) -> TracedProgram:
     if not cut.writes:
         return traced
     by_name = {o.value: o for o in traced.outputs}
-    writes = tuple(CacheWrite(by_name[value].index, by_name[value].shape, dest, index, dim, at)
-                   for value, dest, index, dim, at in cut.writes)
+    writes = tuple(CacheWrite(by_name[value].index, shape, dest, index, dim, at)
+                   for value, shape, dest, index, dim, at in cut.writes)
     return replace(traced, outputs=traced.outputs[:len(traced.outputs) - cut.added],
                    writes=writes)
 

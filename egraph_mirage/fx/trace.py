@@ -59,9 +59,9 @@ def trace_fx(gm: Any, example_inputs: Sequence[Any]) -> TracedProgram:
     names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     if not is_aten(gm):
         gm = export_aten(gm, example_inputs)
+    ensure_meta(gm, example_inputs)
     cut = stripped(gm)  # a static cache's write: the value traced, where it goes recorded
     gm = cut.module
-    ensure_meta(gm, example_inputs)
     traced = Tracer(gm, example_inputs).run()
     inputs = tuple(replace(v, source=names[v.position]) if v.kind == "placeholder" else v
                    for v in traced.inputs)
