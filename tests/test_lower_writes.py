@@ -135,3 +135,17 @@ def test_bad_writes_and_bad_calls_are_typed_errors() -> None:
         fn(*_inputs())
     with pytest.raises(DTypeError, match="index"):
         fn(*_inputs(), cache, torch.tensor([1.0], device=DEVICE))
+
+
+def test_a_write_of_an_output_no_kernel_computes_is_refused() -> None:
+    """A graph that returns an input as is: no kernel stores that output, so none can write it
+    (the backend then writes it with torch)."""
+    g = em.new_kernel_graph()
+    x = g.new_input((1, 32), em.float16)
+    w = g.new_input((32, 32), em.float16)
+    g.mark_output(_projection(g, x, w, 8))
+    g.mark_output(x)
+    cache = torch.zeros(CACHE, 32, device=DEVICE).half()
+    write = OutputWrite(1, (1, 32), tuple(cache.stride()), 0, cache.numel())
+    with pytest.raises(LowerError, match="no kernel computes"):
+        generate_source(g, LowerOptions(writes=(write,)))

@@ -333,6 +333,10 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         traced.append(f"_traceable({name})[{kernel.tb.grid_dim}]("
                       f"{', '.join(args + fresh_counters)}, "
                       "num_warps=num_warps, num_stages=num_stages)")
+    stored = {u.index for outs in outputs.values() for u in outs}
+    for t_index, (j, _w) in written.items():
+        if t_index not in stored:  # a graph input returned as is: no kernel stores it
+            raise LowerError(f"output write {j}: no kernel computes its output")
     return Emitted(kernel_sources, body, traced)
 
 
