@@ -260,7 +260,10 @@ def _slices_last_dim(node: Any) -> bool:
         return dim, step
 
     dim, step = spec(*node.args, **node.kwargs)
-    rank = len(node.args[0].meta["val"].shape)
+    value = meta_of(node.args[0])  # (Dynamo's graphs record ``example_value``)
+    if value is None:
+        return False
+    rank = len(value.shape)
     return available("slice_last") and step == 1 and dim % rank == rank - 1
 
 
