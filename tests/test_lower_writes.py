@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_lower_horizontal import _projection
 
 import egraph_mirage as em
 from egraph_mirage.bench import handwritten_fixtures as hw
@@ -15,21 +16,10 @@ from egraph_mirage.errors import DTypeError, LowerError, ShapeError
 from egraph_mirage.lower import generate_source
 from egraph_mirage.lower.triton_program import LowerOptions
 from egraph_mirage.lower.writes import OutputWrite
-from egraph_mirage.mugraph import ThreadBlockGraph
 
 HEADS, HEAD_DIM, CACHE = 2, 16, 8
 #: where the programs run: the GPU where there is one, else Triton's interpreter on the CPU
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _projection(g: em.KernelGraph, x: em.Tensor, w: em.Tensor, tile: int) -> em.Tensor:
-    """``x @ w`` as a graph-defined kernel of ``w.dims[1] // tile`` blocks, each a column tile."""
-    tb = ThreadBlockGraph(grid_dim=(w.dims[1] // tile, 1, 1), forloop_range=1)
-    a = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=-1)
-    b = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=-1)
-    tb.new_output(tb.forloop_accum(tb.matmul(a, b)), output_map=(1, -1, -1))
-    (out,) = g.customized([x, w], tb)
-    return out
 
 
 def _kv(rows: int = 1) -> em.KernelGraph:
