@@ -226,3 +226,37 @@ def test_a_piece_traced_into_the_graph_returns_the_cache_it_writes_in_its_place(
     assert not any(n.op == "call_module" for n in flat.graph.nodes)
     total, got = flat(*(t.clone() for t in examples))
     assert total.item() == 8.0 and torch.equal(got, torch.full((1, 4), 3.0))
+
+
+@on_the_cpu
+def test_a_cached_winner_is_checked_again_before_it_is_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second compilation takes the pieces' decisions from the cache, and each cached
+    winner is checked against eager again (the caches it writes included) before it replaces
+    its piece: one that no longer matches is kept, and the report says why."""
+    from egraph_mirage.fx import backend
+
+    options = {"max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
+               "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)}
+    model = KVStep()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend="egraph_mirage", dynamic=False, options=options)(*_inputs())
+    checked: list[float] = []
+
+    def wrong(*args: object) -> float:  # as if the cached winner computed something else
+        checked.append(1.0)
+        return 1.0
+
+    monkeypatch.setattr(backend, "piece_error", wrong)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options=options)
+    want_in, got_in = _inputs(), _inputs()
+    with torch.no_grad():
+        want, got = model(*want_in), compiled(*got_in)
+    (report,) = reports_of(compiled)
+    hits = [p for p in report.pieces if p.cache == "hit" and p.reason.startswith(
+        "the cached μGraph differs from eager")]
+    assert len(hits) == 2 and len(checked) == 2
+    assert not any(p.status == REPLACED for p in report.pieces)
+    assert relative_error(got, want) < 1e-2 and relative_error(got_in[2], want_in[2]) < 1e-2

@@ -415,12 +415,17 @@ class Backend:
         if not decision.replaces() or why_not:
             return out, None
         mugraph = decision.mugraph or ""  # a decision to replace has its winner
-        if runner is None:
+        if runner is None:  # a cached decision: its winner checked again, as a new one is
             try:
                 runner = make_runner(traced, loads(mugraph), decision.knobs or {},
                                      piece.example_inputs)
+                error = piece_error(runner, piece, traced)
             except Exception as e:  # e.g. the cached winner no longer lowers
                 out.status, out.reason = rep.KEPT, f"the cached μGraph failed to compile: {e}"
+                return out, None
+            if error > _tolerance(g):
+                out.status, out.reason = rep.KEPT, (f"the cached μGraph differs from eager "
+                                                    f"(relative error {error:.1e})")
                 return out, None
         launch = None
         if self.options.launch == "inductor" and self.options.rest == "inductor" and _on_gpu():
