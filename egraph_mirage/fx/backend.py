@@ -138,6 +138,8 @@ class Backend:
         #: unsearched for want of time (its record in the cache), and of those this one leaves
         self._unsearched: set[str] = set()
         self._spent: set[str] = set()
+        #: the graph under way's inputs by the names Dynamo gave them (``report.input_names``)
+        self._input_names: dict[str, str] = {}
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any], mode: str | None = None,
                  options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -210,6 +212,7 @@ class Backend:
         record = (self.cache.get(record_key)
                   if self.cache is not None and record_key is not None else None)
         self._unsearched, self._spent = set((record or {}).get("unsearched", ())), set()
+        self._input_names = rep.input_names(gm, parts.module)
         # each distinct piece weighs what its search can gain (``_gains``); with ``refine``, one
         # share more is held back, in seconds, for the parts of the pieces found nothing for,
         # which are searched after every piece was searched whole (``fx.budget``)
@@ -437,7 +440,8 @@ class Backend:
         device = next((x.device for x in piece.example_inputs if isinstance(x, torch.Tensor)),
                       None)
         if traced.writes:
-            out.writes = (", ".join(traced.placeholders[w.dest] for w in traced.writes)
+            names = [traced.placeholders[w.dest] for w in traced.writes]
+            out.writes = (", ".join(self._input_names.get(n, n) for n in names)
                           + f" by {getattr(runner, 'writes_by', 'torch')}")
         return out, PieceCall(define_piece_op(runner, traced, piece.name), launch, device,
                               traced.writes)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -82,10 +83,10 @@ class PieceReport:
     #: SHA-256 of the winner's μGraph JSON and knobs ("" when there is none): what the
     #: whole-graph decision's cache key records of a replaced piece
     winner: str = ""
-    #: the inputs a replaced piece writes in place (its placeholders' names) and who stores
-    #: them (a static cache's new token, ``fx.cache_writes``): ``"args_3, args_5 by its kernels"``
-    #: (or ``by torch``, where the lowering could not store them from the kernel computing
-    #: them)
+    #: the inputs a replaced piece writes in place (by the names Dynamo gave them:
+    #: ``input_names``) and who stores them (a static cache's new token, ``fx.cache_writes``):
+    #: ``"k_cache, v_cache by its kernels"`` (or ``by torch``, where the lowering could not
+    #: store them from the kernel computing them)
     writes: str = ""
 
     def line(self) -> str:
@@ -122,6 +123,19 @@ class PieceReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def input_names(dynamo_gm: Any, module: Any) -> dict[str, str]:
+    """The placeholders of ``module`` (Dynamo's graph brought to aten: ``args_3``) by the names
+    Dynamo gave them, less its ``l_`` and trailing ``_`` (``l_k_cache_``: ``k_cache``), for the
+    report; {} where the two graphs do not have as many placeholders."""
+    def places(gm: Any) -> list[str]:
+        return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+
+    ours, theirs = places(module), places(dynamo_gm)
+    if len(ours) != len(theirs):
+        return {}
+    return {a: re.sub(r"^[lL]_", "", b).rstrip("_") or b for a, b in zip(ours, theirs)}
 
 
 def _us(x: float | None) -> str:
