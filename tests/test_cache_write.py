@@ -260,3 +260,65 @@ def test_a_cached_winner_is_checked_again_before_it_is_used(
     assert len(hits) == 2 and len(checked) == 2
     assert not any(p.status == REPLACED for p in report.pieces)
     assert relative_error(got, want) < 1e-2 and relative_error(got_in[2], want_in[2]) < 1e-2
+
+
+def test_the_graph_check_compares_the_caches_written_too() -> None:
+    """The check of a graph whose pieces Inductor launches against Dynamo's graph
+    (``fx.checks.graph_error``) runs each on its own copies of the inputs the graph writes and
+    compares those too: a cache written at the wrong position fails it though every output
+    matches, and the example inputs are left as they were."""
+    from egraph_mirage.fx.checks import graph_error
+
+    class Write(torch.nn.Module):
+        def forward(self, x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor
+                    ) -> torch.Tensor:
+            cache.index_copy_(0, pos, x)
+            return x * 2
+
+    gm = torch.fx.symbolic_trace(Write())
+    xs = (torch.ones(1, 4), torch.zeros(3, 4), torch.tensor([1]))
+
+    def right(x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache[1] = x[0]
+        return x * 2
+
+    def wrong(x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache[2] = x[0]
+        return x * 2
+
+    assert graph_error(right, gm, xs)[0] == 0.0
+    assert graph_error(wrong, gm, xs)[0] >= 1.0
+    assert not xs[1].any()
+
+
+class ComputedPosition(KVStep):
+    """``KVStep`` with the position computed in the graph from a start, as ``generate()``'s
+    graphs compute ``cache_position`` (an ``arange`` plus the length so far)."""
+
+    def forward(self, x: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,  # type: ignore[override]
+                v_cache: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        return super().forward(x, q, k_cache, v_cache, torch.arange(1) + start)
+
+
+@on_the_cpu
+def test_a_position_the_graph_computes_goes_into_the_piece_as_an_input(tmp_path: Path
+                                                                        ) -> None:
+    """The position computed outside the piece, from nothing the piece computes, becomes one
+    of its inputs: the write still joins the piece, and its kernels store the new token."""
+    model = ComputedPosition()
+    parts = partition(model, _inputs())
+    assert [sum(n.startswith("index_put") for n in p.nodes) for p in parts.pieces] == [1, 1, 0]
+    assert set(dict(parts.left_out)) == {"arange", "add"}  # the position's own computation
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
+        "max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
+        "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)})
+    want_in, got_in = _inputs(), _inputs()
+    with torch.no_grad():
+        want, got = model(*want_in), compiled(*got_in)
+    (report,) = reports_of(compiled)
+    written = [p.writes for p in report.pieces if p.status == REPLACED and p.writes]
+    assert sorted(written) == ["k_cache by its kernels", "v_cache by its kernels"]
+    assert relative_error(got, want) < 1e-2
+    for c in (2, 3):
+        assert relative_error(got_in[c], want_in[c]) < 1e-2

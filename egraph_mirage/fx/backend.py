@@ -93,7 +93,7 @@ from . import inductor_timing as timing
 from . import report as rep
 from .budget import SPENT, CompileBudget, Room
 from .cache import SearchCache, graph_key, piece_key
-from .checks import graph_tolerance, outputs_error, piece_error
+from .checks import graph_error, graph_tolerance, piece_error
 from .decision import KEEP, REPLACE, PieceDecision, slower
 from .mutation import preserved
 from .options import BackendError, BackendOptions, DynamicShapesError
@@ -297,14 +297,13 @@ class Backend:
             c.by_inductor = True
         try:
             ours = compile_rest(module, example_inputs, self.options.rest, mode, gm)
-            with torch.no_grad():
-                got, want = ours(*example_inputs), gm(*example_inputs)
-            error, tolerance = outputs_error(got, want), graph_tolerance(want)
+            error, want = graph_error(ours, gm, example_inputs)
+            tolerance = graph_tolerance(want)
         except Exception as e:
             error, tolerance, why = float("inf"), 0.0, f"{type(e).__name__}: {e}"
         else:
-            why = (f"outputs differ from Dynamo's graph (relative error {error:.1e}, "
-                   f"tolerance {tolerance:.0e})")
+            why = (f"outputs or inputs written differ from Dynamo's graph (relative error "
+                   f"{error:.1e}, tolerance {tolerance:.0e})")
         if error <= tolerance:
             report.launch = "inductor"
             return ours

@@ -6,10 +6,11 @@ with ``index_copy_`` at ``cache_position`` (a tensor on the device). Exported, t
 position, value)``), attention reading ``put``, and ``copy_(cache, put)`` at the graph's end.
 
 **In the partition** (``absorbed``): where ``cache`` is a graph input nothing else reads,
-``position`` a graph input or attribute, and ``value`` a piece's node of ``cache``'s dtype and
-shape but along the written dimension, the ``copy_`` moves right after ``put``, whatever read
-``put`` reads the ``copy_``'s result (the cache itself, written: the same values), and both
-join the piece of ``value``. The piece's module then writes its cache input in place and
+``position`` 1-D integers from outside the piece (an input, or computed from what the piece
+does not compute), and ``value`` a piece's node of ``cache``'s dtype and shape but along the
+written dimension, the ``copy_`` moves right after ``put``, whatever read ``put`` reads the
+``copy_``'s result (the cache itself, written: the same values), and both join the piece of
+``value``. The piece's module then writes its cache input in place and
 returns it; left unreplaced, it computes exactly what the graph did.
 
 **In the trace** (``stripped``): the kernel graph is traced from the piece less its writes,
@@ -63,14 +64,13 @@ def _pattern(put: Any) -> _Found | None:
 
 
 def _fits(w: _Found) -> bool:
-    """Whether write ``w`` can go into a piece: ``dest`` an input only it touches, the index a
-    1-D integer input, ``value`` of ``dest``'s dtype and shape but along ``dim``."""
+    """Whether write ``w`` can go into a piece: ``dest`` an input only it touches, the index
+    1-D integers, ``value`` of ``dest``'s dtype and shape but along ``dim``."""
     d, i, v = meta_of(w.dest), meta_of(w.index), meta_of(w.value)
     if w.dest.op != "placeholder" or set(w.dest.users) != {w.put, w.back} \
             or any(u.op != "output" for u in w.back.users):  # (a piece's module returns it)
         return False
-    if w.index.op not in ("placeholder", "get_attr") or i is None or i.dim() != 1 \
-            or i.is_floating_point() or i.is_complex():
+    if i is None or i.dim() != 1 or i.is_floating_point() or i.is_complex():
         return False
     if d is None or v is None or not 0 <= w.dim < d.dim() or v.dtype != d.dtype:
         return False
@@ -91,6 +91,23 @@ def _put_shape(w: _Found) -> tuple[int, ...] | None:
     return tuple(want)
 
 
+def _apart(index: Any, piece: Sequence[Any]) -> bool:
+    """Whether the position ``index`` can be an input of ``piece``: computed outside it, from
+    nothing it computes (a graph input, or positions the graph computes before it: an
+    ``arange`` plus the cache's length in ``generate()``)."""
+    inside = set(piece)
+    seen: set[Any] = set()
+    todo = [index]
+    while todo:
+        n = todo.pop()
+        if n in inside:
+            return False
+        if n not in seen:
+            seen.add(n)
+            todo += n.all_input_nodes
+    return True
+
+
 def absorbed(work: Any, pieces: Sequence[list[Any]], left: dict[Any, str]
              ) -> list[list[Any]]:
     """``pieces`` (node lists of ``work``'s graph, in graph order) with each cache write of a
@@ -101,7 +118,8 @@ def absorbed(work: Any, pieces: Sequence[list[Any]], left: dict[Any, str]
     for node in list(work.graph.nodes):
         w = _pattern(node)
         if w is None or w.value not in holder or not _fits(w) \
-                or any(holder.get(u) == holder[w.value] for u in w.put.users):
+                or any(holder.get(u) == holder[w.value] for u in w.put.users) \
+                or not _apart(w.index, out[holder[w.value]]):
             continue  # (a piece reading the written cache cannot trace it)
         w.put.append(w.back)  # the write right after the value is put: readers read the cache
         w.put.replace_all_uses_with(w.back, delete_user_cb=lambda u, w=w: u is not w.back)

@@ -1,13 +1,15 @@
 """The numeric checks of the backend: a replaced piece's kernels against the piece's eager
-code (``piece_error``, the inputs it writes in place included), and a graph with its pieces
-launched by Inductor against Dynamo's graph (``outputs_error`` within ``graph_tolerance``)."""
+code (``piece_error``), and a graph with its pieces launched by Inductor against Dynamo's graph
+(``graph_error`` within ``graph_tolerance``); both compare the inputs written in place too."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from .mutation import written
 from .pieces import Piece
 from .runtime import Runner
 from .traced import TracedProgram
@@ -53,6 +55,24 @@ def graph_tolerance(want: Any) -> float:
     return GRAPH_TOLERANCE * max(loosest, default=TOLERANCE[DTYPES["float16"]])
 
 
+def graph_error(ours: Any, gm: Any, example_inputs: Sequence[Any]) -> tuple[float, Any]:
+    """The largest relative error of ``ours``'s outputs, and of the inputs it writes in place
+    (a static cache: ``mutation.written``), against Dynamo's graph ``gm``, each run on its own
+    copies of the written inputs; and ``gm``'s outputs."""
+    from ..gpu.torch_eval import relative_error
+
+    writes = sorted(i for i in written(gm) if isinstance(example_inputs[i], torch.Tensor))
+
+    def fresh() -> list[Any]:
+        return [x.clone() if i in writes else x for i, x in enumerate(example_inputs)]
+
+    ins_ours, ins_theirs = fresh(), fresh()
+    with torch.no_grad():
+        got, want = ours(*ins_ours), gm(*ins_theirs)
+    errors = [relative_error(ins_ours[i], ins_theirs[i]) for i in writes]
+    return max([outputs_error(got, want), *errors]), want
+
+
 def outputs_error(got: Any, want: Any) -> float:
     """The largest relative error between two graphs' outputs (tuples or lists of tensors)."""
     from ..gpu.torch_eval import relative_error
@@ -65,4 +85,4 @@ def outputs_error(got: Any, want: Any) -> float:
                default=0.0)
 
 
-__all__ = ["GRAPH_TOLERANCE", "graph_tolerance", "outputs_error", "piece_error"]
+__all__ = ["GRAPH_TOLERANCE", "graph_error", "graph_tolerance", "outputs_error", "piece_error"]
