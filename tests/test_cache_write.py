@@ -62,6 +62,41 @@ def _inputs(position: int = 5) -> tuple[torch.Tensor, ...]:
             torch.tensor([position]))
 
 
+def _options(tmp_path: Path, **more: object) -> dict[str, object]:
+    """The backend's options for these tests: 40 tasks a piece, no time budget, one worker,
+    the rest eager (``more`` overrides)."""
+    return {"max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
+            "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path), **more}
+
+
+def _compiled(model: torch.nn.Module, options: dict[str, object]) -> object:
+    torch._dynamo.reset()
+    return torch.compile(model, backend="egraph_mirage", dynamic=False, options=options)
+
+
+def _step(model: object, compiled: object, device: str = "cpu") -> tuple[object, ...]:
+    """One step of ``model`` and of ``compiled``, each on its own fresh inputs (the caches
+    are written): (eager's inputs, compiled's inputs, eager's output, compiled's output)."""
+    want_in = tuple(x.to(device) for x in _inputs())
+    got_in = tuple(x.to(device) for x in _inputs())
+    with torch.no_grad():
+        return want_in, got_in, model(*want_in), compiled(*got_in)  # type: ignore[operator]
+
+
+def _matches(want_in: tuple[torch.Tensor, ...], got_in: tuple[torch.Tensor, ...],
+             want: torch.Tensor, got: torch.Tensor) -> None:
+    """The compiled step's output and both caches within 1e-2 of eager's."""
+    assert relative_error(got, want) < 1e-2
+    for c in (2, 3):
+        assert relative_error(got_in[c], want_in[c]) < 1e-2
+
+
+def _written(report: object) -> list[str]:
+    """What the replaced pieces write, as the report says, sorted."""
+    return sorted(p.writes for p in report.pieces  # type: ignore[attr-defined]
+                  if p.status == REPLACED and p.writes)
+
+
 STYLES = pytest.mark.parametrize("style", ["index_copy_", "slice assignment"])
 
 
@@ -93,21 +128,13 @@ def test_the_replaced_piece_writes_the_caches_from_its_kernels(tmp_path: Path, s
     """The replaced pieces' operators write the caches (each declares the input it writes:
     functionalized and put back in place where Inductor compiles the rest)."""
     model = KVStep(style)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
-        "max_tasks": 40, "workers": 1, "rest": rest, "budget": None,
-        "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)})
-    want_in, got_in = _inputs(), _inputs()
-    with torch.no_grad():
-        want = model(*want_in)
-        got = compiled(*got_in)
+    compiled = _compiled(model, _options(tmp_path, rest=rest))
+    want_in, got_in, want, got = _step(model, compiled)
     (report,) = reports_of(compiled)
     print(report.text())
-    written = [p.writes for p in report.pieces if p.status == REPLACED and p.writes]
-    assert sorted(written) == ["k_cache by its kernels", "v_cache by its kernels"]
-    assert relative_error(got, want) < 1e-2
+    assert _written(report) == ["k_cache by its kernels", "v_cache by its kernels"]
+    _matches(want_in, got_in, want, got)
     for c in (2, 3):  # the caches: the new token at position 5, the rest untouched
-        assert relative_error(got_in[c], want_in[c]) < 1e-2
         keep = [p for p in range(CACHE) if p != 5]
         assert torch.equal(got_in[c][:, :, keep], _inputs()[c][:, :, keep])
     # the next step: the position tensor advanced in place (as ``cache_position`` is)
@@ -136,19 +163,11 @@ def test_where_the_lowering_cannot_store_it_torch_writes_the_cache(
 
     monkeypatch.setattr(triton_program, "checked", refused)
     model = KVStep()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
-        "max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
-        "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)})
-    want_in, got_in = _inputs(), _inputs()
-    with torch.no_grad():
-        want, got = model(*want_in), compiled(*got_in)
+    compiled = _compiled(model, _options(tmp_path))
+    want_in, got_in, want, got = _step(model, compiled)
     (report,) = reports_of(compiled)
-    written = [p.writes for p in report.pieces if p.status == REPLACED and p.writes]
-    assert sorted(written) == ["k_cache by torch", "v_cache by torch"]
-    assert relative_error(got, want) < 1e-2
-    for c in (2, 3):
-        assert relative_error(got_in[c], want_in[c]) < 1e-2
+    assert _written(report) == ["k_cache by torch", "v_cache by torch"]
+    _matches(want_in, got_in, want, got)
 
 
 @pytest.mark.gpu
@@ -162,22 +181,15 @@ def test_on_a_gpu_inductor_launches_the_writing_kernels_without_copying_the_cach
     from torch.profiler import ProfilerActivity, profile
 
     model = KVStep().cuda()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
-        "max_tasks": 40, "budget": None, "config": em.SearchConfig(max_results=1),
-        "cache_dir": str(tmp_path), "profile": False})
-    want_in = tuple(x.cuda() for x in _inputs())
-    got_in = tuple(x.cuda() for x in _inputs())
-    with torch.no_grad():
-        want, got = model(*want_in), compiled(*got_in)
+    compiled = _compiled(model, {"max_tasks": 40, "budget": None, "profile": False,
+                                 "config": em.SearchConfig(max_results=1),
+                                 "cache_dir": str(tmp_path)})
+    want_in, got_in, want, got = _step(model, compiled, "cuda")
     (report,) = reports_of(compiled)
     print(report.text())
-    assert relative_error(got, want) < 1e-2
-    for c in (2, 3):
-        assert relative_error(got_in[c], want_in[c]) < 1e-2
+    _matches(want_in, got_in, want, got)
     assert report.launch == "inductor"
-    written = [p.writes for p in report.pieces if p.status == REPLACED and p.writes]
-    assert len(written) == 2 and all(w.endswith(" by its kernels") for w in written)
+    assert _written(report) == ["k_cache by its kernels", "v_cache by its kernels"]
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         compiled(*got_in)
         torch.cuda.synchronize()
@@ -188,9 +200,7 @@ def test_on_a_gpu_inductor_launches_the_writing_kernels_without_copying_the_cach
         xs[4].fill_(6)
     with torch.no_grad():
         want, got = model(*want_in), compiled(*got_in)
-    assert relative_error(got, want) < 1e-2
-    for c in (2, 3):
-        assert relative_error(got_in[c], want_in[c]) < 1e-2
+    _matches(want_in, got_in, want, got)
 
 
 def test_a_piece_traced_into_the_graph_returns_the_cache_it_writes_in_its_place() -> None:
@@ -236,12 +246,8 @@ def test_a_cached_winner_is_checked_again_before_it_is_used(
     its piece: one that no longer matches is kept, and the report says why."""
     from egraph_mirage.fx import backend
 
-    options = {"max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
-               "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)}
     model = KVStep()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend="egraph_mirage", dynamic=False, options=options)(*_inputs())
+    _step(model, _compiled(model, _options(tmp_path)))
     checked: list[float] = []
 
     def wrong(*args: object) -> float:  # as if the cached winner computed something else
@@ -249,17 +255,14 @@ def test_a_cached_winner_is_checked_again_before_it_is_used(
         return 1.0
 
     monkeypatch.setattr(backend, "piece_error", wrong)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options=options)
-    want_in, got_in = _inputs(), _inputs()
-    with torch.no_grad():
-        want, got = model(*want_in), compiled(*got_in)
+    compiled = _compiled(model, _options(tmp_path))
+    want_in, got_in, want, got = _step(model, compiled)
     (report,) = reports_of(compiled)
     hits = [p for p in report.pieces if p.cache == "hit" and p.reason.startswith(
         "the cached μGraph differs from eager")]
     assert len(hits) == 2 and len(checked) == 2
     assert not any(p.status == REPLACED for p in report.pieces)
-    assert relative_error(got, want) < 1e-2 and relative_error(got_in[2], want_in[2]) < 1e-2
+    _matches(want_in, got_in, want, got)
 
 
 def test_the_graph_check_compares_the_caches_written_too() -> None:
@@ -309,16 +312,8 @@ def test_a_position_the_graph_computes_goes_into_the_piece_as_an_input(tmp_path:
     parts = partition(model, _inputs())
     assert [sum(n.startswith("index_put") for n in p.nodes) for p in parts.pieces] == [1, 1, 0]
     assert set(dict(parts.left_out)) == {"arange", "add"}  # the position's own computation
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="egraph_mirage", dynamic=False, options={
-        "max_tasks": 40, "workers": 1, "rest": "eager", "budget": None,
-        "config": em.SearchConfig(max_results=1), "cache_dir": str(tmp_path)})
-    want_in, got_in = _inputs(), _inputs()
-    with torch.no_grad():
-        want, got = model(*want_in), compiled(*got_in)
+    compiled = _compiled(model, _options(tmp_path))
+    want_in, got_in, want, got = _step(model, compiled)
     (report,) = reports_of(compiled)
-    written = [p.writes for p in report.pieces if p.status == REPLACED and p.writes]
-    assert sorted(written) == ["k_cache by its kernels", "v_cache by its kernels"]
-    assert relative_error(got, want) < 1e-2
-    for c in (2, 3):
-        assert relative_error(got_in[c], want_in[c]) < 1e-2
+    assert _written(report) == ["k_cache by its kernels", "v_cache by its kernels"]
+    _matches(want_in, got_in, want, got)
