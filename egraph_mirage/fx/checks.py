@@ -21,18 +21,28 @@ def piece_error(runner: Runner, piece: Piece, traced: TracedProgram) -> float:
     ``TracedProgram.writes``; each run on copies of them, from the same values)."""
     from ..gpu.torch_eval import relative_error
 
-    dests = {w.dest for w in traced.writes}
     returned = {w.returned_at for w in traced.writes}
+    got, ref, written_error = _on_copies(lambda *xs: runner(list(xs)), piece.module,
+                                         piece.example_inputs, {w.dest for w in traced.writes})
+    ref = [r for k, r in enumerate(ref) if k not in returned]
+    return max([written_error, *(relative_error(a, b) for a, b in zip(got, ref, strict=True))])
+
+
+def _on_copies(ours: Any, theirs: Any, inputs: Sequence[Any], writes: set[int]
+               ) -> tuple[Any, Any, float]:
+    """``ours`` and ``theirs`` called on ``inputs``, each with its own copies of the inputs at
+    ``writes`` (which they write in place): their outputs, and the largest relative error
+    between what each wrote (0 for none)."""
+    from ..gpu.torch_eval import relative_error
 
     def fresh() -> list[Any]:
-        return [x.clone() if i in dests else x for i, x in enumerate(piece.example_inputs)]
+        return [x.clone() if i in writes else x for i, x in enumerate(inputs)]
 
+    ins_ours, ins_theirs = fresh(), fresh()
     with torch.no_grad():
-        want_in, got_in = fresh(), fresh()
-        ref = [r for k, r in enumerate(piece.module(*want_in)) if k not in returned]
-        got = runner(got_in)
-    pairs = [*zip(got, ref, strict=True), *((got_in[d], want_in[d]) for d in sorted(dests))]
-    return max((relative_error(a, b) for a, b in pairs), default=0.0)
+        got, want = ours(*ins_ours), theirs(*ins_theirs)
+    return got, want, max((relative_error(ins_ours[i], ins_theirs[i]) for i in sorted(writes)),
+                          default=0.0)
 
 
 #: relative error (``gpu.torch_eval.relative_error``) of a graph's outputs with Inductor
@@ -59,18 +69,9 @@ def graph_error(ours: Any, gm: Any, example_inputs: Sequence[Any]) -> tuple[floa
     """The largest relative error of ``ours``'s outputs, and of the inputs it writes in place
     (a static cache: ``mutation.written``), against Dynamo's graph ``gm``, each run on its own
     copies of the written inputs; and ``gm``'s outputs."""
-    from ..gpu.torch_eval import relative_error
-
-    writes = sorted(i for i in written(gm) if isinstance(example_inputs[i], torch.Tensor))
-
-    def fresh() -> list[Any]:
-        return [x.clone() if i in writes else x for i, x in enumerate(example_inputs)]
-
-    ins_ours, ins_theirs = fresh(), fresh()
-    with torch.no_grad():
-        got, want = ours(*ins_ours), gm(*ins_theirs)
-    errors = [relative_error(ins_ours[i], ins_theirs[i]) for i in writes]
-    return max([outputs_error(got, want), *errors]), want
+    writes = {i for i in written(gm) if isinstance(example_inputs[i], torch.Tensor)}
+    got, want, written_error = _on_copies(ours, gm, example_inputs, writes)
+    return max(outputs_error(got, want), written_error), want
 
 
 def outputs_error(got: Any, want: Any) -> float:
