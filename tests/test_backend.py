@@ -304,9 +304,10 @@ def gated(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor, wg: torch.Tensor,
 def test_a_piece_with_nothing_found_is_searched_again_in_parts(tmp_path: Path,
                                                                refine: bool) -> None:
     """The residual add, RMSNorm and gated projections of an MLP, for which the search finds
-    nothing whole: cut at the projections' inputs, the norm and the projections are searched
-    apart and both replaced (``refine=False``: the piece stays); a second compile finds every
-    decision in the cache."""
+    nothing whole. Cut after its matmuls, the norm with both projections is a part the search
+    finds nothing for either, so that cut is given up; cut at the projections' inputs, the
+    norm and the projections are searched apart and both replaced (``refine=False``: the
+    piece stays); a second compile finds every decision in the cache."""
     gen = torch.Generator().manual_seed(0)
     xs = (torch.randn(2, 64, generator=gen).half(), torch.randn(2, 64, generator=gen).half(),
           (torch.rand(64, generator=gen) + 0.5).half(),
@@ -319,29 +320,38 @@ def test_a_piece_with_nothing_found_is_searched_again_in_parts(tmp_path: Path,
     torch.testing.assert_close(got, gated(*xs), rtol=2e-3, atol=2e-3)
     whole, *parts = backend.reports[0].pieces
     assert whole.status == KEPT and whole.nothing_found()
-    assert search.calls == (3 if refine else 1)  # the whole piece, then its two parts
+    # the whole piece, the norm with its projections, then the two parts of the next cut
+    assert search.calls == (4 if refine else 1)
     if not refine:
         assert parts == [] and ops == []
         return
-    assert "searched in 2 parts (0.0–0.1)" in whole.reason
+    assert "searched in 2 parts after its matmuls (0.0–0.1), 0.0 not found: given up; " \
+        "searched in 2 parts (0.2–0.3)" in whole.reason
     assert [(p.index, p.part, p.name, p.status) for p in parts] == [
-        (0, 0, "egm_0.egm_0", REPLACED), (0, 1, "egm_0.egm_1", REPLACED)]
-    assert parts[0].operators == ("add", "rms_norm") and "matmul" in parts[1].operators
-    assert len(ops) == 2 and "piece 0.1 (egm_0.egm_1)" in backend.reports[0].text()
+        (0, 0, "egm_0.egm_0", KEPT), (0, 2, "egm_0.egm_0", REPLACED),
+        (0, 3, "egm_0.egm_1", REPLACED)]
+    assert parts[0].operators == ("add", "rms_norm", "matmul", "matmul")
+    assert parts[1].operators == ("add", "rms_norm") and "matmul" in parts[2].operators
+    assert len(ops) == 2 and "piece 0.3 (egm_0.egm_1)" in backend.reports[0].text()
     torch._dynamo.reset()
     again = Backend(**options(tmp_path, search=search, refine=refine))
     with torch.no_grad():
         torch.compile(gated, backend=again, dynamic=False)(*xs)
-    assert [p.cache for p in again.reports[0].pieces] == ["hit"] * 3 and again.searches == 0
+    assert [p.cache for p in again.reports[0].pieces] == ["hit"] * 4 and again.searches == 0
 
 
-class NothingForMatmulAndConcat(StandIn):
-    """A stand-in search that finds nothing for a program holding a matmul and a concat (a
-    projection with its RoPE rotation), and the program itself for any other."""
+class NothingFor(StandIn):
+    """A stand-in search that finds nothing for a program holding a matmul and any of
+    ``refused`` (a concat: a projection with its RoPE rotation; rms_norm: a norm with its
+    projection), and the program itself for any other."""
+
+    def __init__(self, refused: set[str]) -> None:
+        super().__init__()
+        self.refused = refused
 
     def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
         ops = {t.op for t in g.operators}
-        if {"concat", "matmul"} <= ops:
+        if "matmul" in ops and ops & self.refused:
             self.calls += 1
             return SearchResults([], SearchStats())
         return super().__call__(g, config, **options)
@@ -354,31 +364,53 @@ def norm_projection_rope(x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, cos:
     return q * cos + torch.cat((-q[..., 8:], q[..., :8]), dim=-1) * sin
 
 
-def test_a_part_with_nothing_found_is_cut_again_after_its_matmul(tmp_path: Path) -> None:
-    """An RMSNorm, a projection and its RoPE rotation, for which the search finds nothing
-    whole nor for the projection with its rotation: the piece is cut at the projection's
-    input (the norm, replaced; the projection with the rotation, nothing found), and that part
-    again after its matmul (``levels=EPILOGUES``): the projection and the rotation are
-    replaced apart, and the whole matches eager."""
+def _norm_projection_rope_parts(tmp_path: Path, refused: set[str]
+                                ) -> tuple[list[Any], int, list[str], str]:
+    """``norm_projection_rope`` compiled with ``NothingFor(refused)``: checked against eager;
+    the reports of the piece's parts, the searches run, the custom ops launched and the
+    report's text."""
     gen = torch.Generator().manual_seed(0)
     xs = (torch.randn(1, 64, generator=gen).half(), (torch.rand(64, generator=gen) + 0.5).half(),
           torch.randn(64, 64, generator=gen).half() / 8,
           torch.randn(1, 1, 1, 16, generator=gen).half(),
           torch.randn(1, 1, 1, 16, generator=gen).half())
-    search = NothingForMatmulAndConcat()
+    search = NothingFor(refused)
     backend = Backend(**options(tmp_path, search=search))
     with torch.no_grad():
         got, ops = ops_called(torch.compile(norm_projection_rope, backend=backend,
                                             dynamic=False), *xs)
     torch.testing.assert_close(got, norm_projection_rope(*xs), rtol=2e-3, atol=2e-3)
     whole, *parts = backend.reports[0].pieces
-    assert whole.status == KEPT and search.calls == 5  # 2 with nothing found, 3 parts found
+    assert whole.status == KEPT and whole.nothing_found()
+    return parts, search.calls, ops, backend.reports[0].text()
+
+
+def test_a_norm_stays_with_its_projection_cut_from_the_rotation(tmp_path: Path) -> None:
+    """An RMSNorm, a projection and its RoPE rotation, for which the search finds nothing
+    whole: cut after the matmul (``levels=AFTER_MATMULS``), the norm with the projection
+    and the rotation are replaced apart, and the whole matches eager."""
+    parts, calls, ops, _ = _norm_projection_rope_parts(tmp_path, {"concat"})
+    assert calls == 3 and len(ops) == 2  # the whole (nothing found), then its two parts
+    assert [(p.name, p.status) for p in parts] == [("egm_0.egm_0", REPLACED),
+                                                   ("egm_0.egm_1", REPLACED)]
+    assert {"rms_norm", "matmul"} <= set(parts[0].operators)
+    assert "concat" in parts[1].operators and "matmul" not in parts[1].operators
+
+
+def test_a_part_with_nothing_found_is_cut_again_after_its_matmul(tmp_path: Path) -> None:
+    """The same, where the search finds nothing for the norm with the projection either: the
+    cut after the matmul is given up; the piece is cut at the projection's input (the norm,
+    replaced; the projection with the rotation, nothing found), and that part again after
+    its matmul (``levels=EPILOGUES``): the projection and the rotation are replaced apart."""
+    parts, calls, ops, text = _norm_projection_rope_parts(tmp_path, {"concat", "rms_norm"})
+    assert calls == 6  # 3 with nothing found (whole, norm with projection, projection with
+    # rotation), 3 parts found
     assert [(p.name, p.status) for p in parts] == [
-        ("egm_0.egm_0", REPLACED), ("egm_0.egm_1", KEPT),
+        ("egm_0.egm_0", KEPT), ("egm_0.egm_0", REPLACED), ("egm_0.egm_1", KEPT),
         ("egm_0.egm_1.egm_0", REPLACED), ("egm_0.egm_1.egm_1", REPLACED)]
-    assert "searched in 2 parts (0.1.0–0.1.1)" in parts[1].reason
-    assert "concat" in parts[3].operators and "matmul" not in parts[3].operators
-    assert len(ops) == 3 and "piece 0.1.1 (egm_0.egm_1.egm_1)" in backend.reports[0].text()
+    assert "searched in 2 parts (0.3.0–0.3.1)" in parts[2].reason
+    assert "concat" in parts[4].operators and "matmul" not in parts[4].operators
+    assert len(ops) == 3 and "piece 0.3.1 (egm_0.egm_1.egm_1)" in text
 
 
 def test_dynamic_true_is_a_clear_error(tmp_path: Path) -> None:

@@ -343,6 +343,39 @@ def test_epilogue_levels_cut_a_matmul_from_what_follows_it() -> None:
     assert (matmul.matmuls, rope.matmuls) == (1, 0) and "cat" in rope.nodes
 
 
+def _norm_qkv_rope(x: Any, g: Any, wq: Any, wk: Any, wv: Any, cos: Any, sin: Any
+                   ) -> tuple[Any, Any, Any]:
+    h = F.rms_norm(x, (64,), g, 1e-6)
+    q, k = (_projection_rope(h, w, cos, sin) for w in (wq, wk))
+    return q, k, (h @ wv).view(1, 1, 4, 16).transpose(1, 2)
+
+
+def test_a_cut_after_the_matmuls_keeps_the_norm_with_its_projections() -> None:
+    """An RMSNorm feeding the query, key and value projections, RoPE rotating the first two:
+    with ``levels=AFTER_MATMULS`` the norm and the three projections are one piece of three
+    outputs (V's heads, a view of its projection read by no other node, go with it), and each
+    rotation, with the slices of its projection's heads, a piece of its own; with
+    ``levels=True`` the norm is apart from the projections, each with its rotation."""
+    from egraph_mirage.fx.pieces import AFTER_MATMULS
+
+    xs = (torch.randn(1, 64), torch.rand(64) + 0.5, *(torch.randn(64, 64) for _ in range(3)),
+          torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16))
+    parts = partition(_norm_qkv_rope, xs, levels=AFTER_MATMULS)
+    _check(parts, _norm_qkv_rope, xs, (2, 4))
+    (norm,) = [p for p in parts.pieces if p.matmuls]
+    ropes = [p for p in parts.pieces if not p.matmuls]
+    assert (norm.matmuls, norm.reductions, _outputs(norm)) == (3, 1, 3)
+    assert {"view_2", "transpose_2"} <= set(norm.nodes)  # V's heads
+    assert [(p.reductions, _outputs(p)) for p in ropes] == [(0, 1)] * 2
+    assert all(any(n.startswith("cat") for n in p.nodes) and "rms_norm" not in p.nodes
+               for p in ropes)
+    assert parts.left_out == {}
+    before = partition(_norm_qkv_rope, xs, levels=True)
+    _check(before, _norm_qkv_rope, xs, (2, 4))
+    assert sorted((p.matmuls, p.reductions) for p in before.pieces) == \
+        [(0, 1), (1, 0), (1, 0), (1, 0)]
+
+
 def test_a_cast_of_inputs_of_another_dtype_runs_as_is_so_a_piece_reads_one_dtype() -> None:
     """RoPE as ``generate()`` traces it: the angles' ``cos`` computed in float32, scaled, then
     cast to the query's float16 inside the rotation's piece, which would then read float32

@@ -22,11 +22,11 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    replayed or launched plainly under "plain" and "both", the default, the graph then judged
    whole, step 4); the times are cached, the decision is made from them at each compile;
    **refine**: once every piece has been decided whole, a piece the search found nothing for
-   is cut at its matmuls' inputs
-   (``partition(..., levels=True)``: an RMSNorm before a gated MLP's projections becomes a
-   piece apart from them) and each of its parts goes through step 2; a part with nothing
-   found is cut once more, each matmul apart from what follows it too (``levels=EPILOGUES``:
-   a projection apart from its RoPE rotation) (``refine=False``: neither);
+   is cut after its matmuls (``partition(..., levels=AFTER_MATMULS)``: an RMSNorm with the
+   query, key and value projections it feeds becomes a piece of several outputs apart from
+   their RoPE rotations) and each of its parts goes through step 2; a part with nothing
+   found is cut once more, at its matmuls' inputs (``levels=True``: the norm apart from the
+   projections), and then at both (``levels=EPILOGUES``) (``CUTS``; ``refine=False``: none);
 3. **replace** each chosen piece by a call of a ``torch.library`` custom op that applies the
    ``TracedProgram``'s input views, launches the compiled kernels and reshapes the outputs
    (opaque to Dynamo and Inductor, capturable in a CUDA graph); on a GPU, by default, the
@@ -97,7 +97,7 @@ from .checks import graph_error, graph_tolerance, piece_error
 from .decision import KEEP, REPLACE, PieceDecision, slower
 from .mutation import preserved
 from .options import BackendError, BackendOptions, DynamicShapesError
-from .pieces import EPILOGUES, Piece, partition
+from .pieces import AFTER_MATMULS, EPILOGUES, Piece, partition
 from .rest import compile_rest
 from .runtime import (
     PieceCall,
@@ -115,6 +115,10 @@ from .whole import WholeGraph
 #: the name ``torch.compile(backend=...)`` knows the backend by
 NAME = "egraph_mirage"
 LOG = logging.getLogger("egraph_mirage.fx")
+#: how ``Backend._refine`` cuts a piece the search found nothing for, in turn: after its
+#: matmuls (where a norm then stays with its projections), at their inputs, at both
+#: (``partition``'s ``levels``)
+CUTS: tuple[bool | str, ...] = (AFTER_MATMULS, True, EPILOGUES)
 
 
 class Backend:
@@ -447,33 +451,46 @@ class Backend:
 
     def _refine(self, index: int, piece: Piece, piece_report: rep.PieceReport,
                 report: rep.CompileReport, mode: str | None = None, per_byte: float = 1.0,
-                times: int = 1, depth: int = 0, label: str | None = None) -> Any:
-        """Piece ``index``, which the search found nothing for, cut at its matmuls' inputs
-        (``partition(..., levels=True)``) into parts decided one by one (``_piece``; their
-        reports follow the piece's in ``report``); a part the search finds nothing for either
-        is cut once more, each matmul also from what follows it (``levels=EPILOGUES``: a
-        projection apart from its RoPE rotation), as is a piece of one level of matmuls.
-        Returns the piece's module with the chosen parts replaced, or None (fewer than two
-        parts, or none replaced). Where the backend times on a GPU each part is weighed by its
-        own room (``_gains``); elsewhere by the bytes it moves times ``per_byte``, the piece's
-        gain per byte it moves (1 where gains are bytes); either times ``times``, how often the
-        piece's program comes in the graph (its parts come as often)."""
-        parts = None
-        for levels in ((True, EPILOGUES) if depth == 0 else (EPILOGUES,)):
+                times: int = 1, depth: int = 0, label: str | None = None, first: int = 0
+                ) -> Any:
+        """Piece ``index``, which the search found nothing for, cut by the first of ``CUTS``
+        from ``depth`` on that gives it two parts or more, into parts decided one by one
+        (``_piece``; their reports follow the piece's in ``report``, numbered from ``first``):
+
+        - after its matmuls (``AFTER_MATMULS``), where a part then holds a norm with the
+          projections it feeds (a reduction with a matmul): the RMSNorm with the query, key
+          and value projections, apart from their RoPE rotations, or with a gated MLP's
+          gate and up projections, apart from ``silu(g) * u``. Those parts are decided first;
+          where one has nothing found, the cut is given up and the piece cut by the next;
+        - at its matmuls' inputs (``True``: the norm apart from the projections, LoRA's
+          ``lora_B`` with its scaling and sum apart from ``lora_A``);
+        - at both (``EPILOGUES``: a projection apart from its RoPE rotation).
+
+        A part the search finds nothing for either is cut by the cuts after that one. Returns
+        the piece's module with the chosen parts replaced, or None. On a GPU each part weighs
+        its own room (``_gains``); elsewhere the bytes it moves times ``per_byte`` (the piece's
+        gain per byte); either times ``times``, how often the piece comes in the graph."""
+        parts, levels = None, None
+        while depth < len(CUTS):
+            levels = CUTS[depth]
             try:
                 parts = partition(piece.module, piece.example_inputs,
                                   max_matmuls=self.options.max_matmuls,
                                   max_reductions=self.options.max_reductions, levels=levels)
             except EMError:
                 return None
-            if len(parts.pieces) >= 2:
+            depth += 1  # the parts are cut by the cuts after this one
+            if len(parts.pieces) >= 2 and (levels != AFTER_MATMULS or any(
+                    _norm_with_projection(p) for p in parts.pieces)):
                 break
-            depth = 1  # one level of matmuls: its parts are cut at the epilogues already
         if parts is None or len(parts.pieces) < 2:
             return None
         label = str(index) if label is None else label
-        last = f"{label}.{len(parts.pieces) - 1}"
-        piece_report.reason += f"; searched in {len(parts.pieces)} parts ({label}.0–{last})"
+        head = f"{label.split('.', 1)[1]}." if "." in label else ""
+        n = len(parts.pieces)
+        where = "after its matmuls " if levels == AFTER_MATMULS else ""
+        piece_report.reason += (f"; searched in {n} parts {where}({label}.{first}–"
+                                f"{label}.{first + n - 1})")
         replaced = 0
         traced = [self._trace(part) for part in parts.pieces]
         # on a GPU each part weighs its own room; elsewhere its share of the piece's weight
@@ -484,17 +501,27 @@ class Backend:
         weights = [self._budget.weigh((g if rooms else m * per_byte) * times)
                    for g, m in zip(gains, moved, strict=True)]
         self._budget.add(sum(weights))  # the parts share what is left with the pieces
-        for j, part in enumerate(parts.pieces):
+        order = sorted(range(n), key=lambda j: levels == AFTER_MATMULS
+                       and not _norm_with_projection(parts.pieces[j]))  # the norms first
+        for k, j in enumerate(order):
+            part = parts.pieces[j]
             part_report, replacement = self._piece(index, part, weights[j], mode, traced[j],
                                                    rooms.get(j))
             self._budget.reached(weights[j])
             part_report.name = f"{piece.name}.{part.name}"
-            part_report.part = f"{label.split('.', 1)[1]}.{j}" if "." in label else j
+            part_report.part = f"{head}{first + j}" if head else first + j
             report.pieces.append(part_report)
-            if replacement is None and depth == 0 and part_report.nothing_found():
+            if replacement is None and levels == AFTER_MATMULS and _norm_with_projection(part) \
+                    and part_report.nothing_found():  # given up: cut the piece by the next
+                for rest in order[k + 1:]:
+                    self._budget.reached(weights[rest])
+                piece_report.reason += (f", {label}.{first + j} not found: given up")
+                return self._refine(index, piece, piece_report, report, mode, per_byte, times,
+                                    depth, label, first + n)
+            if replacement is None and depth < len(CUTS) and part_report.nothing_found():
                 part_piece = replace(part, name=part_report.name)
                 replacement = self._refine(index, part_piece, part_report, report, mode,
-                                           per_byte, times, 1, f"{label}.{j}")
+                                           per_byte, times, depth, f"{label}.{first + j}")
             if replacement is not None:
                 setattr(parts.module, part.name, replacement)
                 replaced += 1
@@ -742,6 +769,11 @@ def _dynamic(example_inputs: Sequence[Any]) -> str:
     if not dynamo_config.assume_static_by_default:
         return "requested"
     return "automatic" if symbolic else ""
+
+
+def _norm_with_projection(piece: Piece) -> bool:
+    """Whether ``piece`` holds a reduction and a matmul (cut after its matmuls: a norm)."""
+    return bool(piece.matmuls and piece.reductions)
 
 
 def _moved(traced: TracedProgram | EMError) -> int:

@@ -1,7 +1,7 @@
 """Cutting a whole model's fx graph into pieces the search can take; the rest runs as is.
 
 ``partition(gm, example_inputs, *, max_matmuls=2, max_reductions=4, levels=False) -> Partitioned``
-(``levels``: False, True or ``EPILOGUES``):
+(``levels``: False, True, ``EPILOGUES`` or ``AFTER_MATMULS``):
 
 1. **aten**: the graph is brought to aten operators (``trace.export_aten``) unless it is already
    (a module or a function is exported); assertions of a value's dtype (``aten.ASSERTIONS``,
@@ -57,7 +57,11 @@
    whole: an RMSNorm before a gated MLP's projections becomes a piece apart from them. With
    ``levels=EPILOGUES`` a matmul's users are a level further too, so each matmul is also cut
    from what follows it: the backend cuts a part this way when the search finds nothing for
-   the part either (a projection followed by its RoPE rotation).
+   the part either (a projection followed by its RoPE rotation). With
+   ``levels=AFTER_MATMULS`` only a matmul's users are a level further, so a norm stays with
+   the projections it feeds, apart from their RoPE rotations: the backend's first cut
+   (``fx.backend.CUTS``). Under these two, a view of a matmul's value goes with the first
+   computing nodes that read it, or with the matmul where none does (``_levels``).
 6. **check**: every piece is traced (``trace_fx``); a node that fails to trace runs as is and
    steps 2–5 run again.
 7. **keep**: a piece with no matmul, no reduction and fewer than two computing nodes (a lone
@@ -88,6 +92,9 @@ from .trace import DTYPES, aten_name, ensure_meta, export_aten, is_aten, meta_of
 PREFIX = "egm_"
 #: ``partition(levels=EPILOGUES)``: each matmul cut from what comes before and after it
 EPILOGUES = "epilogues"
+#: ``partition(levels=AFTER_MATMULS)``: each matmul cut from what comes after it only (a norm
+#: stays with the projections it feeds)
+AFTER_MATMULS = "after matmuls"
 
 
 @dataclass(frozen=True)
@@ -335,7 +342,7 @@ def _cut(nodes: Sequence[Any], supported: set[Any], max_matmuls: int, max_reduct
     inside = set(nodes)
     views = [n for n in nodes
              if _rule(n).kind != aten.COMPUTE and _root(n, inside) not in inside]  # type: ignore[union-attr]
-    level = _levels(nodes, levels == EPILOGUES) if levels else dict.fromkeys(nodes, 0)
+    level = _levels(nodes, levels) if levels else dict.fromkeys(nodes, 0)
     viewed = set(views)
     computing = sorted((n for n in nodes if n not in viewed), key=level.__getitem__)
     chunks: list[list[Any]] = [[]]
@@ -439,19 +446,39 @@ def _prologue(run: list[Any], matmul: Any, max_matmuls: int, max_reductions: int
     return moved
 
 
-def _levels(nodes: Sequence[Any], epilogues: bool = False) -> dict[Any, int]:
+def _levels(nodes: Sequence[Any], levels: bool | str = True) -> dict[Any, int]:
     """Each node of ``nodes`` (topologically ordered): the most matmuls on a path to it from
-    outside ``nodes``, itself counted; with ``epilogues``, twice that less one at a matmul (a
-    matmul's users a level after it)."""
+    outside ``nodes``, itself counted (``levels`` True); with ``EPILOGUES``, twice that less
+    one at a matmul (a matmul's users a level after it); with ``AFTER_MATMULS``, itself not
+    counted (a matmul at the level of its inputs, its users a level after it). Under either of
+    the last two, a view of a computed value is at the level of the first computing nodes that
+    read it (RoPE's slices of a projection's heads, with the rotation), or, where none in
+    ``nodes`` does, at the level of the value it views (a projection's heads returned or
+    written into a cache, with the projection)."""
     level: dict[Any, int] = {}
+    after = levels in (EPILOGUES, AFTER_MATMULS)
 
     def matmul(n: Any) -> bool:
         return _rule(n).matmuls > 0  # type: ignore[union-attr]
 
+    def view(n: Any) -> bool:
+        return _rule(n).kind != aten.COMPUTE  # type: ignore[union-attr]
+
     for n in nodes:
-        before = [level[a] + (epilogues and matmul(a)) for a in n.all_input_nodes
-                  if a in level]
-        level[n] = max(before, default=0) + matmul(n)
+        before = [level[a] + (after and matmul(a)) for a in n.all_input_nodes if a in level]
+        level[n] = max(before, default=0) + (levels != AFTER_MATMULS and matmul(n))
+    if not after:
+        return level
+    readers: dict[Any, set[Any]] = {}  # a view: the computing nodes that read it through views
+    for n in reversed(nodes):
+        if view(n):
+            users = [u for u in n.users if u in level]
+            readers[n] = {r for u in users for r in (readers[u] if u in readers else {u})}
+            if readers[n]:
+                level[n] = min(level[r] for r in readers[n])
+    for n in nodes:
+        if view(n) and not readers[n]:
+            level[n] = max((level[a] for a in n.all_input_nodes if a in level), default=0)
     return level
 
 
