@@ -301,7 +301,8 @@ def test_identical_layers_pieces_are_kept_together_when_the_graph_is_slower() ->
     identical layers (one winner) are one kind, kept or replaced together, so a graph of 8
     layers is rebuilt and timed once per kind of piece, not once per layer. The kind that
     gains least in all is kept first: here the 3 norms (3 x 1 µs) before the 2 projections
-    (2 x 4 µs), though each norm gains less than either projection alone."""
+    (2 x 4 µs), though each norm gains less than either projection alone; those that gain
+    nothing alone all at once."""
     from egraph_mirage.fx.decision import least_gain
     from egraph_mirage.fx.report import PieceReport
 
@@ -315,6 +316,12 @@ def test_identical_layers_pieces_are_kept_together_when_the_graph_is_slower() ->
     names = [p.name for p in pieces]
     assert least_gain(pieces, names, times, "both") == ["egm_0", "egm_2", "egm_4"]
     assert least_gain(pieces, ["egm_1", "egm_3"], times, "both") == ["egm_1", "egm_3"]
+    # the kinds that gain nothing alone (used where close to Inductor's time: ``CLOSE``) are
+    # kept at once, before any that gains
+    close = [piece(5, "add", -0.2), piece(6, "rope", 0.0)]
+    assert least_gain(pieces + close, names + ["egm_5", "egm_6"], times, "both") == \
+        ["egm_5", "egm_6"]
+    assert least_gain(close, ["egm_5", "egm_6"], times, "both") == ["egm_5"]
 
 
 def test_the_timing_criterion() -> None:

@@ -185,8 +185,9 @@ def least_gain(pieces: Sequence[rep.PieceReport], names: Sequence[str],
     them (``times``) was not faster under; on a tie, the later kind in ``names``. A kind is
     the pieces replaced by the same winners (``PieceReport.winner``): a model's identical
     layers, whose pieces are kept or replaced together, so that a graph of many layers is
-    rebuilt once per kind, not once per layer. What ``fx.whole.WholeGraph`` keeps next when the
-    graph with every replaced piece was slower."""
+    rebuilt once per kind, not once per layer. Where some kinds gain nothing alone (``CLOSE``:
+    used to be judged in the graph) and others do, those are all kept at once. What
+    ``fx.whole.WholeGraph`` keeps next when the graph with every replaced piece was slower."""
     lost = next((k for k in kinds(timing) if times.get(TIMES[k][0]) is None
                  or times.get(TIMES[k][1]) is None
                  or times[TIMES[k][0]] >= times[TIMES[k][1]]), kinds(timing)[0])
@@ -204,6 +205,9 @@ def least_gain(pieces: Sequence[rep.PieceReport], names: Sequence[str],
     groups: dict[tuple[str, ...], list[str]] = {}
     for n in names:
         groups.setdefault(tuple(sorted(winners[n])), []).append(n)
+    nothing = [n for g in groups.values() if sum(gain[n] for n in g) <= 0 for n in g]
+    if nothing and len(nothing) < len(names):  # those gaining nothing alone (``CLOSE``) at once
+        return nothing
     return min(reversed(list(groups.values())), key=lambda g: sum(gain[n] for n in g))
 
 
