@@ -16,7 +16,8 @@ and its fraction of the floor; the baselines last.
 
 Usage, on the GPU machine from the repository root (JAX on the CPU, egglog on the path):
   python3 scripts/gpu_probes/gemv_variants.py [SEARCH_S] [WORKERS] [PROGRAMS]
-PROGRAMS: comma-separated of gate_up, down, qkv (default gate_up,down).
+PROGRAMS: comma-separated of gate_up, down, qkv, norm_q, norm_k (the last two: ``transformers``'
+float32 RMSNorm before the query or key projection; default gate_up,down).
 LAYOUT=rowmajor in the environment times every input row-major; by default the weights are read
 as the model holds them (``nn.Linear``'s W, read as Wᵀ: ``fx.runtime.input_layout``), as the
 backend's profile does (``GpuProfiler.strides``).
@@ -53,6 +54,12 @@ F = torch.nn.functional
 FORMS, VARIANTS, TUNE = 2, 16, 3
 
 
+def _hf_norm(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``transformers``' RMSNorm: float32 inside, the weight after the cast back."""
+    h = x.float()
+    return g * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+
+
 def programs(names: list[str]) -> dict[str, tuple[object, tuple]]:
     """Per program, its graph and its inputs' strides as the model reads them."""
     h, m = 4096, 14336
@@ -60,7 +67,11 @@ def programs(names: list[str]) -> dict[str, tuple[object, tuple]]:
     fns = {"gate_up": (lambda x, w1, w3: F.silu(F.linear(x, w1)) * F.linear(x, w3),
                        (r(1, h), r(m, h), r(m, h))),
            "down": (lambda x, w, res: F.linear(x, w) + res, (r(1, m), r(h, m), r(1, h))),
-           "qkv": (lambda x, w: F.linear(x, w), (r(1, h), r(6144, h)))}
+           "qkv": (lambda x, w: F.linear(x, w), (r(1, h), r(6144, h))),
+           "norm_q": (lambda x, g, w: F.linear(_hf_norm(x, g), w),
+                      (r(1, h), r(h) + 1, r(h, h))),
+           "norm_k": (lambda x, g, w: F.linear(_hf_norm(x, g), w),
+                      (r(1, h), r(h) + 1, r(1024, h)))}
     out = {}
     for name in names:
         fn, xs = fns[name]
