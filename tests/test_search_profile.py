@@ -518,3 +518,42 @@ def test_a_profiler_given_strides_times_inputs_in_that_layout(rmsnorm: em.Kernel
     timed = [s for s in seen if isinstance(s, list)]
     assert timed and all(s[w] == (1, dims[w][0]) for s in timed)  # timed on Wᵀ's layout
     assert all("input_strides" not in (r.knobs or {}) for r in results)
+
+
+def test_a_program_of_two_outputs_is_profiled_per_output_and_joined(tmp_path: Path) -> None:
+    """An RMSNorm feeding two projections, each weight read as Wᵀ (``GpuProfiler(strides=)``,
+    as the torch backend gives a piece of several outputs): each output's search is timed with
+    the layout of its own inputs (``rank.for_inputs``; the whole program's would not fit its
+    cone, and its results would go untimed), and the joined program is profiled as a program
+    of its own, its knobs tuned on it. The results pass the float check."""
+    from egraph_mirage.gpu.tune import TuneCache, default_compiler
+    from egraph_mirage.rank import for_inputs
+
+    if cuda_available()[0]:
+        pytest.skip("with a GPU the lowering compiles for it")
+    g = em.new_kernel_graph()
+    x = g.new_input((2, 64), em.float16)
+    wq, wk = (g.new_input((64, n), em.float16) for n in (96, 32))
+    h = g.rms_norm(x, (64,))
+    g.mark_output(g.matmul(h, wq))
+    g.mark_output(g.matmul(h, wk))
+    strides = (None, (1, 64), (1, 64))
+    base = default_compiler()
+    seen: list[Any] = []
+
+    def compiler(h: em.KernelGraph, knobs: Any) -> Any:
+        seen.append((len(h.outputs), knobs.get("input_strides")))
+        return base(h, knobs)  # type: ignore[misc]
+
+    profiler = GpuProfiler(compiler=compiler, timer=WallClock(), device="cpu", name="interpreter",
+                           cache=TuneCache(None), space={"num_warps": (4,), "num_stages": (2,)},
+                           strides=strides)
+    assert for_inputs(profiler, [0, 2]).strides == (None, (1, 64))  # type: ignore[union-attr]
+    config = SearchConfig(max_block_ops=4, max_kernels=1, max_kernel_ops=0, max_results=1)
+    results = superoptimize(g, config, workers=1, progress=False, profile=True,
+                            profiler=profiler)
+    st = results.stats
+    assert results and st.ranked_by == BY_GPU and (st.profile_failed, st.profile_wrong) == (0, 0)
+    assert {(1, (None, (1, 64)))} <= set(seen)  # each output's cone, its own layout
+    assert (2, strides) in seen  # the joined program, the whole layout
+    assert results.best.measured_us is not None and results.best.knobs is not None

@@ -20,9 +20,14 @@ program of ``n`` outputs is run as ``n`` searches:
 
 The joined results are the best of each output together, then, in order of their estimated
 time, the combinations that take one other result of one output (at most
-``config.max_results``, when set). Each part is exactly a verified result of its output's
-program over the same inputs, so the joined program equals the whole program; statistics are
-the parts' summed, and ``no_result_reasons`` names the output a reason is about.
+``config.max_results``, when set). With ``profile``, each output's search is timed with the
+profiler cut to its inputs (``rank.for_inputs``: a ``GpuProfiler``'s input layout), and the
+joined results are then profiled as programs of their own (``rank.profile_stage``): the
+lowering's knobs are the whole program's (warps, stages, sibling kernels launched as one grid),
+so the joined program's are tuned on it, and the results ranked by its measured time. Each
+part is exactly a verified result of its output's program over the same inputs, so the joined
+program equals the whole program; statistics are the parts' summed, and
+``no_result_reasons`` names the output a reason is about.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 from ..graph import KernelGraph, Tensor
 from ..lower.cost_model import ProgramCost
 from ..mugraph.serialize import kernel_text
+from ..rank import for_inputs, profile_stage
 from ..search import SearchResult, SearchResults, SearchStats
 from .request import Request
 
@@ -174,7 +180,8 @@ def run_outputs(g: KernelGraph, request: Request,
         budget = None if end is None else max(1e-3, (end - time.time()) / (len(parts) - n))
         checkpoint = None if request.checkpoint is None else \
             Path(f"{request.checkpoint}.out{i}")
-        sub_request = replace(request, time_budget=budget, checkpoint=checkpoint)
+        sub_request = replace(request, time_budget=budget, checkpoint=checkpoint,
+                              profiler=for_inputs(request.profiler, parts[i][1]))
         found[i] = run_one(parts[i][0], sub_request, on_stage=on_stage,
                            program_info={**dict(program_info or {}), "output": i})
         if not found[i]:  # a joined result needs one of each: the others' time is not spent
@@ -190,6 +197,8 @@ def run_outputs(g: KernelGraph, request: Request,
             graph = join(g, [(r.graph, positions)
                              for r, (_, positions) in zip(chosen, parts)])
             results.append(_joined(graph, chosen))
+    if request.profile and results:  # the joined program's own knobs and time
+        results = profile_stage(results, g, stats, request.profiler, deadline=end)
     for r in results:
         if on_result is not None:
             on_result(r)

@@ -20,6 +20,7 @@ from .measured import (
     GpuProfiler,
     Profiler,
     cuda_available,
+    for_inputs,
     keep_jax_off_the_gpu,
     profile_stage,
 )
@@ -37,4 +38,4 @@ def by_cost(results: Sequence[Any]) -> list[Any]:
 
 
 __all__ = ["PROFILE_SIZES", "SEARCH_SHARE", "GpuProfiler", "Profiler", "by_cost", "cost_key",
-           "cuda_available", "keep_jax_off_the_gpu", "profile_stage"]
+           "cuda_available", "for_inputs", "keep_jax_off_the_gpu", "profile_stage"]

@@ -211,6 +211,15 @@ class GpuProfiler:
         return out
 
 
+def for_inputs(profiler: Profiler | None, positions: Sequence[int]) -> Profiler | None:
+    """``profiler`` for a program over the inputs at ``positions`` of the one it was made for
+    (an output's cone, ``pipeline.outputs``): a ``GpuProfiler``'s input layout (``strides``)
+    cut to those inputs; any other profiler as it is."""
+    if isinstance(profiler, GpuProfiler) and profiler.strides:
+        return replace(profiler, strides=tuple(profiler.strides[k] for k in positions))
+    return profiler
+
+
 def _laid(xs: Sequence[Any], strides: Sequence[tuple[int, ...] | None]) -> list[Any]:
     """``xs`` with the same values, each in the strides ``strides`` gives it (a tensor of
     its own storage, gaps included)."""
