@@ -1,0 +1,64 @@
+"""GPU probe: a piece of several outputs searched as the backend searches it, the joined result
+timed. ``transformers``' float32 RMSNorm feeding the query, key and value projections of an 8B
+model at decode (x (1, 4096), Wq 4096 x 4096, Wk and Wv 1024 x 4096, read as ``nn.Linear``'s
+Wᵀ), searched with ``profile=True`` and a ``GpuProfiler`` in that layout within a time budget:
+each output's search is timed with its own inputs' layout and the joined program is profiled
+whole (``pipeline.outputs``). Prints the joined results' measured µs, kernels and knobs, then
+the floor (bytes at the copy bandwidth).
+
+Usage, on the GPU machine from the repository root (JAX on the CPU, egglog on the path):
+  python3 scripts/gpu_probes/joined_outputs.py [BUDGET_S] [WORKERS]   (60 15)
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+sys.path[:0] = [".", "scripts/gpu_probes"]
+from gemv_variants import _hf_norm
+
+from egraph_mirage import processes
+from egraph_mirage.fx.runtime import input_layout
+from egraph_mirage.fx.trace import trace
+from egraph_mirage.gpu.floor import io_bytes, measure_copy_bandwidth
+from egraph_mirage.pipeline import superoptimize
+from egraph_mirage.rank.measured import GpuProfiler, keep_jax_off_the_gpu
+
+F = torch.nn.functional
+
+
+def main() -> None:
+    budget = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
+    workers = int(sys.argv[2]) if len(sys.argv) > 2 else 15
+    keep_jax_off_the_gpu()
+    h = 4096
+    r = lambda *s: torch.randn(*s, dtype=torch.float16) * 0.02  # noqa: E731
+    xs = (r(1, h), r(h) + 1, r(h, h), r(1024, h), r(1024, h))
+
+    def qkv(x, g, wq, wk, wv):  # type: ignore[no-untyped-def]
+        n = _hf_norm(x, g)
+        return F.linear(n, wq), F.linear(n, wk), F.linear(n, wv)
+
+    traced = trace(qkv, *xs)
+    g = traced.graph
+    bw = measure_copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s; floor "
+          f"{io_bytes(g) / bw * 1e6:.1f} µs", flush=True)
+    pool = processes.worker_pool(workers)
+    processes.warm(pool, workers)
+    t0 = time.time()
+    res = superoptimize(g, time_budget=budget, workers=pool, profile=True,
+                        profiler=GpuProfiler(strides=input_layout(traced, xs)))
+    pool.shutdown()
+    st = res.stats
+    print(f"== {len(res)} joined results in {time.time() - t0:.0f} s; ranked by {st.ranked_by}; "
+          f"profile: {st.profile_note}")
+    for r_ in list(res)[:6]:
+        us = "-" if r_.measured_us is None else f"{r_.measured_us:.1f}"
+        print(f"  {us:>6} µs  {r_.num_kernels} kernel(s)  knobs {r_.knobs}")
+
+
+if __name__ == "__main__":
+    main()
