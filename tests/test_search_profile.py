@@ -557,3 +557,5 @@ def test_a_program_of_two_outputs_is_profiled_per_output_and_joined(tmp_path: Pa
     assert {(1, (None, (1, 64)))} <= set(seen)  # each output's cone, its own layout
     assert (2, strides) in seen  # the joined program, the whole layout
     assert results.best.measured_us is not None and results.best.knobs is not None
+    # a joined result the profile did not time has no time: its parts' were at their knobs
+    assert all((r.measured_us is None) == (r.knobs is None) for r in results)

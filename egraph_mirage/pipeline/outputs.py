@@ -197,8 +197,10 @@ def run_outputs(g: KernelGraph, request: Request,
             graph = join(g, [(r.graph, positions)
                              for r, (_, positions) in zip(chosen, parts)])
             results.append(_joined(graph, chosen))
-    if request.profile and results:  # the joined program's own knobs and time
-        results = profile_stage(results, g, stats, request.profiler, deadline=end)
+    if request.profile and results:  # the joined program's own knobs and time: the parts'
+        # summed times were taken at their own knobs, so a result not timed whole has none
+        results = profile_stage([replace(r, measured_us=None) for r in results], g, stats,
+                                request.profiler, deadline=end)
     for r in results:
         if on_result is not None:
             on_result(r)
