@@ -15,8 +15,10 @@ operator two parts compute alike computed once.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 import egraph_mirage as em
@@ -133,3 +135,54 @@ def test_torch_compile_replaces_a_norm_and_three_projections_as_one_piece(
     for a, b in zip(got, want):
         assert (a.float() - b.float()).norm() <= 5e-3 * b.float().norm()
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("profile", [False, True])
+def test_each_output_gets_a_share_of_the_budget_and_profiled_the_join_one_more(
+        profile: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two outputs within 30 s, each search using its whole share (a clock of the test's
+    own): each output's search gets the seconds left over the outputs not yet searched, 15 s
+    each; where results are profiled, the joined program (whose knobs are tuned on it whole)
+    counts as one more, 10 s each, and the join is then profiled."""
+    from dataclasses import replace
+
+    from egraph_mirage.pipeline import outputs
+    from egraph_mirage.pipeline.outputs import run_outputs
+    from egraph_mirage.pipeline.request import Request
+    from egraph_mirage.rank.measured import Measurement
+    from egraph_mirage.search import SearchResult, SearchResults, SearchStats
+
+    class Timed:
+        device_name = "Fake GPU"
+
+        def __init__(self) -> None:
+            self.programs: list[int] = []
+
+        def measure(self, program: em.KernelGraph, mugraphs: Any) -> list[Measurement]:
+            self.programs.append(len(program.outputs))
+            return [Measurement("ok", us=1.0, knobs={"num_warps": 4}) for _ in mugraphs]
+
+    class Clock:
+        now = 1000.0
+
+        def time(self) -> float:
+            return self.now
+
+        perf_counter = time
+
+    clock = Clock()
+    monkeypatch.setattr(outputs, "time", clock)
+    budgets: list[float] = []
+
+    def run_one(h: em.KernelGraph, request: Any, **_: Any) -> SearchResults:
+        budgets.append(request.time_budget)
+        clock.now += request.time_budget
+        return SearchResults([SearchResult(h, 1, 1e-6, 0.0, 2, 0.0, 0.0)], SearchStats())
+
+    profiler = Timed()
+    request = replace(Request(), time_budget=30.0, profile=profile,
+                      profiler=profiler if profile else None)
+    results, _ = run_outputs(_norm_two_projections(), request, run_one)
+    assert budgets == pytest.approx([10.0, 10.0] if profile else [15.0, 15.0])
+    assert len(results) == 1 and (results[0].knobs is not None) == profile
+    assert profiler.programs == ([2] if profile else [])

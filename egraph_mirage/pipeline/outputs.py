@@ -7,7 +7,8 @@ program of ``n`` outputs is run as ``n`` searches:
 1. **split** (``cone``): output ``i`` and the operators it depends on, over the inputs it reads,
    become a program of one output;
 2. **search**: each runs through the pipeline's stages (``stages.run``) with a share of what is
-   left of the time budget (the seconds left divided by the outputs not yet searched) and the
+   left of the time budget (the seconds left divided by the outputs not yet searched, and one
+   share more with ``profile``: the joined program's, step 3) and the
    request's ``max_tasks`` each; a checkpoint file ``C`` becomes ``C.out<i>`` per output. The
    largest output's cone is searched first (``search_order``), and once an output's search has
    no result, the outputs after it are not searched (``NOT_SEARCHED``): no result of the whole
@@ -176,8 +177,9 @@ def run_outputs(g: KernelGraph, request: Request,
     parts = [cone(g, i) for i in range(len(g.outputs))]
     found: dict[int, SearchResults] = {}
     order = search_order(parts)
+    shares = len(parts) + bool(request.profile)  # profiled, the joined program takes a share
     for n, i in enumerate(order):
-        budget = None if end is None else max(1e-3, (end - time.time()) / (len(parts) - n))
+        budget = None if end is None else max(1e-3, (end - time.time()) / (shares - n))
         checkpoint = None if request.checkpoint is None else \
             Path(f"{request.checkpoint}.out{i}")
         sub_request = replace(request, time_budget=budget, checkpoint=checkpoint,
