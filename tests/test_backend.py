@@ -413,6 +413,51 @@ def test_a_part_with_nothing_found_is_cut_again_after_its_matmul(tmp_path: Path)
     assert len(ops) == 3 and "piece 0.3.1 (egm_0.egm_1.egm_1)" in text
 
 
+class NothingWhere(StandIn):
+    """A stand-in search that finds nothing for a program ``refused(g)`` says so of, and the
+    program itself for any other."""
+
+    def __init__(self, refused: Any) -> None:
+        super().__init__()
+        self.refused = refused
+
+    def __call__(self, g: em.KernelGraph, config: Any, **options: Any) -> SearchResults:
+        if self.refused(g):
+            return SearchResults([], SearchStats())
+        return super().__call__(g, config, **options)
+
+
+def test_a_given_up_cut_leaves_none_of_its_parts_replaced(tmp_path: Path) -> None:
+    """Two RMSNorms, each feeding a projection, and their outputs' sum: cut after the matmuls,
+    each norm with its projection is a part; the first is found, the second not, so the cut is
+    given up and the part found is reported kept (its module is not used). Cut at the
+    projections' inputs, the norms and the projections with the sum are replaced."""
+    def two_norms(x: torch.Tensor, y: torch.Tensor, w1: torch.Tensor,
+                  w2: torch.Tensor) -> torch.Tensor:
+        a = torch.nn.functional.rms_norm(x, (64,), None, 1e-5) @ w1
+        b = torch.nn.functional.rms_norm(y, (32,), None, 1e-5) @ w2
+        return a * 0.5 + b
+
+    def refused(g: em.KernelGraph) -> bool:
+        ops = {t.op for t in g.operators}
+        narrow = any(t.dims[-1] == 32 for t in g.inputs)
+        return {"rms_norm", "add"} <= ops or ({"rms_norm", "matmul"} <= ops and narrow)
+
+    gen = torch.Generator().manual_seed(0)
+    xs = (torch.randn(2, 64, generator=gen).half(), torch.randn(2, 32, generator=gen).half(),
+          torch.randn(64, 96, generator=gen).half() / 8,
+          torch.randn(32, 96, generator=gen).half() / 8)
+    backend = Backend(**options(tmp_path, search=NothingWhere(refused)))
+    with torch.no_grad():
+        got, ops = ops_called(torch.compile(two_norms, backend=backend, dynamic=False), *xs)
+    torch.testing.assert_close(got, two_norms(*xs), rtol=2e-3, atol=2e-3)
+    whole, first, second, *after = backend.reports[0].pieces
+    assert "after its matmuls" in whole.reason and "not found: given up" in whole.reason
+    assert (first.status, first.reason) == (KEPT, "its piece's cut was given up")
+    assert second.nothing_found() and "rms_norm" in first.operators
+    assert [p.status for p in after] == [REPLACED] * len(after) == [REPLACED] * len(ops)
+
+
 def test_dynamic_true_is_a_clear_error(tmp_path: Path) -> None:
     compiled = torch.compile(relu_mm, backend=NAME, dynamic=True, options=options(tmp_path))
     with pytest.raises(Exception, match=r"static shapes only.*dynamic=True\) is not supported"

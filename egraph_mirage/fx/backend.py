@@ -44,17 +44,10 @@ What the backend does with the FX graph Dynamo hands it (``Backend.__call__``):
    ``egraph_mirage_report``.
 
 The time budget (``fx.budget``): the ``budget`` option bounds the searches of the whole
-compilation, ``refine`` included. One deadline is set when ``Backend.__call__`` starts (and
-moved by the time the rooms below took to measure); every piece is searched whole before any is
-refined, those that move the most bytes first, each search getting the seconds left before it in
-proportion to its piece's weight (what it can gain: on a GPU its room, Inductor's µs timed
-before the search less its copy floor's, else the bytes it moves; plus a quarter of the mean
-piece's) among the pieces not yet reached (itself included, and with ``refine`` one mean share
-more, kept for the parts); the refined pieces' parts then share what is left, by weight too. A
-piece whose Inductor code already runs at its floor is not searched; a cache hit costs nothing,
-and a piece reached once no time is left is not searched (kept: "the compilation's time budget
-was spent"; not cached, but a compilation of the same graph with the same settings does not
-search it either: the graph's record).
+compilation, ``refine`` included; every piece is searched whole before any is refined, those
+that move the most bytes first, each with a share of the seconds left by its weight (on a GPU
+its room: Inductor's µs less its copy floor's). A piece whose Inductor code runs at its floor,
+or reached once no time is left, is not searched; a cache hit costs nothing.
 
 Options: ``torch.compile(..., options={...})`` or ``Backend(**options)``, listed and checked in
 ``fx.options`` (``BackendOptions``). Every compilation is logged at INFO on the
@@ -503,6 +496,7 @@ class Backend:
         self._budget.add(sum(weights))  # the parts share what is left with the pieces
         order = sorted(range(n), key=lambda j: levels == AFTER_MATMULS
                        and not _norm_with_projection(parts.pieces[j]))  # the norms first
+        decided: list[rep.PieceReport] = []
         for k, j in enumerate(order):
             part = parts.pieces[j]
             part_report, replacement = self._piece(index, part, weights[j], mode, traced[j],
@@ -511,10 +505,14 @@ class Backend:
             part_report.name = f"{piece.name}.{part.name}"
             part_report.part = f"{head}{first + j}" if head else first + j
             report.pieces.append(part_report)
+            decided.append(part_report)
             if replacement is None and levels == AFTER_MATMULS and _norm_with_projection(part) \
                     and part_report.nothing_found():  # given up: cut the piece by the next
                 for rest in order[k + 1:]:
                     self._budget.reached(weights[rest])
+                for r in decided:
+                    if r.status == rep.REPLACED:
+                        r.status, r.reason = rep.KEPT, "its piece's cut was given up"
                 piece_report.reason += (f", {label}.{first + j} not found: given up")
                 return self._refine(index, piece, piece_report, report, mode, per_byte, times,
                                     depth, label, first + n)
