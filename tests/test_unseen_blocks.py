@@ -365,7 +365,7 @@ def test_a_decoder_layer_with_static_cache_sdpa(family: str, dtype: Any, max_tas
     output, the norm's statistics computed in each; V's kernel writes the cache), and each
     RoPE rotation, after its head's norm in Qwen3 (found as one kernel within 84 of its 84
     tasks), a part of its own (K's writes the cache). Attention is not found within these
-    budgets (at 96 of 377 tasks, one kernel: the test above). Nothing is left out."""
+    budgets (40 and 84 of its 377; at 96, one kernel: the test above). Nothing is left out."""
     step = ub.hf_step(family, "sdpa", dtype)
     want, got, report = _compiled(step, step.example_inputs(), tmp_path, max_tasks=max_tasks)
     # Llama's slices of the projection are the part's input views; Qwen3's are of its norm
