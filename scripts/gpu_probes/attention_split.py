@@ -16,21 +16,19 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, ".")
+sys.path[:0] = [".", "scripts/gpu_probes"]
+from piece_search import search_as_the_backend
 
-from egraph_mirage import processes
 from egraph_mirage.fx.runtime import input_layout
 from egraph_mirage.fx.trace import trace
 from egraph_mirage.gpu.floor import io_bytes, measure_copy_bandwidth
 from egraph_mirage.gpu.timing import CudaTimer, TimingConfig
 from egraph_mirage.mugraph.sizes import sizes_of
-from egraph_mirage.pipeline import superoptimize
-from egraph_mirage.rank.measured import GpuProfiler, keep_jax_off_the_gpu
+from egraph_mirage.rank.measured import keep_jax_off_the_gpu
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -52,14 +50,9 @@ def main() -> None:
     bw = measure_copy_bandwidth()
     floor = io_bytes(g) / bw * 1e6
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s, floor {floor:.2f} µs", flush=True)
-    pool = processes.worker_pool(workers)
-    processes.warm(pool, workers)
-    t0 = time.time()
-    res = superoptimize(g, time_budget=budget, workers=pool, profile=True,
-                        profiler=GpuProfiler(strides=input_layout(traced, xs)))
-    pool.shutdown()
+    res, seconds = search_as_the_backend(g, input_layout(traced, xs), budget, workers)
     st = res.stats
-    print(f"== search: {len(res)} results in {time.time() - t0:.0f} s (budget {budget:.0f}), "
+    print(f"== search: {len(res)} results in {seconds:.0f} s (budget {budget:.0f}), "
           f"tasks {st.tasks_done}/{st.tasks_total}, first at {st.seconds_to_first}", flush=True)
     print(f"  stages (s): {dict((k, round(v, 1)) for k, v in st.seconds.items())}")
     print(f"  profile: {st.profile_note}; reasons {st.no_result_reasons[:2]}")

@@ -12,19 +12,17 @@ Usage, on the GPU machine from the repository root (JAX on the CPU, egglog on th
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 
 sys.path[:0] = [".", "scripts/gpu_probes"]
 from gemv_variants import _hf_norm
+from piece_search import search_as_the_backend
 
-from egraph_mirage import processes
 from egraph_mirage.fx.runtime import input_layout
 from egraph_mirage.fx.trace import trace
 from egraph_mirage.gpu.floor import io_bytes, measure_copy_bandwidth
-from egraph_mirage.pipeline import superoptimize
-from egraph_mirage.rank.measured import GpuProfiler, keep_jax_off_the_gpu
+from egraph_mirage.rank.measured import keep_jax_off_the_gpu
 
 F = torch.nn.functional
 
@@ -46,14 +44,9 @@ def main() -> None:
     bw = measure_copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s; floor "
           f"{io_bytes(g) / bw * 1e6:.1f} µs", flush=True)
-    pool = processes.worker_pool(workers)
-    processes.warm(pool, workers)
-    t0 = time.time()
-    res = superoptimize(g, time_budget=budget, workers=pool, profile=True,
-                        profiler=GpuProfiler(strides=input_layout(traced, xs)))
-    pool.shutdown()
+    res, seconds = search_as_the_backend(g, input_layout(traced, xs), budget, workers)
     st = res.stats
-    print(f"== {len(res)} joined results in {time.time() - t0:.0f} s; ranked by {st.ranked_by}; "
+    print(f"== {len(res)} joined results in {seconds:.0f} s; ranked by {st.ranked_by}; "
           f"profile: {st.profile_note}")
     for r_ in list(res)[:6]:
         us = "-" if r_.measured_us is None else f"{r_.measured_us:.1f}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "scripts/gpu_probes")
@@ -26,20 +27,33 @@ from egraph_mirage.pipeline import superoptimize
 from egraph_mirage.rank.measured import GpuProfiler, keep_jax_off_the_gpu
 
 
+def search_as_the_backend(g: Any, strides: tuple[Any, ...], budget: float, workers: int
+                          ) -> tuple[Any, float]:
+    """``g`` searched as the backend searches a piece: the worker pool started and warmed
+    before the budget, as the backend's is, and the results profiled on the GPU with the
+    piece's inputs in the layout ``strides`` (``fx.runtime.input_layout``). Returns the results
+    and the seconds the search took (the probes ``attention_split.py`` and
+    ``joined_outputs.py`` call it too)."""
+    pool = processes.worker_pool(workers)
+    processes.warm(pool, workers)
+    t0 = time.time()
+    try:
+        res = superoptimize(g, time_budget=budget, workers=pool, profile=True,
+                            profiler=GpuProfiler(strides=strides))
+    finally:
+        pool.shutdown()
+    return res, time.time() - t0
+
+
 def main() -> None:
     budget = float(sys.argv[1]) if len(sys.argv) > 1 else 54.0
     workers = int(sys.argv[2]) if len(sys.argv) > 2 else 15
     name = sys.argv[3] if len(sys.argv) > 3 else "gate_up"
     keep_jax_off_the_gpu()
     g, strides = programs([name])[name]
-    pool = processes.worker_pool(workers)  # started and warmed before the budget, as the
-    processes.warm(pool, workers)          # backend's pool is
-    t0 = time.time()
-    res = superoptimize(g, time_budget=budget, workers=pool, profile=True,
-                        profiler=GpuProfiler(strides=strides))
-    pool.shutdown()
+    res, seconds = search_as_the_backend(g, strides, budget, workers)
     st = res.stats
-    print(f"== {name}: {len(res)} results in {time.time() - t0:.0f} s (budget {budget:.0f})")
+    print(f"== {name}: {len(res)} results in {seconds:.0f} s (budget {budget:.0f})")
     print(f"  stages (s): {dict((k, round(v, 1)) for k, v in st.seconds.items())}")
     print(f"  profile: {st.profile_note}")
     for m in st.profile_messages[:5]:
