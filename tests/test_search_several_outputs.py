@@ -3,7 +3,8 @@ its own over the inputs it reads, and the winners are joined over the program's 
 operator two parts compute alike computed once.
 
 - ``cone`` gives each output's program; ``join`` of the cones is the program again, with the
-  shared RMSNorm once;
+  shared RMSNorm once; the parts' kernels are interleaved by depth, so that the lowering
+  launches each depth's kernels as one grid (``horizontal``);
 - ``em.superoptimize`` of an RMSNorm feeding two projections returns joined μGraphs that the
   verifier finds equal to the program and that lower and match it;
 - the largest output is searched first; an output the search finds nothing for leaves no joined
@@ -23,6 +24,9 @@ import torch
 
 import egraph_mirage as em
 from egraph_mirage.fx.report import REPLACED, reports_of
+from egraph_mirage.lower import LowerOptions, generate_source
+from egraph_mirage.lower.horizontal import groups
+from egraph_mirage.mugraph import ThreadBlockGraph
 from egraph_mirage.pipeline.outputs import combinations, cone, join, search_order
 from egraph_mirage.verify import verify
 
@@ -53,6 +57,42 @@ def test_each_output_s_cone_and_their_join() -> None:
     xs = [np.random.default_rng(0).standard_normal(t.dims) for t in g.inputs]
     for a, b in zip(joined.evaluate(xs), g.evaluate(xs)):
         np.testing.assert_allclose(a, b)
+
+
+def _projection(g: em.KernelGraph, x: em.Tensor, w: em.Tensor) -> em.Tensor:
+    """``x @ w`` as a graph-defined kernel of one block per 8 columns."""
+    tb = ThreadBlockGraph(grid_dim=(w.dims[1] // 8, 1, 1), forloop_range=1)
+    a = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=-1)
+    b = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=-1)
+    tb.new_output(tb.forloop_accum(tb.matmul(a, b)), output_map=(1, -1, -1))
+    (out,) = g.customized([x, w], tb)
+    return out
+
+
+def test_the_joined_parts_kernels_of_one_depth_are_launched_as_one_grid() -> None:
+    """Each output a chain of two kernels (a split and its combine, as the search's split-K
+    forms are): joined, the first kernels of both come first, then the second ones, so that
+    with ``horizontal`` the program is two launches, not four, and still equals the
+    program."""
+    g = em.new_kernel_graph()
+    x = g.new_input((4, 32), em.float16)
+    ws = [g.new_input(d, em.float16) for d in ((32, 32), (32, 16), (32, 16), (16, 8))]
+    g.mark_output(_projection(g, _projection(g, x, ws[0]), ws[1]))
+    g.mark_output(_projection(g, _projection(g, x, ws[2]), ws[3]))
+    parts = [cone(g, 0), cone(g, 1)]
+    assert generate_source(g, LowerOptions(horizontal=True)).count("_launch(kernel_") == 3
+    joined = join(g, parts)
+    first, second = groups(joined, {})
+    assert [k.tb.grid_dim[0] for k in first] == [4, 2]  # 32 and 16 columns, 8 a block
+    assert [k.tb.grid_dim[0] for k in second] == [2, 1]  # 16 and 8
+    assert generate_source(joined, LowerOptions(horizontal=True)).count("_launch(kernel_") == 2
+    rng = np.random.default_rng(0)
+    ts = [torch.tensor(0.3 * rng.standard_normal(t.dims), dtype=torch.float16)
+          for t in g.inputs]
+    want = g.evaluate([t.double().numpy() for t in ts])
+    for got in (em.compile(joined, horizontal=True)(*ts), em.compile(joined)(*ts)):
+        for a, b in zip(got, want, strict=True):
+            assert np.abs(a.double().numpy() - b).max() <= 1e-2 * np.abs(b).max()
 
 
 def test_the_search_joins_a_winner_per_output() -> None:

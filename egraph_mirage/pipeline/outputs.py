@@ -17,7 +17,10 @@ program of ``n`` outputs is run as ``n`` searches:
    operators copied over the program's inputs, outputs in the program's order. An operator
    that two parts compute alike (the same operator, operands and parameters; kernels compared
    by their block graphs) is computed once: where the winners of two outputs share a first
-   kernel (a norm written once and read by two projections), it runs once.
+   kernel (a norm written once and read by two projections), it runs once. The parts'
+   operators are interleaved by depth (``depths``): the parts' first kernels one after another,
+   then their second kernels, so that the lowering may launch each such run of siblings as one
+   grid (``LowerOptions.horizontal``, a knob the joined program's profile tunes).
 
 The joined results are the best of each output together, then, in order of their estimated
 time, the combinations that take one other result of one output (at most
@@ -79,12 +82,29 @@ def join(g: KernelGraph, parts: Sequence[tuple[KernelGraph, Sequence[int]]]) -> 
     joined = KernelGraph()
     inputs = [joined.new_input(t.dims, t.dtype) for t in g.inputs]
     seen: dict[Any, Tensor] = {}
-    for part, positions in parts:
-        new = {t.index: inputs[k] for t, k in zip(part.inputs, positions)}
-        _copy(joined, part.operators, new, seen)
+    news = [{t.index: inputs[k] for t, k in zip(part.inputs, positions)}
+            for part, positions in parts]
+    # the parts' operators interleaved by depth: the first kernel of each part, then the
+    # second of each, ... so that kernels of one depth, which read none of each other's
+    # outputs, are launched one after another (``lower.horizontal`` runs such a sequence as
+    # one grid); each part's own order is kept, so every operand comes before its readers
+    steps = sorted((d, n, i) for n, (part, _) in enumerate(parts)
+                   for i, d in enumerate(depths(part)))
+    for _, n, i in steps:
+        _copy(joined, [parts[n][0].operators[i]], news[n], seen)
+    for (part, _), new in zip(parts, news):
         (out,) = part.outputs
         joined.mark_output(new[out.index])
     return joined
+
+
+def depths(g: KernelGraph) -> list[int]:
+    """Per operator of ``g`` (in order), its depth: 1 + the largest of its operands' (an input's
+    is 0)."""
+    depth: dict[int, int] = {t.index: 0 for t in g.inputs}
+    for t in g.operators:
+        depth[t.index] = 1 + max((depth[o.index] for o in t.operands), default=0)
+    return [depth[t.index] for t in g.operators]
 
 
 def _copy(into: KernelGraph, operators: Sequence[Tensor], new: dict[int, Tensor],
