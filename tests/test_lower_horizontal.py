@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import egraph_mirage as em
-from egraph_mirage.lower import LowerOptions, canonical_knobs, generate_source, graph_knobs
+from egraph_mirage.bench import handwritten_fixtures as hw
+from egraph_mirage.lower import LowerOptions, canonical_knobs, fuse, generate_source, graph_knobs
 from egraph_mirage.lower.horizontal import flat_pid_lines, groups
 from egraph_mirage.mugraph import ThreadBlockGraph
+from egraph_mirage.pipeline.outputs import cone, join
 
 
 def _projection(g: em.KernelGraph, x: em.Tensor, w: em.Tensor, tile: int) -> em.Tensor:
@@ -96,3 +98,39 @@ def test_siblings_reading_weights_through_their_own_strides_run_as_one_grid() ->
     for got in (one(x, wq, wk), one.module.launch(x, wq, wk)):  # checked, then direct
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a, b)
+
+
+def test_split_k_siblings_with_fused_combines_run_as_one_launch() -> None:
+    """An RMSNorm feeding two projections, each output's μGraph split-K in two kernels whose
+    combine is fused into the split (``lower.fuse``): joined (``pipeline.outputs.join``: the
+    splits, then the combines), both pairs run in one launch, each pair's completion counters
+    a range of one buffer of both; the program matches, called twice (the counters left at
+    zero), and so does its traced launch with fresh counters."""
+    g = em.new_kernel_graph()
+    x, w1, w2 = g.new_input((3, 256)), g.new_input((256, 48)), g.new_input((256, 32))
+    n = g.rms_norm(x, (256,))
+    g.mark_output(g.matmul(n, w1))
+    g.mark_output(g.matmul(n, w2))
+    parts = []
+    for i in range(2):
+        part, positions = cone(g, i)
+        parts.append((hw.rmsnorm_linear_split_k(part, hw.Tiles(grid=16, loop=32, splits=4)),
+                      positions))
+    joined = join(g, parts)
+    combines = fuse.plan(joined)
+    assert len({id(c) for c in combines.values()}) == 2
+    (run,) = groups(joined, combines)
+    assert len(run) == 2
+    assert graph_knobs(joined)["horizontal"] == (True, False)
+    source = generate_source(joined, LowerOptions(horizontal=True))
+    assert source.count("    _launch(kernel_") == 1 and "COUNTERS = 10" in source  # 6 + 4 groups
+    assert "group = 6 + pid_x" in source  # the second pair's counters after the first's
+    assert generate_source(joined).count("    _launch(kernel_") == 2
+    rng = np.random.default_rng(0)
+    ts = [torch.tensor(0.3 * rng.standard_normal(t.dims), dtype=torch.float16)
+          for t in g.inputs]
+    want = g.evaluate([t.double().numpy() for t in ts])
+    fn = em.compile(joined, horizontal=True)
+    for got in (fn(*ts), fn(*ts), fn.module.launch_traced(*ts)):
+        for a, b in zip(got, want, strict=True):
+            assert np.abs(a.double().numpy() - b).max() <= 1e-2 * np.abs(b).max()

@@ -12,7 +12,9 @@ a block-wide barrier, so the last block sees every partial of its group; the par
 with ``.cg`` (from L2, never a stale L1 line).
 
 ``plan`` finds the pairs where this is exact. For a consumer B reading outputs of a producer A
-(the kernel launched just before B, with nothing B reads computed in between):
+(the last kernel launched before B that B reads, with nothing B reads computed in between:
+kernels launched between the two then run after B where it is fused, as a program of several
+outputs launches its parts' splits, then their combines, ``pipeline.outputs.join``):
 
 - each grid axis of B is either A's axis of the same size (a *kept* axis) or 1 (A's axis is cut
   into pieces, or is 1 too);
@@ -26,7 +28,6 @@ groups differ along some kept axis, where their tiles are disjoint.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -95,8 +96,12 @@ def plan(graph: KernelGraph) -> dict[int, Combine]:
     returned = {t.index for t in graph.outputs}
     out: dict[int, Combine] = {}
     order = launches(graph)
-    for (a, a_outs), (b, _) in itertools.pairwise(order):
-        if id(a) in out or id(b) in out:
+    for j, (b, _) in enumerate(order):
+        read = {id(src.params["kernel"]) for src in b.tb.sources if src.op == "customized"}
+        # the producer: the last kernel launched before B that B reads
+        a, a_outs = next(((k, outs) for k, outs in reversed(order[:j]) if id(k) in read),
+                         (None, []))
+        if a is None or id(a) in out or id(b) in out:
             continue
         c = _combine(a, b, first_op[id(a)], position)
         if c is not None:
@@ -150,11 +155,14 @@ def consumer_role(c: Combine) -> KernelRole:
         unroll=c.consumer.tb.forloop_range <= MAX_UNROLL)
 
 
-def producer_role(c: Combine, consumer_name: str, writes: int = 0) -> KernelRole:
+def producer_role(c: Combine, consumer_name: str, writes: int = 0,
+                  flat: int | None = None) -> KernelRole:
     """The producer: private outputs in fp32, and extra parameters and closing lines for the
     completion count and the consumer's call (``consumer_name`` is its ``@triton.jit``
     function), passing on the destinations and index tensors of the consumer's ``writes``
-    output writes (``lower.writes``)."""
+    output writes (``lower.writes``). ``flat``: launched beside siblings (``lower.horizontal``),
+    its counters from this one on, and the consumer's block given as a flat index (its
+    ``KernelRole.flat_pid``), since ``tl.program_id`` is then the shared grid's."""
     tb = c.consumer.tb
     extra = [f"cin{j}" for j, k in enumerate(c.from_producer) if k is None]
     extra += [f"cout{k}" for k in range(len(tb.outputs))]
@@ -164,8 +172,15 @@ def producer_role(c: Combine, consumer_name: str, writes: int = 0) -> KernelRole
     for ax in c.kept:
         pid = f"pid_{'xyz'[ax]}"
         group = pid if group == "0" else f"({group}) * {tb.grid_dim[ax]} + {pid}"
+    if flat:
+        group = f"{flat} + {group}"
     args = [f"out{k}" if k is not None else f"cin{j}" for j, k in enumerate(c.from_producer)]
     args += [f"cout{k}" for k in range(len(tb.outputs))] + passed
+    if flat is not None:  # the consumer's flat block index: x fastest (``flat_pid_lines``)
+        terms = [f"pid_{'xyz'[ax]}" + "".join(f" * {tb.grid_dim[a]}" for a in range(ax)
+                                                if tb.grid_dim[a] > 1)
+                 for ax in c.kept]
+        args.append(" + ".join(terms) or "0")
     tail = (
         f"# fused combine: the last of the {c.group} blocks of this group (they differ only along",
         f"# the grid axes cut into pieces) runs {consumer_name} for the group",

@@ -17,8 +17,10 @@ one flat index), and a kernel over the sum of their grids calls the body its blo
         elif pid < 48:
             kernel_1(b0, ..., pid - 32)
 
-``groups`` finds the runs: consecutive launches of plain kernels (no fused combine), with no
-library operator between them, each reading none of the run's earlier outputs. A kernel that
+``groups`` finds the runs: consecutive launches, with no library operator between them, each
+reading none of the run's earlier outputs. A kernel whose combine is fused into it
+(``lower.fuse``) takes part with its combine: the pair's last blocks run the combine, each
+member's completion counters a range of its own in one buffer. A kernel that
 reads an input through a view of its own strides (``LowerOptions.input_strides``: a model's
 weight read as Wᵀ) takes part like any other: its block body reads through those strides.
 The blocks of one launch share ``num_warps`` and ``num_stages``; whether one launch is faster
@@ -41,10 +43,16 @@ MAX_SIBLINGS = 8
 
 def groups(graph: KernelGraph, combines: Mapping[int, Any]) -> list[list[GraphDefinedKernel]]:
     """The runs of sibling kernels of ``graph`` (two or more each), in launch order;
-    ``combines``: the fused combines (``fuse.plan``; their kernels take no part)."""
+    ``combines``: the fused combines (``fuse.plan``): a producer takes part with its consumer,
+    which runs in its launch, and none of the run's kernels may read what the pair
+    computes."""
     runs: list[list[GraphDefinedKernel]] = []
     current: list[GraphDefinedKernel] = []
     written: set[int] = set()
+    operators: dict[int, list[Any]] = {}
+    for t in graph.operators:
+        if lookup(t.op).graph_defined:  # type: ignore[arg-type]
+            operators.setdefault(id(t.params["kernel"]), []).append(t)
     seen: set[int] = set()
 
     def close() -> None:
@@ -59,17 +67,20 @@ def groups(graph: KernelGraph, combines: Mapping[int, Any]) -> list[list[GraphDe
             close()
             continue
         kernel = t.params["kernel"]
-        if id(kernel) in seen:
-            written.add(t.index)
+        if id(kernel) in seen:  # taken at its first output, or with its producer
             continue
         seen.add(id(kernel))
-        if id(kernel) in combines:
-            close()
-            continue
-        if any(o.index in written for o in t.operands) or len(current) == MAX_SIBLINGS:
+        mine = list(operators[id(kernel)])
+        c = combines.get(id(kernel))
+        if c is not None:  # a producer (a consumer is seen with it): the pair is one launch
+            seen.add(id(c.consumer))
+            mine += operators[id(c.consumer)]
+        made = {u.index for u in mine}
+        reads = {o.index for u in mine for o in u.operands} - made
+        if reads & written or len(current) == MAX_SIBLINGS:
             close()
         current.append(kernel)
-        written.add(t.index)
+        written.update(made)
     close()
     return runs
 

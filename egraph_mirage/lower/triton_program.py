@@ -54,7 +54,7 @@ def graph_knobs(graph: KernelGraph) -> dict[str, tuple[bool, ...]]:
         knobs["swap_dots"] = (False, True)
     if len(fuse.launches(graph)) > 1:
         knobs["pdl"] = (False, True)
-    if horizontal.groups(graph, {}):
+    if horizontal.groups(graph, {}) or horizontal.groups(graph, fuse.plan(graph)):
         knobs["horizontal"] = (True, False)
     return knobs
 
@@ -185,6 +185,15 @@ class LaunchPlan:
     def position(self, kernel: GraphDefinedKernel) -> int:
         return next(n for n, k in enumerate(self.order) if k is kernel)
 
+    @property
+    def counters(self) -> int:
+        """The fused combines' completion counters one launch needs at most: a combine's
+        groups, or a run of siblings' groups together (each its own range)."""
+        one = [c.groups for c in self.combines.values()]
+        runs = [sum(self.combines[id(k)].groups for k in run if id(k) in self.combines)
+                for run in self.siblings]
+        return max([*one, *runs], default=0)
+
 
 @dataclass(frozen=True)
 class Emitted:
@@ -235,28 +244,34 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
 
     def launched_name(kernel: GraphDefinedKernel, c: fuse.Combine | None, at: int,
                       writes: tuple[tuple[int, OutputWrite], ...] = (),
-                      combined: tuple[tuple[int, OutputWrite], ...] = ()) -> str:
+                      combined: tuple[tuple[int, OutputWrite], ...] = (),
+                      flat: int | None = None) -> str:
         """The kernel launched ``at``-th for ``kernel`` (the producer of combine ``c``, which
         calls the consumer's function), with its programmatic-dependent-launch lines and the
-        writes of its outputs ``writes`` (of the consumer's: ``combined``)."""
+        writes of its outputs ``writes`` (of the consumer's: ``combined``). ``flat``: its block
+        body as a function of the flat block index, for a launch of siblings (``horizontal``),
+        its completion counters from this one on."""
         head = pdl_head(at, len(plan.order)) if pdl else ()
         where = f"@{at}" if pdl else ""  # a block graph launched twice: each with its own head
         where += f"|{writes}" if writes else ""
+        where += "" if flat is None else f"|flat{flat}"
         views = strides_of(kernel)
         if c is None:
             return kernel_name(kernel.tb, "plain" + where,
                                lambda: KernelRole(head=head, input_strides=views,
-                                                  writes=writes))
+                                                  writes=writes, flat_pid=flat is not None))
         if strides_of(c.consumer):
             raise LowerError("a kernel that combines partials in the kernel before it reads an "
                              "input through a view of its own strides: not supported (give "
                              "that input contiguous)")
 
         def role() -> KernelRole:
-            inner = kernel_name(c.consumer.tb, "consumer" + (f"|{combined}" if combined else ""),
-                                lambda: replace(fuse.consumer_role(c), writes=combined))
-            return replace(fuse.producer_role(c, inner, len(combined)), head=head,
-                           input_strides=views)
+            inner = kernel_name(c.consumer.tb, "consumer" + (f"|{combined}" if combined else "")
+                                + ("" if flat is None else "|flat"),
+                                lambda: replace(fuse.consumer_role(c), writes=combined,
+                                                flat_pid=flat is not None))
+            return replace(fuse.producer_role(c, inner, len(combined), flat), head=head,
+                           input_strides=views, flat_pid=flat is not None)
 
         return kernel_name(c.producer.tb, "producer" + where + (f"|{combined}" if combined
                                                                 else ""), role)
@@ -291,50 +306,29 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         if id(kernel) in run_of:  # the run's first kernel: the whole run, one launch
             run = run_of[id(kernel)]
             launched.update(id(k) for k in run)
-            wrapper = _launch_siblings(run, operands, outputs, names, kernel_name, strides_of,
-                                       lambda: f"kernel_{len(kernels)}", body, traced, written)
+            calls = [(k, _call(k, combines.get(id(k)), operands, outputs, names, written))
+                     for k in run]
+            wrapper = _launch_siblings(calls, combines, launched_name,
+                                       lambda: f"kernel_{len(kernels)}", body, traced)
             kernels[id(run[0].tb), f"siblings@{len(kernels)}"] = wrapper[0]
             kernel_sources.append(wrapper[1])
             continue
         c = combines.get(id(kernel))
         if c is not None and c.consumer is kernel:
             continue  # runs inside its producer's launch
-        outs = list(outputs[id(kernel)])
-        args = [names[o.index] for o in t.operands] + [names[u.index] for u in outs]
-        mine = _writes_of(outs, written)
-        if c is not None and mine:
-            raise LowerError("output write: its output is a split-K partial")
-        args += [f"{p}{j}" for _, (j, _w) in mine for p in ("w", "wi")]
-        # the fused combine's writes: parameters of the producer, which passes them on
-        combined = _writes_of(outputs[id(c.consumer)], written) if c is not None else []
-        device = names[t.operands[0].index]
-        at = plan.position(kernel)
-        name = launched_name(kernel, c, at, tuple((k, w) for k, (_, w) in mine),
-                             tuple((k, w) for k, (_, w) in combined))
+        call = _call(kernel, c, operands, outputs, names, written)
+        name = launched_name(kernel, c, plan.position(kernel), call.writes, call.combined)
         # a fused combine's completion counters: the shared buffer (``launch``), or the
         # caller's persistent buffer, else a fresh zeroed one per call (``launch_traced``)
-        counters: list[str] = []
-        fresh_counters: list[str] = []
-        if c is not None:
-            b_outs = outputs[id(c.consumer)]
-            args += [names[b_outs[0].operands[j].index] for j, k in enumerate(c.from_producer)
-                     if k is None]
-            args += [names[u.index] for u in b_outs]
-            args += [f"{p}{j}" for _, (j, _w) in combined for p in ("w", "wi")]
-            counters = [f"_counters({device}.device, {c.groups})"]
-            fresh_counters = [f"_traced_counters(counters, {c.groups}, {device}.device)"]
-            outs += b_outs
-        private = {outputs[id(c.producer)][k].index for k in c.private} if c else set()
-        for u in outs:
-            dtype = "torch.float32" if u.index in private else TORCH_DTYPE[u.dtype]
-            body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype={dtype}, "
-                        f"device={device}.device)")
-            traced.append(body[-1])
-        after = ", pdl=PDL" if pdl and at > 0 else ""
-        body.append(f"_launch({name}, {kernel.tb.grid_dim}, ({', '.join(args + counters)},), "
-                    f"num_warps, num_stages{after})")
+        counters = [f"_counters({call.device}.device, {c.groups})"] if c else []
+        fresh = [f"_traced_counters(counters, {c.groups}, {call.device}.device)"] if c else []
+        body.extend(call.allocations)
+        traced.extend(call.allocations)
+        after = ", pdl=PDL" if pdl and plan.position(kernel) > 0 else ""
+        body.append(f"_launch({name}, {kernel.tb.grid_dim}, "
+                    f"({', '.join(call.args + counters)},), num_warps, num_stages{after})")
         traced.append(f"_traceable({name})[{kernel.tb.grid_dim}]("
-                      f"{', '.join(args + fresh_counters)}, "
+                      f"{', '.join(call.args + fresh)}, "
                       "num_warps=num_warps, num_stages=num_stages)")
     stored = {u.index for outs in outputs.values() for u in outs}
     for t_index, (j, _w) in written.items():
@@ -350,35 +344,74 @@ def _writes_of(outs: Sequence[Tensor], written: Mapping[int, tuple[int, OutputWr
     return [(k, written[u.index]) for k, u in enumerate(outs) if u.index in written]
 
 
-def _launch_siblings(run: Sequence[GraphDefinedKernel], operands: Mapping[int, Any],
-                     outputs: Mapping[int, list[Tensor]], names: Mapping[int, str],
-                     kernel_name: Callable[..., str],
-                     strides_of: Callable[[GraphDefinedKernel], tuple[Any, ...]],
-                     new_name: Callable[[], str], body: list[str], traced: list[str],
-                     written: Mapping[int, tuple[int, OutputWrite]]) -> tuple[str, str]:
-    """The host lines of sibling kernels ``run`` launched as one grid (``horizontal``): each
-    kernel's outputs allocated, its block body a function of the flat block index reading its
-    inputs through the strides ``strides_of`` gives it and writing its written outputs
-    (``written``; ``kernel_name`` writes it), and the launch of a kernel calling them (named
-    by ``new_name`` once they are); returns that kernel's name and source."""
+@dataclass(frozen=True)
+class Call:
+    """What the host passes one graph-defined kernel's launch (with its fused combine's
+    consumer, where it has one): its arguments but the counters, the lines allocating its
+    outputs, and the writes of its own and the consumer's outputs."""
+
+    args: list[str]
+    allocations: list[str]
+    writes: tuple[tuple[int, OutputWrite], ...]
+    combined: tuple[tuple[int, OutputWrite], ...]
+    #: the name of a tensor on the launch's device
+    device: str
+
+
+def _call(kernel: GraphDefinedKernel, c: fuse.Combine | None, operands: Mapping[int, Any],
+          outputs: Mapping[int, list[Tensor]], names: Mapping[int, str],
+          written: Mapping[int, tuple[int, OutputWrite]]) -> Call:
+    """The ``Call`` of ``kernel``, the producer of combine ``c`` where it is not None."""
+    outs = list(outputs[id(kernel)])
+    args = [names[o.index] for o in operands[id(kernel)]] + [names[u.index] for u in outs]
+    mine = _writes_of(outs, written)
+    if c is not None and mine:
+        raise LowerError("output write: its output is a split-K partial")
+    args += [f"{p}{j}" for _, (j, _w) in mine for p in ("w", "wi")]
+    # the fused combine's writes: parameters of the producer, which passes them on
+    combined = _writes_of(outputs[id(c.consumer)], written) if c is not None else []
+    device = names[operands[id(kernel)][0].index]
+    if c is not None:
+        b_outs = outputs[id(c.consumer)]
+        args += [names[b_outs[0].operands[j].index] for j, k in enumerate(c.from_producer)
+                 if k is None]
+        args += [names[u.index] for u in b_outs]
+        args += [f"{p}{j}" for _, (j, _w) in combined for p in ("w", "wi")]
+        outs += b_outs
+    private = {outputs[id(c.producer)][k].index for k in c.private} if c else set()
+    allocations = [f"{names[u.index]} = torch.empty({u.dims}, dtype="
+                   f"{'torch.float32' if u.index in private else TORCH_DTYPE[u.dtype]}, "
+                   f"device={device}.device)" for u in outs]
+    return Call(args, allocations, tuple((k, w) for k, (_, w) in mine),
+                tuple((k, w) for k, (_, w) in combined), device)
+
+
+def _launch_siblings(calls: Sequence[tuple[GraphDefinedKernel, Call]],
+                     combines: Mapping[int, fuse.Combine], launched_name: Callable[..., str],
+                     new_name: Callable[[], str], body: list[str], traced: list[str]
+                     ) -> tuple[str, str]:
+    """The host lines of sibling kernels launched as one grid (``horizontal``; ``calls``: each
+    with its ``Call``): each kernel's outputs allocated, its block body a function of the flat
+    block index (``launched_name``'s ``flat``), a fused combine's completion counters a range
+    of one buffer of them all, and the launch of a kernel calling the bodies (named by
+    ``new_name`` once they are); returns that kernel's name and source."""
     members = []
     args: list[str] = []
-    for kernel in run:
-        outs = outputs[id(kernel)]
-        device = names[operands[id(kernel)][0].index]
-        for u in outs:
-            body.append(f"{names[u.index]} = torch.empty({u.dims}, dtype={TORCH_DTYPE[u.dtype]}, "
-                        f"device={device}.device)")
-            traced.append(body[-1])
-        views = strides_of(kernel)
-        writes = tuple((k, w) for k, (_, w) in _writes_of(outs, written))
-        fn = kernel_name(kernel.tb, "flat" + (f"|{writes}" if writes else ""),
-                         lambda views=views, writes=writes: KernelRole(
-                             flat_pid=True, input_strides=views, writes=writes))
-        mine = [names[o.index] for o in operands[id(kernel)]] + [names[u.index] for u in outs]
-        mine += [f"{p}{j}" for _, (j, _w) in _writes_of(outs, written) for p in ("w", "wi")]
+    base = 0
+    counters = f"counters_{len(body)}"  # a name of its own in the host function
+    for kernel, call in calls:
+        c = combines.get(id(kernel))
+        body.extend(call.allocations)
+        traced.extend(call.allocations)
+        fn = launched_name(kernel, c, 0, call.writes, call.combined, flat=base)
+        mine = call.args + ([counters] if c is not None else [])
         members.append((fn, len(mine), math.prod(kernel.tb.grid_dim)))
         args += mine
+        base += c.groups if c is not None else 0
+    if base:
+        device = calls[0][1].device
+        body.append(f"{counters} = _counters({device}.device, {base})")
+        traced.append(f"{counters} = _traced_counters(counters, {base}, {device}.device)")
     name = new_name()
     grid = (sum(m[2] for m in members), 1, 1)
     body.append(f"_launch({name}, {grid}, ({', '.join(args)},), num_warps, num_stages)")
@@ -413,9 +446,7 @@ STAGES: tuple[tuple[str, Callable[[KernelGraph, LowerOptions, dict[str, Any]], A
     ("plan", lambda g, o, done: plan_launches(g, o)),
     ("emit", lambda g, o, done: emit(g, done["plan"], o)),
     ("program", lambda g, o, done: _file(g, done["plan"].names, o, done["emit"].kernel_sources,
-                                         done["emit"].body, max(
-                                             (c.groups for c in done["plan"].combines.values()),
-                                             default=0),
+                                         done["emit"].body, done["plan"].counters,
                                          done["plan"].pdl, done["emit"].traced)),
 )
 
