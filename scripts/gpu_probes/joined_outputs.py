@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,10 +30,11 @@ from egraph_mirage.fx.runtime import input_layout
 from egraph_mirage.fx.trace import trace
 from egraph_mirage.gpu.floor import io_bytes, measure_copy_bandwidth
 from egraph_mirage.gpu.tune import knob_space
+from egraph_mirage.graph import KernelGraph
 from egraph_mirage.lower import compile_graph, generate_source
 from egraph_mirage.lower.triton_program import LowerOptions
 from egraph_mirage.mugraph.serialize import dumps
-from egraph_mirage.rank.measured import GpuProfiler, keep_jax_off_the_gpu
+from egraph_mirage.rank.measured import GpuProfiler, _laid, keep_jax_off_the_gpu
 
 F = torch.nn.functional
 
@@ -75,18 +78,15 @@ def main() -> None:
         print(f"  {us:>6} µs  {m.status}  {knobs}  {m.message[:80]}", flush=True)
 
 
-def save(graph: object, options: dict, xs: tuple, folder: str) -> None:
+def save(graph: KernelGraph, options: dict[str, Any], xs: tuple[torch.Tensor, ...],
+         folder: str) -> None:
     """``graph`` (a μGraph) and its Triton source at ``options`` written to ``folder``; its
     kernels' CUDA times in one call printed, from ``torch.profiler``."""
-    from pathlib import Path
-
-    from egraph_mirage.rank.measured import _laid
-
     Path(folder).mkdir(parents=True, exist_ok=True)
-    Path(folder, "best.json").write_text(dumps(graph))  # type: ignore[arg-type]
-    Path(folder, "best.py").write_text(generate_source(graph, LowerOptions(**options)))  # type: ignore[arg-type]
-    fn = compile_graph(graph, **options)  # type: ignore[arg-type]
-    ins = _laid([x.reshape(t.dims).cuda() for x, t in zip(xs, graph.inputs)],  # type: ignore[attr-defined]
+    Path(folder, "best.json").write_text(dumps(graph))
+    Path(folder, "best.py").write_text(generate_source(graph, LowerOptions(**options)))
+    fn = compile_graph(graph, **options)
+    ins = _laid([x.reshape(t.dims).cuda() for x, t in zip(xs, graph.inputs)],
                 options["input_strides"])
     for _ in range(20):
         fn(*ins)
