@@ -356,6 +356,49 @@ def test_tune_rejects_wrong_and_caches(tmp_path: Any) -> None:
     assert len(list((tmp_path / "tune").glob("*.json"))) == 4
 
 
+def test_tuning_stops_at_its_deadline_once_a_setting_has_a_time(tmp_path: Any) -> None:
+    """``tune(stop=)``: asked before each setting not in the cache once one setting has a time;
+    True ends the tuning with the best so far. Settings already cached are still read, and
+    ``tune_staged`` skips its second round."""
+    from egraph_mirage.gpu.tune import Trial, TuneResult, tune_staged
+
+    g = em.benchmarks.get("gated_mlp", small=True)
+    h = fixtures.fused("gated_mlp", g)
+    sets, check = input_sets(g, 1, "cpu"), random_inputs(g, "cpu", seed=99)
+    space = {"num_warps": (2, 4), "num_stages": (1, 2, 3)}
+    cache = TuneCache(tmp_path)
+
+    def tuned(stop: Any) -> Any:
+        return tune(h, g, compiler=_torch_compiler, timer=FakeTimer(), input_sets=sets,
+                    check_inputs=check, device="cpu", cache=cache, space=space, stop=stop)
+
+    # (warps 2, *) fail to compile and (4, stages 1) is wrong: the first time is (4, 2), then
+    # it stops (settings in order of stages, then warps)
+    r = tuned(lambda: True)
+    assert [(t.knobs["num_warps"], t.knobs["num_stages"]) for t in r.trials] == [
+        (2, 1), (4, 1), (2, 2), (4, 2)]
+    assert r.best is not None and r.best.knobs == {"num_warps": 4, "num_stages": 2}
+    r = tuned(lambda: False)  # the cached four read, the other two tried
+    assert [t.cached for t in r.trials] == [True] * 4 + [False] * 2
+    r = tuned(lambda: True)  # all six cached: nothing to stop
+    assert len(r.trials) == 6 and all(t.cached for t in r.trials)
+
+    spaces: list[Any] = []
+
+    def tuner(mugraph: Any, sp: Any) -> TuneResult:
+        spaces.append(sp)
+        t = Trial({"num_warps": 4, "num_stages": 3}, "ok", us=1.0)
+        return TuneResult([t], t, None)
+
+    split = fixtures.rmsnorm_linear_split_k(em.benchmarks.get("rmsnorm_linear", small=True),
+                                            fixtures.Tiles(grid=16))
+    assert em.lower.graph_knobs(split)
+    tune_staged(split, tuner, stop=lambda: True)
+    assert len(spaces) == 1
+    tune_staged(split, tuner, stop=lambda: False)
+    assert len(spaces) == 3
+
+
 def test_rank_by_time_and_by_bytes() -> None:
     g = em.benchmarks.get("lora", small=True)
     one, two = fixtures.lora(g), fixtures.lora_concat(g)

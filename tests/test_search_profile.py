@@ -334,6 +334,40 @@ def test_first_timings_of_every_result_then_the_fastest_tuned(
     assert "(first timings, the fastest 1 tuned)" in stats.profile_note
 
 
+class Until(TwoRounds):
+    """``TwoRounds`` whose ``until`` records the deadline the tuning is given."""
+
+    def __init__(self, graphs: list[em.KernelGraph], quick: bool = False,
+                 log: list[tuple[str, int]] | None = None,
+                 untils: list[float] | None = None) -> None:
+        super().__init__(graphs, quick, log)
+        self.untils: list[float] = [] if untils is None else untils
+
+    def first_timing(self) -> Until:
+        return Until(self.graphs, True, self.log, self.untils)
+
+    def until(self, deadline: float, clock: Any) -> Until:
+        self.untils.append(deadline)
+        return Until(self.graphs, self.quick, self.log, self.untils)
+
+
+def test_under_a_deadline_the_fastest_are_tuned_until_it(
+        rmsnorm: em.KernelGraph, by_cost: SearchResults) -> None:
+    """The full tuning gets the search's deadline (``GpuProfiler.until``: no setting tried
+    past it once one has a time), not only the first timings: a result's whole knob space is
+    a compile per setting, and took longer than a search's share. Without a deadline, the
+    whole space."""
+    ranked = _ranked(by_cost)
+    graphs = [r.graph for r in spread(ranked, lambda r: r.graph)]
+    profiler = Until(graphs)
+    profile_stage(list(ranked), rmsnorm, SearchStats(), profiler, deadline=100.0,
+                  clock=lambda: float(len(profiler.log)))
+    assert profiler.untils == [100.0] and ("tuned", 5) in profiler.log
+    profiler = Until(graphs)
+    profile_stage(list(ranked), rmsnorm, SearchStats(), profiler)
+    assert profiler.untils == []
+
+
 class Sized:
     """A profiler for which the μGraphs it has not seen (the size variants) run in 50 µs and
     the search's own results in 100 µs."""

@@ -181,12 +181,16 @@ def check(fn: Program, program: KernelGraph, inputs: InputSet, tol: float | None
 def tune(mugraph: KernelGraph, program: KernelGraph, *, compiler: Compiler, timer: Timer,
          input_sets: Sequence[InputSet], check_inputs: InputSet, device: str,
          cache: TuneCache | None = None, space: Mapping[str, Sequence[Any]] | None = None,
-         timing: str = "graph", tol: float | None = None, layout: str = "") -> TuneResult:
+         timing: str = "graph", tol: float | None = None, layout: str = "",
+         stop: Callable[[], bool] | None = None) -> TuneResult:
     """Compile, check and time ``mugraph`` at every knob setting; see the module docstring.
 
     ``timing`` picks the measurement that ranks settings: "graph" (CUDA-graph replay, the
     kernels' own time) or "plain". ``tol``: as in ``check``. ``layout``: the inputs' strides as
     text where they are not row-major (part of the cache key: ``compiler`` reads them so).
+    ``stop``: asked before each setting not in the cache once one setting has a time; True
+    ends the tuning there, with the best so far (a search's deadline: each setting compiles
+    the program, seconds for a large one, so a whole knob space may take a minute).
     """
     cache = cache or TuneCache(None)
     text, lowering = dumps(mugraph), lowering_fingerprint()
@@ -195,6 +199,8 @@ def tune(mugraph: KernelGraph, program: KernelGraph, *, compiler: Compiler, time
     for knobs in knob_space(space, mugraph):
         key = cache_key(text, device, knobs, timing, lowering, layout)
         hit = cache.get(key)
+        if hit is None and result.best is not None and stop is not None and stop():
+            break
         if hit is not None:
             trial = Trial(knobs, hit["status"], hit.get("us"), hit.get("error"),
                           hit.get("message", ""), cached=True)
@@ -263,12 +269,14 @@ def staged_spaces(mugraph: KernelGraph, base: Mapping[str, Sequence[Any]] | None
 
 
 def tune_staged(mugraph: KernelGraph, tuner: Callable[[KernelGraph, Any], TuneResult],
-                base: Mapping[str, Sequence[Any]] | None = None) -> TuneResult:
+                base: Mapping[str, Sequence[Any]] | None = None,
+                stop: Callable[[], bool] | None = None) -> TuneResult:
     """``tuner(mugraph, space)`` over ``staged_spaces``: the first round, then (where the μGraph
-    has knobs of its own and the first round found a setting) the second; the faster best."""
+    has knobs of its own, the first round found a setting and ``stop`` is not True) the
+    second; the faster best."""
     first, second = staged_spaces(mugraph, base)
     r1 = tuner(mugraph, first)
-    if r1.best is None or second is None:
+    if r1.best is None or second is None or (stop is not None and stop()):
         return r1
     r2 = tuner(mugraph, second(r1.best.knobs))
     best = r1 if r2.us is None or (r1.us is not None and r1.us <= r2.us) else r2

@@ -113,6 +113,10 @@ class GpuProfiler:
     #: a first timing: a few knob settings (``gpu.tune.QUICK_KNOBS``, the μGraph's own knobs at
     #: their first value) instead of tuning
     quick: bool = False
+    #: a ``clock()`` time after which tuning a μGraph tries no further setting once one has a
+    #: time (``until``; ``gpu.tune.tune``'s ``stop``)
+    deadline: float | None = None
+    clock: Callable[[], float] = time.time
     #: per program input, its strides where the program runs with inputs that are not
     #: row-major (None: that input row-major; (): every input): a view read in place, as the
     #: torch backend's pieces read a linear layer's weight (Wᵀ) or a slice. Inputs are then
@@ -132,6 +136,11 @@ class GpuProfiler:
     def first_timing(self) -> GpuProfiler:
         """This profiler for the profile stage's first timings (``quick``)."""
         return replace(self, quick=True)
+
+    def until(self, deadline: float, clock: Callable[[], float] = time.time) -> GpuProfiler:
+        """This profiler tuning each μGraph until ``clock()`` reaches ``deadline`` (then with
+        the best setting timed so far), not over its whole knob space."""
+        return replace(self, deadline=deadline, clock=clock)
 
     @property
     def device_name(self) -> str:
@@ -180,10 +189,13 @@ class GpuProfiler:
             compiler = _reading(compiler, self.strides)
             layout = json.dumps([list(st) if st else None for st in self.strides])
 
+        deadline, clock = self.deadline, self.clock
+        stop = None if deadline is None else (lambda: clock() >= deadline)
+
         def tuner(h: KernelGraph, space: Any) -> Any:
             return tune(h, program, compiler=compiler, timer=timer, input_sets=sets,
                         check_inputs=check_inputs, device=self.device_name, cache=cache,
-                        space=space, timing=self.timing, layout=layout)
+                        space=space, timing=self.timing, layout=layout, stop=stop)
 
         out = []
         for h in mugraphs:
@@ -193,7 +205,7 @@ class GpuProfiler:
                 elif self.space is not None:
                     res = tuner(h, self.space)
                 else:  # the lowering's knobs, then the μGraph's own at the best of them
-                    res = tune_staged(h, tuner)
+                    res = tune_staged(h, tuner, stop=stop)
             except Exception as exc:  # e.g. the best setting no longer compiles
                 out.append(Measurement("failed", message=f"{type(exc).__name__}: {exc}"[:300]))
                 continue
@@ -296,7 +308,8 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
     settings (``gpu.tune.QUICK_KNOBS``; under a deadline, for at most ``FIRST_TIMING_SHARE``
     of the time left), then the fastest ``tune_top`` of those, and the fastest of each other
     form within ``rank.forms.FORM_SLACK`` of them (``rank.forms.to_tune``), tuned over the
-    lowering's knobs (``gpu.tune.tune_staged``), each keeping the faster of its two timings.
+    lowering's knobs (``gpu.tune.tune_staged``; under a deadline, until it: ``until``, no
+    further setting once one has a time), each keeping the faster of its two timings.
     Compiling every setting of every result would time one or two results in a budget.
 
     ``sizes`` > 1: each of the first ``sized_forms`` results of that order is followed by its
@@ -347,7 +360,12 @@ def profile_stage(ranked: list[SearchResult], program: KernelGraph, stats: Searc
                                    tune_top)
             top = [ids[k] for k in picks]
             extra = {ids[k] for k in close}
-            full = _measure(profiler, program, [order[i].graph for i in top], deadline, clock)
+            # tuned until the deadline: a setting is a compile, and a result's whole knob
+            # space took longer than its search's share (``GpuProfiler.until``)
+            until = getattr(profiler, "until", None)
+            tuning = until(deadline, clock) if deadline is not None and callable(until) \
+                else profiler
+            full = _measure(tuning, program, [order[i].graph for i in top], deadline, clock)
             for i, m in zip(top, full):
                 tuned += 1
                 tuned_extra += i in extra
