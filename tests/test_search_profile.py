@@ -368,6 +368,19 @@ def test_under_a_deadline_the_fastest_are_tuned_until_it(
     assert profiler.untils == []
 
 
+def test_a_gpu_profiler_past_its_deadline_stops_tuning_at_the_first_time(
+        rmsnorm: em.KernelGraph, by_cost: SearchResults) -> None:
+    """``GpuProfiler.until``: past the deadline, tuning a μGraph ends at its first setting with
+    a time (its staged space's second round not started); before it, the whole space."""
+    gpu = FakeGpu({em.to_json(r.graph): 10.0 for r in by_cost})
+    h = by_cost.best.graph
+    for now, settings in ((2.0, 1), (0.0, 2)):  # space: num_warps 4 and 8
+        gpu.timed = 0
+        profiler = gpu.profiler().until(1.0, clock=lambda now=now: now)
+        (m,) = profiler.measure(rmsnorm, [h])
+        assert m.status == "ok" and gpu.timed == settings
+
+
 class Sized:
     """A profiler for which the μGraphs it has not seen (the size variants) run in 50 µs and
     the search's own results in 100 µs."""
