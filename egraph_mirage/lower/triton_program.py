@@ -255,7 +255,9 @@ def emit(graph: KernelGraph, plan: LaunchPlan, options: LowerOptions) -> Emitted
         head = pdl_head(at, len(plan.order)) if pdl else ()
         where = f"@{at}" if pdl else ""  # a block graph launched twice: each with its own head
         where += f"|{writes}" if writes else ""
-        where += "" if flat is None else f"|flat{flat}"
+        # a flat body: a producer's counters start at ``flat`` (a plain one's code is the same
+        # wherever it sits in the run)
+        where += "" if flat is None else "|flat" + (f"{flat}" if c is not None else "")
         views = strides_of(kernel)
         if c is None:
             return kernel_name(kernel.tb, "plain" + where,

@@ -70,7 +70,7 @@ def cone(g: KernelGraph, i: int) -> tuple[KernelGraph, list[int]]:
     sub = KernelGraph()
     new = {g.inputs[k].index: sub.new_input(g.inputs[k].dims, g.inputs[k].dtype)
            for k in positions}
-    _copy(sub, [t for t in g.operators if t.index in needed], new)
+    _copy(sub, [(t, new) for t in g.operators if t.index in needed])
     sub.mark_output(new[out.index])
     return sub, positions
 
@@ -90,8 +90,7 @@ def join(g: KernelGraph, parts: Sequence[tuple[KernelGraph, Sequence[int]]]) -> 
     # one grid); each part's own order is kept, so every operand comes before its readers
     steps = sorted((d, n, i) for n, (part, _) in enumerate(parts)
                    for i, d in enumerate(depths(part)))
-    for _, n, i in steps:
-        _copy(joined, [parts[n][0].operators[i]], news[n], seen)
+    _copy(joined, [(parts[n][0].operators[i], news[n]) for _, n, i in steps], seen)
     for (part, _), new in zip(parts, news):
         (out,) = part.outputs
         joined.mark_output(new[out.index])
@@ -107,13 +106,13 @@ def depths(g: KernelGraph) -> list[int]:
     return [depth[t.index] for t in g.operators]
 
 
-def _copy(into: KernelGraph, operators: Sequence[Tensor], new: dict[int, Tensor],
+def _copy(into: KernelGraph, steps: Sequence[tuple[Tensor, dict[int, Tensor]]],
           seen: dict[Any, Tensor] | None = None) -> None:
-    """Apply ``operators`` (of another graph, in order) in ``into``, their operands mapped by
-    ``new`` (tensor index -> tensor of ``into``), which gets the copies; with ``seen``, an
-    operator applied alike before is not applied again."""
-    kernels: dict[int, str] = {}
-    for t in operators:
+    """Apply each operator of ``steps`` (of another graph, in order) in ``into``, its operands
+    mapped by its ``new`` (tensor index -> tensor of ``into``), which gets the copy; with
+    ``seen``, an operator applied alike before is not applied again."""
+    kernels: dict[int, str] = {}  # a kernel's text, made once however many outputs it has
+    for t, new in steps:
         operands = [new[o.index] for o in t.operands]
         key = None
         if seen is not None:
