@@ -13,12 +13,14 @@ from typing import Any
 import torch
 
 from . import inductor_timing as timing
+from .inductor_tuning import tuned_on_the_gpu
 from .runtime import PieceCall, counters_last, inductor_launches, piece_calls
 
 
 def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: str | None,
           dynamo: Any = None) -> Callable[..., Any]:
-    """``module`` compiled by Inductor, or as is for ``rest="eager"``. ``dynamo``: the graph
+    """``module`` compiled by Inductor (its first call tunes Inductor's kernels:
+    ``inductor_tuning``), or as is for ``rest="eager"``. ``dynamo``: the graph
     Dynamo handed the backend, when ``module`` is another over the same inputs (its pieces
     replaced), whose metadata Inductor is given (``as_dynamo_s``)."""
     if rest == "eager":
@@ -46,7 +48,9 @@ def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: st
             patches["fx_graph_cache"] = False
         patches.update(timing.ours_launched_patches())  # their launches as cheap as Inductor's
     module = as_dynamo_s(module, source, own)
-    return compile_fx(module, list(example_inputs), config_patches=patches or None)
+    # its first call tunes Inductor's kernels, each config timed as the GPU runs it
+    return tuned_on_the_gpu(compile_fx(module, list(example_inputs),
+                                       config_patches=patches or None))
 
 
 def inlined(module: Any) -> tuple[Any, list[str]]:

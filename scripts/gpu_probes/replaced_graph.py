@@ -23,11 +23,12 @@ alone (so that the probe does not depend on a close call: at 4 layers, budget 60
 layer's key RoPE won 1.09 against 1.11 µs in one run and lost in the next two).
 
 Usage, on the GPU machine from the repository root (JAX on the CPU, egglog on the path):
-  [FORCE=1] [PER_WINNER=1] [FAMILY=qwen3] [LAYER=hf-static] [ONE_TUNING=1] \
+  [FORCE=1] [PER_WINNER=1] [FAMILY=qwen3] [LAYER=hf-static] [ONE_TUNING=1] [CD_LOG=FILE] \
     python3 scripts/gpu_probes/replaced_graph.py OUT [LAYERS] [BUDGET] [MODE]
 (FAMILY: the model family of ``bench generate``, default llama; LAYER: `bench torch`'s decode
 layer at b = 1 in fp16 instead of a `generate()` step, LAYERS unused; ONE_TUNING: the graphs
-compiled in MODE alone, not also without coordinate descent tuning.)
+compiled in MODE alone, not also without coordinate descent tuning; CD_LOG: a file for
+Inductor's coordinate descent log, each config it benchmarked and its time.)
 
 Seen (H200, 4 layers, budget 60, commit 502779f, MODE max-autotune-no-cudagraphs): with the
 key RoPE replaced the graph took 1,046.6 µs against 878.4 (twice the same): Inductor's kernels
@@ -66,6 +67,14 @@ def main() -> None:
     from egraph_mirage.rank.measured import keep_jax_off_the_gpu
 
     keep_jax_off_the_gpu()
+    if os.environ.get("CD_LOG"):  # Inductor's coordinate descent: every config it benchmarks
+        import logging
+
+        handler = logging.FileHandler(os.environ["CD_LOG"])
+        for name in ("torch._inductor.runtime.coordinate_descent_tuner",
+                     "torch._inductor.runtime.triton_heuristics"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
+            logging.getLogger(name).addHandler(handler)
     out = sys.argv[1]
     layers = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     budget = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
