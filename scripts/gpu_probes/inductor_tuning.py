@@ -66,22 +66,6 @@ def _spin() -> None:
         pass
 
 
-def _profiled(fn: Any, xs: list[Any]) -> dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile
-
-    calls = 10
-    with torch.no_grad():
-        for _ in range(3):
-            fn(*xs)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn(*xs)
-            torch.cuda.synchronize()
-    return {e.key: float(e.device_time_total) / calls for e in prof.key_averages()
-            if getattr(e, "device_time_total", 0)}
-
-
 def run(condition: str, layer: str) -> None:
     from egraph_mirage.bench.torch_bench import (
         TorchBenchConfig,
@@ -126,8 +110,9 @@ def run(condition: str, layer: str) -> None:
         log.removeHandler(handler)
         for p in spinners:
             p.terminate()
-    kernels = _profiled(fn, list(sets[0]))
-    graph = CudaTimer().graph(fn, sets)
+    timer = CudaTimer()
+    kernels = timer.kernels(fn, [list(sets[0])])  # by the profiler, names cut at 80
+    graph = timer.graph(fn, sets)
     print(f"== {condition}: graph replay {graph:.1f} µs; kernels by the profiler "
           f"{sum(kernels.values()):.1f} µs; first call {first_s:.1f} s", flush=True)
     print("   kernel | tuner: first config µs -> chosen µs | profiler µs | chosen config")
