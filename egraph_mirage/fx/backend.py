@@ -257,7 +257,7 @@ class Backend:
         def build(names: Sequence[str], mode: str | None = mode) -> Callable[..., Any]:
             """The graph with the pieces ``names`` replaced (by ``chosen``), the others as
             they were, compiled in ``mode``; none replaced: the whole graph as Dynamo gave it,
-            compiled exactly as torch.compile would without the backend."""
+            compiled as torch.compile would without the backend (``rest.compile_rest``)."""
             for p in parts.pieces:
                 setattr(parts.module, p.name, chosen[p.name] if p.name in names else p.module)
             with report.stage("Inductor"):

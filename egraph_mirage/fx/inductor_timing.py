@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .inductor_tuning import tuned_on_the_gpu
+from .inductor_tuning import tuned_compile
 from .mutation import Saved, saved, set_back
 from .pieces import Piece
 from .runtime import Runner, counters_last, define_piece_op
@@ -209,8 +209,8 @@ def _inductor_compiled(piece: Piece, mode: str | None) -> Callable[..., Any]:
     # outside Dynamo's tracing context: compiling the piece must not add guards (on symbols
     # of its own) to the shape environment of the graph being compiled
     with torch._guards.tracing(None):
-        return tuned_on_the_gpu(compile_fx(piece.module, list(piece.example_inputs),
-                                           config_patches=patches))
+        return tuned_compile(lambda: compile_fx(piece.module, list(piece.example_inputs),
+                                                config_patches=patches))
 
 
 def _timer() -> Any:
@@ -251,8 +251,8 @@ def _launched_by_inductor(launch: Callable[..., Any], xs: list[Any]
         fn = counters_last(launch)
         args.append(counters)
     try:
-        compiled = tuned_on_the_gpu(compile_fx(make_fx(fn)(*args), args,
-                                               config_patches=ours_launched_patches() or None))
+        compiled = tuned_compile(lambda: compile_fx(
+            make_fx(fn)(*args), args, config_patches=ours_launched_patches() or None))
         compiled(*args)  # compiles its kernels now, not inside the first timed call
     except Exception as e:
         import logging

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from . import inductor_timing as timing
-from .inductor_tuning import tuned_on_the_gpu
+from .inductor_tuning import tuned_compile
 from .runtime import PieceCall, counters_last, inductor_launches, piece_calls
 
 
@@ -49,8 +49,8 @@ def compile_rest(module: Any, example_inputs: Sequence[Any], rest: str, mode: st
         patches.update(timing.ours_launched_patches())  # their launches as cheap as Inductor's
     module = as_dynamo_s(module, source, own)
     # its first call tunes Inductor's kernels, each config timed as the GPU runs it
-    return tuned_on_the_gpu(compile_fx(module, list(example_inputs),
-                                       config_patches=patches or None))
+    return tuned_compile(lambda: compile_fx(module, list(example_inputs),
+                                            config_patches=patches or None))
 
 
 def inlined(module: Any) -> tuple[Any, list[str]]:
