@@ -10,7 +10,7 @@
 # Usage: scripts/gpu_torch.sh OUT BUDGET BATCH...   (BUDGET: search seconds per compilation,
 # its pieces sharing them)
 # Environment: MODELS ("llama hf"; also hf-qwen3, hf-static, hf-qwen3-static), DTYPES (float16;
-# a comma-separated list gives rows per dtype), MODES (default all), PRESET (llama3_8b), ROUNDS
+# a comma-separated list gives rows per dtype), MODES (default: all but max-autotune-timed), PRESET (llama3_8b), ROUNDS
 # (timing rounds, default 5), TIMEOUT (s per batch, 420), TIMING (the backend's timing option,
 # default both), CACHE (the backend's cache, default WORK/cache: outside OUT, whose files a
 # device call brings back, at most 8), AGAIN, GPUS (how many GPUs to use,

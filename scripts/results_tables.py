@@ -40,7 +40,8 @@ KEYS = {"gpu": ("benchmark", "batch", "dtype"),
 #: the project's targets under CUDA-graph replay at b = 1 (the paper's eight programs)
 TARGETS = {"gqa": 2.0, "mha": 1.3, "mqa": 2.0, "qknorm": 2.0, "rmsnorm_linear": 1.2,
            "lora": 2.5, "gated_mlp": 1.6, "ntrans": 1.3}
-MODES = ("eager", "compile", "max-autotune", "egraph_mirage", "egraph_mirage-max-autotune")
+MODES = ("eager", "compile", "max-autotune", "max-autotune-timed", "egraph_mirage",
+         "egraph_mirage-max-autotune")
 DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 #: a marked table: the markers alone on their lines
 MARKER = re.compile(r"^<!-- results:(?P<name>[\w:]+) -->\n.*?^<!-- /results:(?P=name) -->$",

@@ -13,7 +13,10 @@ size b and mode:
   preset, ``small`` or ``llama3_8b`` (one layer of Llama-3-8B, or its shard on one of ``tp``
   GPUs, with a ``kv_len``-token cache; Qwen3's layer at the same sizes);
 * modes (``MODES``): ``eager``; ``compile``, ``torch.compile(dynamic=False)`` (Inductor's default
-  mode); ``max-autotune``, ``torch.compile(mode="max-autotune-no-cudagraphs")``; and the
+  mode); ``max-autotune``, ``torch.compile(mode="max-autotune-no-cudagraphs")``;
+  ``max-autotune-timed``, the same compiled and first called with Inductor's tuning timed on the
+  GPU as the backend has it (``fx.inductor_tuning``; not run unless asked for: it tells how much
+  of the backend's gain that tuning alone gives, and counts among the baselines); and the
   backend's modes (``BACKEND_MODES``): ``egraph_mirage``, ``torch.compile`` with this package's
   backend (``fx.backend.Backend`` with the search options given: ``budget``, ``max_tasks``,
   ``workers``, ``cache_dir``), and ``egraph_mirage-max-autotune``, the same with
@@ -77,7 +80,7 @@ from ..pipeline.command import request_from_flags
 from .gpu_report import best, fmt, ratio
 from .text_table import aligned
 
-__all__ = ["KEYS", "MODELS", "MODES", "TOLERANCE", "BenchTorchError", "CpuTimer",
+__all__ = ["DEFAULT_MODES", "KEYS", "MODELS", "MODES", "TOLERANCE", "BenchTorchError", "CpuTimer",
            "TorchBenchConfig", "add_arguments", "bench_torch", "format_kernels", "format_table",
            "load_example", "run_command"]
 
@@ -86,7 +89,10 @@ HF_MODELS: dict[str, tuple[str, str] | None] = {
     "llama": None, "hf": ("llama", "concat"), "hf-qwen3": ("qwen3", "concat"),
     "hf-static": ("llama", "static"), "hf-qwen3-static": ("qwen3", "static")}
 MODELS = tuple(HF_MODELS)
-MODES = ("eager", "compile", "max-autotune", "egraph_mirage", "egraph_mirage-max-autotune")
+MODES = ("eager", "compile", "max-autotune", "max-autotune-timed", "egraph_mirage",
+         "egraph_mirage-max-autotune")
+#: the modes run when none are named
+DEFAULT_MODES = tuple(m for m in MODES if m != "max-autotune-timed")
 #: the backend's modes: the rest compiled by Inductor in its default mode, or in max-autotune
 BACKEND_MODES = ("egraph_mirage", "egraph_mirage-max-autotune")
 #: the keys of every row
@@ -153,7 +159,7 @@ class TorchBenchConfig(BackendSettings):
     preset: str = "llama3_8b"
     tp: int = 1
     kv_len: int = 4096
-    modes: Sequence[str] = MODES
+    modes: Sequence[str] = DEFAULT_MODES
     device: str = "cuda"
     #: ``examples/llama_layer.py`` (None: the checkout's)
     example: str | None = None
@@ -234,6 +240,11 @@ def _compiled(module: Any, mode: str, cfg: TorchBenchConfig) -> tuple[Any, Any]:
         return torch.compile(module, dynamic=False), None
     if mode == "max-autotune":
         return torch.compile(module, mode="max-autotune-no-cudagraphs", dynamic=False), None
+    if mode == "max-autotune-timed":  # compiled at the first call, which tunes too
+        from ..fx.inductor_tuning import tuned_on_the_gpu
+
+        return tuned_on_the_gpu(torch.compile(module, mode="max-autotune-no-cudagraphs",
+                                              dynamic=False)), None
     if mode in BACKEND_MODES:
         from ..fx.backend import Backend
 
@@ -589,7 +600,8 @@ def add_arguments(p: Any) -> None:
                    "appended to the cache; hf-static, hf-qwen3-static: the same, the cache "
                    "written in place as StaticCache does; default llama hf")
     p.add_argument("--modes", nargs="+", choices=MODES, default=None,
-                   help="default: all four (--cpu-smoke: eager and egraph_mirage)")
+                   help="default: all but max-autotune-timed (--cpu-smoke: eager and "
+                   "egraph_mirage)")
     p.add_argument("--dtype", nargs="+", default=["float16"], metavar="DTYPE",
                    help=f"one or more of {', '.join(TOLERANCE)}, by spaces or commas: rows for "
                    "each (default float16)")
@@ -638,7 +650,7 @@ def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
     return TorchBenchConfig(
         models=args.models, batches=args.batch, preset=preset,
         tp=args.tp, kv_len=args.kv_len,
-        modes=args.modes or (("eager", "egraph_mirage") if smoke else MODES),
+        modes=args.modes or (("eager", "egraph_mirage") if smoke else DEFAULT_MODES),
         dtypes=tuple(dict.fromkeys(dtypes)), budget=args.budget, max_tasks=args.max_tasks,
         workers=args.workers,
         cache_dir=args.cache_dir, cache=not args.no_cache, rest="eager" if smoke else "inductor",
