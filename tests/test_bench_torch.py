@@ -392,19 +392,24 @@ def test_max_autotune_timed_compiles_and_tunes_at_its_first_call_with_the_gpu_ti
     """``max-autotune-timed``: torch.compile's max-autotune, whose first call (the one that
     compiles and tunes) runs with Inductor's tuning timed as the backend has it
     (``fx.inductor_tuning``); a baseline, so the backend's speedups count it among the best."""
-    from egraph_mirage.fx.inductor_tuning import TAG
-
-    seen: list[tuple[str | None, str]] = []
+    heuristics = pytest.importorskip("torch._inductor.runtime.triton_heuristics")
+    original = heuristics.CachingAutotuner.bench
+    seen: list[tuple[str | None, bool]] = []
 
     def compile(module: Any, mode: str | None = None, dynamic: bool | None = None) -> Any:
-        return lambda *a: seen.append((mode, torch.compiler.config.cache_key_tag)) or module(*a)
+        return lambda *a: seen.append(
+            (mode, heuristics.CachingAutotuner.bench is not original)) or module(*a)
 
     monkeypatch.setattr(torch, "compile", compile)
     fn, backend = tb._compiled(lambda x: x + 1, "max-autotune-timed", tb.TorchBenchConfig())
     assert backend is None and fn(1) == 2 and fn(2) == 3
-    assert seen == [("max-autotune-no-cudagraphs", TAG), ("max-autotune-no-cudagraphs", "")]
+    assert seen == [("max-autotune-no-cudagraphs", True), ("max-autotune-no-cudagraphs", False)]
     assert "max-autotune-timed" not in tb.DEFAULT_MODES
     rows = [_row("max-autotune", 15.0, 7.5), _row("max-autotune-timed", 12.0, 7.0),
             _row("egraph_mirage", 10.0, 6.0, pieces=4, replaced=2)]
     tb._speedups(rows)
     assert rows[-1]["speedup_vs_best"] == pytest.approx(12 / 10)
+    # with max-autotune in one process the two would share their kernels' tuning
+    both = tb.TorchBenchConfig(modes=("max-autotune", "max-autotune-timed"), device="cpu")
+    with pytest.raises(tb.BenchTorchError, match="separate runs"):
+        tb.bench_torch(both)

@@ -15,8 +15,9 @@ size b and mode:
 * modes (``MODES``): ``eager``; ``compile``, ``torch.compile(dynamic=False)`` (Inductor's default
   mode); ``max-autotune``, ``torch.compile(mode="max-autotune-no-cudagraphs")``;
   ``max-autotune-timed``, the same compiled and first called with Inductor's tuning timed on the
-  GPU as the backend has it (``fx.inductor_tuning``; not run unless asked for: it tells how much
-  of the backend's gain that tuning alone gives, and counts among the baselines); and the
+  GPU as the backend has it (``fx.inductor_tuning``; not run unless asked for, and never in
+  one run with ``max-autotune``, whose kernels of the same source it would share: it tells how
+  much of the backend's gain that tuning alone gives, and counts among the baselines); and the
   backend's modes (``BACKEND_MODES``): ``egraph_mirage``, ``torch.compile`` with this package's
   backend (``fx.backend.Backend`` with the search options given: ``budget``, ``max_tasks``,
   ``workers``, ``cache_dir``), and ``egraph_mirage-max-autotune``, the same with
@@ -378,6 +379,11 @@ def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
         if dtype not in TOLERANCE:
             raise BenchTorchError(f"bench torch: unknown dtype {dtype!r} "
                                   f"({', '.join(TOLERANCE)})")
+    if {"max-autotune", "max-autotune-timed"} <= set(cfg.modes):
+        raise BenchTorchError("bench torch: modes max-autotune and max-autotune-timed cannot "
+                              "run in one process: Inductor shares a kernel of the same source, "
+                              "tuning and all, within a process, so the second would keep the "
+                              "first's tuning; run them in separate runs")
     example = load_example(cfg.example)
     sizes = _sizes(example, cfg)
     graphs = cfg.device == "cuda"

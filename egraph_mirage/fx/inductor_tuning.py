@@ -20,14 +20,14 @@ Within ``timed_on_the_gpu()`` each config is timed instead by ``gpu.timing.CudaT
 (Triton's ``do_bench``: a 256 MB flush before each call, which keeps the GPU busy while the
 host issues it; the median of the calls), on copies of the arguments the kernel writes, made
 on the device once before the timing. Everything else of Inductor's tuning is as it was: the
-configs it tries, the order, the threshold. Its caches on disk (compiled graphs, each kernel's
-chosen config) are keyed apart from ``torch.compile``'s own (``TAG`` joins
-``torch.compiler.config.cache_key_tag``), so that a config chosen by the host's noise in an
-earlier ``torch.compile`` of the same kernel is not taken up, and the backend's second
-compilation finds its own. (Within one process Inductor also shares a kernel whose source is
-the same as one it loaded before, tuning and all: ``bench torch``, which compiles its
-baselines first, compares with them the backend's graph whose kernels of the same source
-keep the baselines' tuning.)
+configs it tries, the order, the threshold, and its cache of chosen configs, which is keyed by
+the kernel's source: a kernel whose config an earlier compilation chose, on disk or in this
+process (Inductor shares a kernel of the same source, tuning and all, within a process), keeps
+that config untuned. So ``bench torch``, which compiles its baselines first in the same
+process, compares with them a backend graph whose kernels of the same source as theirs keep
+their tuning; the kernels the pieces' replacement changes are tuned here. (Keying the cache
+apart is not done: Inductor's compile workers key it by their own settings, and every first
+call would then tune again, a second compilation from the cache included.)
 
 ``tuned_compile(compile)`` runs a compilation so and gives the compiled function with its
 first call, the one that tunes, so too (``tuned_on_the_gpu``).
@@ -43,41 +43,34 @@ import torch
 
 #: how long each config is timed (``TimingConfig``, ms): about 140 calls after 2 ms of warm-up
 WARMUP_MS, REP_MS = 2.0, 10.0
-#: what the caches' keys of a compilation so tuned carry (``torch.compiler.config``)
-TAG = "egraph-mirage:tuned-on-the-gpu"
 #: Inductor's default limit of spilled registers above which a config is not timed
 SPILL_THRESHOLD = 16
 
 
 @contextlib.contextmanager
 def timed_on_the_gpu(timer: Any = None) -> Iterator[None]:
-    """Inductor's ``CachingAutotuner.bench`` replaced by ``timed_bench`` and ``TAG`` in the
-    caches' keys (module docstring) while the block runs; ``timer``: a ``gpu.timing.Timer``
-    (by default a ``CudaTimer`` of ``WARMUP_MS`` and ``REP_MS``). Where this torch has no
-    such class or setting, that part is left as it is."""
-    with contextlib.ExitStack() as stack:
-        config = getattr(torch.compiler, "config", None)
-        if config is not None and hasattr(config, "cache_key_tag") and \
-                TAG not in config.cache_key_tag:
-            tag = f"{config.cache_key_tag}|{TAG}" if config.cache_key_tag else TAG
-            stack.enter_context(config.patch(cache_key_tag=tag))
-        try:
-            from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-        except ImportError:  # a torch without Inductor's Triton runtime
-            yield
-            return
-        if timer is None:
-            from ..gpu.timing import CudaTimer, TimingConfig
-
-            timer = CudaTimer(TimingConfig(warmup_ms=WARMUP_MS, rep_ms=REP_MS))
-        original = CachingAutotuner.bench
-
-        def bench(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> float:
-            return timed_bench(self, launcher, args, kwargs, timer, original)
-
-        CachingAutotuner.bench = bench  # type: ignore[method-assign]
-        stack.callback(setattr, CachingAutotuner, "bench", original)
+    """Inductor's ``CachingAutotuner.bench`` replaced by ``timed_bench`` (module docstring)
+    while the block runs; ``timer``: a ``gpu.timing.Timer`` (by default a ``CudaTimer`` of
+    ``WARMUP_MS`` and ``REP_MS``). Where this torch has no such class, nothing changes."""
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:  # a torch without Inductor's Triton runtime
         yield
+        return
+    if timer is None:
+        from ..gpu.timing import CudaTimer, TimingConfig
+
+        timer = CudaTimer(TimingConfig(warmup_ms=WARMUP_MS, rep_ms=REP_MS))
+    original = CachingAutotuner.bench
+
+    def bench(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> float:
+        return timed_bench(self, launcher, args, kwargs, timer, original)
+
+    CachingAutotuner.bench = bench  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CachingAutotuner.bench = original  # type: ignore[method-assign]
 
 
 def timed_bench(tuner: Any, launcher: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -155,5 +148,5 @@ def _stream(args: list[Any]) -> int:
     return 0
 
 
-__all__ = ["REP_MS", "SPILL_THRESHOLD", "TAG", "WARMUP_MS", "timed_bench", "timed_on_the_gpu",
+__all__ = ["REP_MS", "SPILL_THRESHOLD", "WARMUP_MS", "timed_bench", "timed_on_the_gpu",
            "tuned_compile", "tuned_on_the_gpu"]
