@@ -9,7 +9,7 @@ times the call with events around its launch through Inductor's Python wrapper, 
 copies the arguments the kernel writes (to the host and back, where the memory allocator's peak
 leaves no room for a copy on the device). Where the host takes longer to issue a call than the
 GPU takes to flush, the events time the host: on an H200 the tuner measured 17–40 µs for
-kernels of 1–12 µs and 140–180 µs for those that write a static cache, so that its choices
+kernels of 1–12 µs and 140–230 µs for those that write a static cache, so that its choices
 were drawn by noise. One decode layer compiled three times from an empty cache ran its V
 projection with the cache write at 59.0, 6.2 and 6.8 µs and the layer at 205.4, 144.3 and
 143.0 µs (``scripts/gpu_probes/inductor_tuning.py``); in the backend a graph with a faster
