@@ -41,6 +41,14 @@ Seen (H200, LAYER=hf-static, budget 150, FORCE=1 PER_WINNER=1 ONE_TUNING=1, comm
 each kind of replaced piece moved Inductor's kernels for the rest by more than it gained (the
 down projection 31.4–40.6 µs against 31.7, coordinate descent's block sizes drawn anew); the
 table is in docs/torch.md, section 5.
+
+Seen (H200, LAYER=hf-static, budget 120 and 60, FORCE=1 PER_WINNER=1 ONE_TUNING=1, commit
+b136627): Inductor's kernels for the rest came out with other block sizes in each graph, some
+several times slower (the V projection with its cache write 29.9 against 6.6 µs, a norm 13.3
+against 1.5), and Inductor's code for the graph itself at 134.8-139.1 µs in one run and
+164.4-166.5 in the next; with CD_LOG its tuner is seen timing the host (17-40 µs for kernels of
+1-12 µs). Since 5837f09 the backend's Inductor compilations tune by GPU time
+(``fx.inductor_tuning``; ``scripts/gpu_probes/inductor_tuning.py``).
 """
 
 from __future__ import annotations
