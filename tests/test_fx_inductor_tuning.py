@@ -43,27 +43,31 @@ class Launcher:
         args[1].fill_(5.0)
 
 
-def _tuner() -> SimpleNamespace:
-    """What Inductor's ``CachingAutotuner`` tells about a kernel that writes ``out_ptr0``."""
+def _tuner(resets: list[Any] | None = None) -> SimpleNamespace:
+    """What Inductor's ``CachingAutotuner`` tells about a kernel that writes ``out_ptr0``;
+    ``resets`` records its ``reset_to_zero_args`` calls."""
     return SimpleNamespace(fn=SimpleNamespace(arg_names=["in_ptr0", "out_ptr0", "xnumel"]),
                            mutated_arg_names=["out_ptr0"], inductor_meta={},
-                           custom_kernel=False)
+                           custom_kernel=False,
+                           reset_to_zero_args=lambda *a, **k: (resets if resets is not None
+                                                               else []).append(a))
 
 
 def test_within_the_block_each_config_is_timed_by_the_timer_on_copies_of_what_it_writes() -> None:
     original = heuristics.CachingAutotuner.bench
     x = torch.randn(4, 8)
     out = torch.zeros(8, 4).t()  # strided: the copy keeps the strides the kernel indexes by
-    launcher, timer = Launcher(), OnceTimer(7.0)
+    launcher, timer, resets = Launcher(), OnceTimer(7.0), []
     with timed_on_the_gpu(timer):
         assert heuristics.CachingAutotuner.bench is not original
-        ms = heuristics.CachingAutotuner.bench(_tuner(), launcher, x, out, 32)
+        ms = heuristics.CachingAutotuner.bench(_tuner(resets), launcher, x, out, 32)
     assert heuristics.CachingAutotuner.bench is original
     assert ms == pytest.approx(7.0e-3)  # Inductor's benchmarks are in ms
     (args, stream), = launcher.seen
     assert args[0] is x and args[2] == 32 and stream == 0  # no CUDA tensor: stream 0
     assert args[1] is not out and args[1].stride() == out.stride()
     assert bool((out == 0).all())  # the kernel's writes went to the copy
+    assert len(resets) == 1 and resets[0][1] is args[1]  # the copies reset before the call
 
 
 def test_a_config_that_spills_goes_to_inductors_own_bench_and_one_that_cannot_launch_is_inf(

@@ -77,9 +77,10 @@ def timed_bench(tuner: Any, launcher: Any, args: tuple[Any, ...], kwargs: dict[s
                 timer: Any, original: Callable[..., float]) -> float:
     """``launcher``'s ms per call by ``timer.plain``, on device copies of the arguments
     ``tuner`` (a ``CachingAutotuner``) names as written (``mutated_arg_names``), the others as
-    given. A config that spills more registers than Inductor allows, or whose arguments cannot
-    be copied so, goes to Inductor's own ``original`` bench (which refuses the first); one the
-    device cannot launch ("invalid configuration") takes infinitely long, as there."""
+    given, those it names as added into zeroed before each call (``reset_to_zero_args``). A
+    config that spills more registers than Inductor allows, or whose arguments cannot be copied
+    so, goes to Inductor's own ``original`` bench (which refuses the first); one the device
+    cannot launch ("invalid configuration") takes infinitely long, as there."""
     kwargs = {k: v for k, v in kwargs.items() if k != "with_profiler"}
     limit = getattr(tuner, "inductor_meta", {}).get("spill_threshold", SPILL_THRESHOLD)
     if not getattr(tuner, "custom_kernel", False) and (getattr(launcher, "n_spills", 0)
@@ -94,8 +95,11 @@ def timed_bench(tuner: Any, launcher: Any, args: tuple[Any, ...], kwargs: dict[s
     except RuntimeError:  # an argument whose strides overlap: Inductor's own way
         return original(tuner, launcher, *args, **kwargs)
     stream = _stream(copied)
+    reset = getattr(tuner, "reset_to_zero_args", None)  # outputs a kernel adds into
 
     def call() -> None:
+        if reset is not None:  # as Inductor's own bench does before each call
+            reset(*copied, **kw)
         launcher(*copied, **kw, stream=stream)
 
     try:
