@@ -7,6 +7,7 @@ fractions, and the table's format."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -409,7 +410,29 @@ def test_max_autotune_timed_compiles_and_tunes_at_its_first_call_with_the_gpu_ti
             _row("egraph_mirage", 10.0, 6.0, pieces=4, replaced=2)]
     tb._speedups(rows)
     assert rows[-1]["speedup_vs_best"] == pytest.approx(12 / 10)
-    # with max-autotune in one process the two would share their kernels' tuning
-    both = tb.TorchBenchConfig(modes=("max-autotune", "max-autotune-timed"), device="cpu")
-    with pytest.raises(tb.BenchTorchError, match="separate runs"):
-        tb.bench_torch(both)
+
+
+def test_each_mode_is_compiled_and_first_called_with_inductor_caches_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Modes compiled one after another in one process would share every kernel of the same
+    source, tuning and all (``bench.inductor_caches``): each mode's first call runs with a
+    cache directory of its own, and the process's is as it was afterwards."""
+    from egraph_mirage.bench.inductor_caches import CACHE_DIR
+
+    monkeypatch.setenv(CACHE_DIR, str(tmp_path / "inductor"))
+    seen: dict[str, str | None] = {}
+    prepare = tb._prepare
+
+    def recorded(row: dict[str, Any], *args: Any) -> None:
+        seen[row["mode"]] = os.environ.get(CACHE_DIR)
+        prepare(row, *args)
+
+    monkeypatch.setattr(tb, "_compiled", lambda module, mode, cfg: (module, None))
+    monkeypatch.setattr(tb, "_prepare", recorded)
+    cfg = tb.TorchBenchConfig(models=("llama",), batches=(2,), preset="small",
+                              modes=("eager", "max-autotune", "max-autotune-timed"),
+                              rest="eager", device="cpu", cache_dir=str(tmp_path))
+    rows = tb.bench_torch(cfg, timer=tb.CpuTimer(repeats=1), log=lambda _: None)
+    assert all(r["error"] is None for r in rows)
+    assert seen == {m: str(tmp_path / "inductor" / f"mode-{m}") for m in cfg.modes}
+    assert os.environ[CACHE_DIR] == str(tmp_path / "inductor")

@@ -26,7 +26,9 @@ Dynamo is reset before each model and batch (not between modes: see below). On t
 
 Decode tokens per second: per mode, a first ``generate()`` of ``new_tokens + 1`` tokens compiles
 and warms up (``compile_s``, its wall time: Dynamo, the compilation, the backend's searches,
-CUDA-graph recording, the prefill and the decode). Once every mode of a batch is compiled, the
+CUDA-graph recording, the prefill and the decode), with Inductor caches of the mode's own
+(``bench.inductor_caches.own_caches``: no mode takes up the kernels another compiled, nor their
+tuning). Once every mode of a batch is compiled, the
 modes are timed in **alternating rounds** (``_timed``): a round calls each mode in turn, from a
 different first mode each round, so that the host's and the GPU's drift over the run (a decode
 step of a few layers is bound by the host's Python as much as by the GPU) falls on every mode
@@ -84,6 +86,7 @@ from ..errors import EMError
 from ..pipeline import DEFAULT_BUDGETS
 from ..pipeline.command import request_from_flags
 from .gpu_report import fmt
+from .inductor_caches import own_caches
 from .text_table import aligned
 from .torch_bench import (
     SHORT_DTYPES,
@@ -454,7 +457,9 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
                            param_bytes=params, cache_bytes=cache, floor_bytes=floor)
                 rows[mode] = row
                 try:
-                    tokens, compiled[mode] = _first_call(model, prompt, mode, row, want, cfg)
+                    with own_caches(mode):  # no mode takes up another's kernels and tuning
+                        tokens, compiled[mode] = _first_call(model, prompt, mode, row, want,
+                                                             cfg)
                     if mode == "eager":
                         want = tokens
                 except Exception as e:  # the row says so; the other modes go on
@@ -470,7 +475,8 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
             for mode in compiled:
                 if cfg.again and mode in BACKEND_MODES and not rows[mode]["error"]:
                     try:
-                        _again(model, prompt, mode, rows[mode], cfg)
+                        with own_caches(mode, fresh=False):  # its own caches, as a rerun
+                            _again(model, prompt, mode, rows[mode], cfg)
                     except Exception as e:
                         rows[mode]["error"] = f"again: {type(e).__name__}: {_first(e)}"
             for row in rows.values():

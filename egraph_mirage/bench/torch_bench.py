@@ -15,8 +15,7 @@ size b and mode:
 * modes (``MODES``): ``eager``; ``compile``, ``torch.compile(dynamic=False)`` (Inductor's default
   mode); ``max-autotune``, ``torch.compile(mode="max-autotune-no-cudagraphs")``;
   ``max-autotune-timed``, the same compiled and first called with Inductor's tuning timed on the
-  GPU as the backend has it (``fx.inductor_tuning``; not run unless asked for, and never in
-  one run with ``max-autotune``, whose kernels of the same source it would share: it tells how
+  GPU as the backend has it (``fx.inductor_tuning``; not run unless asked for: it tells how
   much of the backend's gain that tuning alone gives, and counts among the baselines); and the
   backend's modes (``BACKEND_MODES``): ``egraph_mirage``, ``torch.compile`` with this package's
   backend (``fx.backend.Backend`` with the search options given: ``budget``, ``max_tasks``,
@@ -25,13 +24,15 @@ size b and mode:
   timed against, in that mode; on a GPU the backend's ``autotune`` option, on by default, does
   so for ``egraph_mirage`` too);
 * each compiled once (``compile_s``: the first call, which compiles and, for the backend,
-  searches), checked against eager on the same inputs (``max_error``, the largest
-  ``gpu.torch_eval.relative_error`` over the outputs; ``matches_eager`` within ``TOLERANCE``),
-  then timed with ``gpu.timing.CudaTimer``: plain launches (``plain_us``, L2 flushed) and
-  CUDA-graph replay (``graph_us``), on input sets rotated where one fits in L2; the modes are
-  timed in ``rounds`` rounds, one after the other in each; ``plain_us`` is the fastest round
-  (a decode step's plain launches are bound by the host, whose speed drifts and only ever adds
-  time; every round is kept in ``plain_rounds``), ``graph_us`` the median.
+  searches), with Inductor caches of its own (``bench.inductor_caches.own_caches``: no mode takes
+  up the kernels another compiled, nor their tuning), checked against eager on the same inputs
+  (``max_error``, the largest ``gpu.torch_eval.relative_error`` over the outputs;
+  ``matches_eager`` within ``TOLERANCE``), then timed with ``gpu.timing.CudaTimer``: plain
+  launches (``plain_us``, L2 flushed) and CUDA-graph replay (``graph_us``), on input sets rotated
+  where one fits in L2; the modes are timed in ``rounds`` rounds, one after the other in each;
+  ``plain_us`` is the fastest round (a decode step's plain launches are bound by the host, whose
+  speed drifts and only ever adds time; every round is kept in ``plain_rounds``), ``graph_us`` the
+  median.
 
 Rows (``KEYS``) are one per dtype, model, batch and mode; ``speedup_vs_eager`` (and
 ``_graph``) is the eager time over the mode's, and the backend's rows also carry
@@ -79,6 +80,7 @@ from ..errors import EMError
 from ..pipeline import DEFAULT_BUDGETS
 from ..pipeline.command import request_from_flags
 from .gpu_report import best, fmt, ratio
+from .inductor_caches import own_caches
 from .text_table import aligned
 
 __all__ = ["DEFAULT_MODES", "KEYS", "MODELS", "MODES", "TOLERANCE", "BenchTorchError", "CpuTimer",
@@ -379,11 +381,6 @@ def bench_torch(cfg: TorchBenchConfig, *, timer: Any = None,
         if dtype not in TOLERANCE:
             raise BenchTorchError(f"bench torch: unknown dtype {dtype!r} "
                                   f"({', '.join(TOLERANCE)})")
-    if {"max-autotune", "max-autotune-timed"} <= set(cfg.modes):
-        raise BenchTorchError("bench torch: modes max-autotune and max-autotune-timed cannot "
-                              "run in one process: Inductor shares a kernel of the same source, "
-                              "tuning and all, within a process, so the second would keep the "
-                              "first's tuning; run them in separate runs")
     example = load_example(cfg.example)
     sizes = _sizes(example, cfg)
     graphs = cfg.device == "cuda"
@@ -440,8 +437,9 @@ def _measure(module: Any, model: str, dtype: str, batch: int, cfg: TorchBenchCon
         say(f"{model} {dtype} b={batch} {mode} ...")
         row = _row(model, dtype, batch, mode, cfg, sizes, device)
         try:
-            fn, backend = _compiled(module, mode, cfg)
-            _prepare(row, fn, backend, sets, want, graphs)
+            with own_caches(mode):  # no mode takes up another's kernels and their tuning
+                fn, backend = _compiled(module, mode, cfg)
+                _prepare(row, fn, backend, sets, want, graphs)
             timed.append((row, fn))
         except Exception as e:  # the row says so; the other modes go on
             row["error"] = f"{type(e).__name__}: {_first(e)}"

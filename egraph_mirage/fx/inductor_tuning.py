@@ -23,11 +23,10 @@ on the device once before the timing. Everything else of Inductor's tuning is as
 configs it tries, the order, the threshold, and its cache of chosen configs, which is keyed by
 the kernel's source: a kernel whose config an earlier compilation chose, on disk or in this
 process (Inductor shares a kernel of the same source, tuning and all, within a process), keeps
-that config untuned. So ``bench torch``, which compiles its baselines first in the same
-process, compares with them a backend graph whose kernels of the same source as theirs keep
-their tuning; the kernels the pieces' replacement changes are tuned here. (Keying the cache
-apart is not done: Inductor's compile workers key it by their own settings, and every first
-call would then tune again, a second compilation from the cache included.)
+that config untuned (``bench torch`` and ``bench generate`` therefore compile each mode with
+caches of its own: ``bench.inductor_caches``). Keying the cache apart here is not done:
+Inductor's compile workers key it by their own settings, and every first call would then tune
+again, a second compilation from the cache included.
 
 ``tuned_compile(compile)`` runs a compilation so and gives the compiled function with its
 first call, the one that tunes, so too (``tuned_on_the_gpu``).
