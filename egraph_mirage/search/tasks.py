@@ -74,10 +74,14 @@ SPLIT_MIN = 2
 SPLIT_LEAD = 1
 #: the second kernel of a split task combines the pieces: it is searched with at most this many
 #: operators (accumulating two partial results and finishing them takes 3 to 5), or one more
-#: than the program's tail after its last reduction where that is longer
+#: than the program's tail after its last reduction where that is longer, and two more for
+#: each statistic that scales that reduction's operand where there is a tail
 #: (``Context.combine_ops``: RoPE's rotation after a projection, 7 operators, is applied to the
-#: summed partials)
+#: summed partials; after an RMSNorm's projection, the combine also finishes the norm, its
+#: statistic's accumulator and the division by it: 10 operators)
 SPLIT_COMBINE = 5
+#: the combine's operators for each statistic (``statistics``) it finishes before a tail
+STATISTIC_OPS = 2
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,9 @@ class Context:
         self.early_splits = sorted(walks, key=lambda i: len(self.first_shapes[i].loaders)
                                    < len(payload.inputs))
         #: the most operators of a split task's second kernel (``SPLIT_COMBINE``)
-        self.combine_ops = min(max(SPLIT_COMBINE, 1 + len(tail(self.target))),
+        after = tail(self.target)
+        finished = STATISTIC_OPS * len(statistics(self.target)) if after else 0
+        self.combine_ops = min(max(SPLIT_COMBINE, 1 + len(after) + finished),
                                payload.config.max_block_ops or SPLIT_COMBINE)
 
     @cached_property
@@ -342,6 +348,29 @@ def tail(g: KernelGraph) -> list[Tensor]:
             if t.op != "cast":
                 out.append(t)
     return out
+
+
+def statistics(g: KernelGraph) -> list[Tensor]:
+    """The reductions of ``g`` other than matmuls that its last matmul or reduction
+    (``ops.REDUCING``) reads, directly or not: statistics that scale what it reduces (an
+    RMSNorm's mean of squares before its projection), which a split form of the program sums in
+    its first kernel unscaled and finishes in its combine, after the sum."""
+    last = max((i for i, t in enumerate(g.operators) if t.op in REDUCING), default=None)
+    if last is None:
+        return []
+    by_index = {t.index: t for t in g.operators}
+    seen: set[int] = set()
+    found: list[Tensor] = []
+    todo = list(g.operators[last].operands)
+    while todo:
+        t = todo.pop()
+        if t.index in seen or t.index not in by_index:
+            continue
+        seen.add(t.index)
+        if t.op in REDUCING and t.op != "matmul":
+            found.append(t)
+        todo.extend(t.operands)
+    return sorted(found, key=lambda t: t.index)
 
 
 def splits_reduction(ks: KernelShape, out_classes: Sequence[Any], config: SearchConfig) -> bool:
