@@ -53,17 +53,8 @@ def _inductor_cache_dir() -> str:
         from torch._inductor.runtime.runtime_utils import cache_dir
 
         return str(cache_dir())
-    except ImportError:  # a torch without Inductor's runtime: Inductor's default place
-        return os.path.join(tempfile.gettempdir(), "torchinductor_" + _user())
-
-
-def _user() -> str:
-    try:
-        import getpass
-
-        return getpass.getuser()
-    except (ImportError, KeyError, OSError):
-        return "user"
+    except ImportError:  # a torch without Inductor's runtime, which compiles nothing here
+        return os.path.join(tempfile.gettempdir(), "torchinductor")
 
 
 def _forget_kernels() -> None:

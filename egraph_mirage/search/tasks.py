@@ -337,7 +337,7 @@ def tail(g: KernelGraph) -> list[Tensor]:
     """The operators of ``g`` that read its last matmul or reduction (``ops.REDUCING``, in
     graph order), directly or not, casts left out: what a split reduction's combine must
     apply after summing the pieces (a projection's RoPE rotation). Empty without one."""
-    last = max((i for i, t in enumerate(g.operators) if t.op in REDUCING), default=None)
+    last = _last_reduction(g)
     if last is None:
         return []
     after = {g.operators[last].index}
@@ -353,9 +353,10 @@ def tail(g: KernelGraph) -> list[Tensor]:
 def statistics(g: KernelGraph) -> list[Tensor]:
     """The reductions of ``g`` other than matmuls that its last matmul or reduction
     (``ops.REDUCING``) reads, directly or not: statistics that scale what it reduces (an
-    RMSNorm's mean of squares before its projection), which a split form of the program sums in
-    its first kernel unscaled and finishes in its combine, after the sum."""
-    last = max((i for i, t in enumerate(g.operators) if t.op in REDUCING), default=None)
+    RMSNorm's mean of squares before its projection). A split form of the program reduces the
+    unscaled operand in its first kernel and finishes each statistic in its combine: its
+    accumulator there, and the division by it after the sum."""
+    last = _last_reduction(g)
     if last is None:
         return []
     by_index = {t.index: t for t in g.operators}
@@ -371,6 +372,12 @@ def statistics(g: KernelGraph) -> list[Tensor]:
             found.append(t)
         todo.extend(t.operands)
     return sorted(found, key=lambda t: t.index)
+
+
+def _last_reduction(g: KernelGraph) -> int | None:
+    """Where the last operator of ``g`` that reduces a dimension (``ops.REDUCING``) stands
+    among its operators, or None."""
+    return max((i for i, t in enumerate(g.operators) if t.op in REDUCING), default=None)
 
 
 def splits_reduction(ks: KernelShape, out_classes: Sequence[Any], config: SearchConfig) -> bool:
