@@ -38,6 +38,14 @@ _OPTIONAL = ("search_seconds", "num_kernels", "grids", "estimated_us")
 #: ran 67.5 µs ours, 66.3 Inductor's alone, where Inductor's layer ran them in 55.5 µs and
 #: fused SiLU·mul into the down projection, 44.7 µs against 28.4 alone)
 CLOSE = 0.05
+#: a whole graph slower than Inductor's code by at most this fraction under a kind of timing
+#: ties with it there, and is used where it is faster by at least ``WIN`` under another kind
+#: (``slower_whole``): two timings of the same code with plain launches differ by more
+#: (H200, a bf16 decoder layer: 157.7, 261.7 and 289.1 µs back to back, replayed 143.7–144.0);
+#: a b = 8 Llama layer with 5 pieces replaced ran 175.8 against 192.3 µs replayed and 212.7
+#: against 211.8 with plain launches, and was not used before ties counted
+TIE = 0.01
+WIN = 0.05
 
 
 @dataclass
@@ -131,6 +139,33 @@ def slower(times: Mapping[str, Any], timing: str) -> str:
         if times[ours] >= times[theirs]:
             return f"not faster than Inductor's code ({TIMED[kind]})"
     return ""
+
+
+def slower_whole(times: Mapping[str, Any], timing: str) -> str:
+    """Why a whole graph with these ``times`` is not used under the ``timing`` option ("" when
+    it is): as ``slower``, but a kind of timing it is slower under by at most ``TIE`` is a tie,
+    not a loss, where it is faster by at least ``WIN`` under another (``ties``)."""
+    why = slower(times, timing)
+    return "" if why and ties(times, timing) else why
+
+
+def ties(times: Mapping[str, Any], timing: str) -> list[str]:
+    """The kinds of timing, of those the ``timing`` option asks for, under which a whole graph
+    with these ``times`` is slower than Inductor's code by at most ``TIE``, in words with the
+    difference, where it is faster under each other kind and by at least ``WIN`` under one
+    (empty otherwise: a clear loss, no loss or no clear gain). Plain launches of a decode
+    layer are bound by the host, whose noise exceeds ``TIE``; a decode loop replays them."""
+    tied, won = [], False
+    for kind in kinds(timing):
+        ours, theirs = (times.get(f) for f in TIMES[kind])
+        if ours is None or theirs is None:
+            return []
+        if ours >= theirs:
+            if ours > theirs * (1 + TIE):
+                return []
+            tied.append(f"{TIMED[kind]} {100 * (ours / theirs - 1):.1f} % slower")
+        won = won or ours <= theirs * (1 - WIN)
+    return tied if won else []
 
 
 def mixed(times: Mapping[str, Any], timing: str) -> bool:

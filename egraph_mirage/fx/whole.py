@@ -33,7 +33,7 @@ from typing import Any
 from . import inductor_timing as timing
 from . import report as rep
 from .cache import SearchCache, whole_key
-from .decision import least_gain, mixed, slower
+from .decision import TIE, least_gain, mixed, slower, slower_whole, ties
 from .mutation import written
 from .options import BackendOptions
 from .rest import compile_rest
@@ -75,7 +75,7 @@ class WholeGraph:
         while True:
             expected = report.launch = self.launched(names)
             record = self._cached(names)
-            if record is None or not slower(record, self.options.timing):
+            if record is None or not slower_whole(record, self.options.timing):
                 compiled = self.build(names, self.mode)  # sets report.launch: its key may differ
                 if record is None or report.launch != expected:
                     record, inductor = self._measured(compiled, names, inductor)
@@ -83,8 +83,13 @@ class WholeGraph:
                 why = "could not be timed"
             else:
                 report.whole_times = timing.fmt_times(record)
-                why = slower(record, self.options.timing)
+                why = slower_whole(record, self.options.timing)
             if not why:
+                tied = ties(record, self.options.timing)
+                if tied:
+                    tried.append(f"with {len(names)} piece(s) replaced: a tie under "
+                                 f"{', '.join(tied)} (at most {100 * TIE:.0f} %), faster "
+                                 f"under the others: {report.whole_times}")
                 break
             tried.append(f"with {len(names)} piece(s) replaced: {why}"
                          + (f": {report.whole_times}" if record is not None else ""))
