@@ -37,7 +37,7 @@ gpu_plan $#
 common() {  # the options every run of one batch shares
   echo --dtype "${DTYPE:-float16}" --prompt-len "${PROMPT_LEN:-128}" \
     --max-cache-len "${MAX_CACHE_LEN:-1024}" --budget "$budget" ${MAX_TASKS:+--max-tasks $MAX_TASKS} \
-    --workers "$workers" --cache-dir "${CACHE:-$work/cache}" --timing "${TIMING:-both}" ${EXTRA:-}
+    --workers "$workers" --cache-dir "${CACHE:-$work/cache}" --timing "${TIMING:-both}" $host_lock ${EXTRA:-}
 }
 
 one() {  # one batch on the GPU this subshell sees

@@ -24,9 +24,14 @@ gpu_bring_back() {
 
 # gpu_plan N: how many GPUs N items are spread over (`gpus`: GPUS or every GPU, at most N) and
 # how many search processes each item gets (`workers`: WORKERS, or the GPU's share of the host's
-# cores less one; on a host of one GPU, every core less one).
+# cores less one; on a host of one GPU, every core less one); on a host of several GPUs,
+# `host_lock`: the bench commands' --host-lock option (HOST_LOCK, default one file in /tmp for
+# every script of the host: each compiles holding it shared and times holding it alone, so
+# that no plain launches are timed beside another GPU's compilation; bench.host_lock).
 gpu_plan() {
   host_gpus=$(nvidia-smi -L | wc -l)
+  host_lock=""
+  (( host_gpus > 1 )) && host_lock="--host-lock ${HOST_LOCK:-/tmp/egraph-mirage-bench.lock}"
   gpus=${GPUS:-$host_gpus}
   (( gpus > $1 )) && gpus=$1
   share=$(( $(nproc) / host_gpus ))

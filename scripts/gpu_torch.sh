@@ -36,7 +36,7 @@ one() {  # one batch on the GPU this subshell sees
     --models ${MODELS:-llama hf} ${MODES:+--modes $MODES} --preset "${PRESET:-llama3_8b}" \
     --dtype "${DTYPES:-float16}" ${ROUNDS:+--rounds $ROUNDS} \
     --budget "$budget" --workers "$workers" --cache-dir "${CACHE:-$work/cache}" \
-    --timing "${TIMING:-both}" --out "$out/bench_torch_b$b.json" ${EXTRA:-} \
+    --timing "${TIMING:-both}" --out "$out/bench_torch_b$b.json" $host_lock ${EXTRA:-} \
     > "$work/bench_torch_b$b.txt" 2> "$work/bench_torch_b$b.err"
   echo "b=$b rc=$?"; grep -v '^{' "$work/bench_torch_b$b.err" | tail -4
 }
@@ -47,7 +47,7 @@ if [ -n "${AGAIN:-}" ]; then
   timeout 300 python3 -m egraph_mirage bench torch --batch "$b" --models ${MODELS:-llama hf} \
     --preset "${PRESET:-llama3_8b}" --dtype "${DTYPES:-float16}" --modes egraph_mirage \
     --budget "$budget" --workers "$(( $(nproc) - 1 ))" --cache-dir "${CACHE:-$work/cache}" \
-    --timing "${TIMING:-both}" --out "$out/bench_torch_again_b$b.json" ${EXTRA:-} \
+    --timing "${TIMING:-both}" --out "$out/bench_torch_again_b$b.json" $host_lock ${EXTRA:-} \
     > "$work/bench_torch_again_b$b.txt" 2> "$work/bench_torch_again_b$b.err"
   echo "again b=$b rc=$?"; cat "$work/bench_torch_again_b$b.txt"
 fi

@@ -86,6 +86,8 @@ from ..errors import EMError
 from ..pipeline import DEFAULT_BUDGETS
 from ..pipeline.command import request_from_flags
 from .gpu_report import fmt
+from .host_lock import HostLock
+from .host_lock import add_argument as add_host_lock
 from .inductor_caches import own_caches
 from .text_table import aligned
 from .torch_bench import (
@@ -170,6 +172,8 @@ class GenerateBenchConfig(BackendSettings):
     seed: int = 1
     device: str = "cuda"
     again: bool = False
+    #: the lock file of the host's benchmarks (``bench.host_lock``; None: none)
+    host_lock: str | None = None
 
     def sizes(self) -> ModelSizes:
         if self.preset not in PRESETS:
@@ -443,39 +447,42 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
             compiled: dict[str, _Compiled] = {}
             want = None
             _reset()
-            for mode in modes:  # each compiled and checked, one after the other
-                say(f"{family} L={cfg.layers} b={batch} {mode} ...")
-                row: dict[str, Any] = dict.fromkeys(KEYS)
-                row.update(model=family, preset=cfg.preset, sizes=asdict(sizes),
-                           layers=cfg.layers, vocab=vocab, dtype=cfg.dtype, attn=cfg.attn,
-                           batch=batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens,
-                           max_cache_len=cfg.max_cache_len, device=device,
-                           timing="cuda" if cfg.device == "cuda" else "cpu wall clock",
-                           backend_timing=cfg.backend_timing(),
-                           transformers=transformers.__version__, torch=torch.__version__,
-                           mode=mode, compile_mode=MODES.get(mode), repeats=cfg.repeats,
-                           param_bytes=params, cache_bytes=cache, floor_bytes=floor)
-                rows[mode] = row
-                try:
-                    with own_caches(mode):  # no mode takes up another's kernels and tuning
-                        tokens, compiled[mode] = _first_call(model, prompt, mode, row, want,
-                                                             cfg)
-                    if mode == "eager":
-                        want = tokens
-                except Exception as e:  # the row says so; the other modes go on
-                    row["error"] = f"{type(e).__name__}: {_first(e)}"
+            lock = HostLock(cfg.host_lock)
+            with lock.compiling():
+                for mode in modes:  # each compiled and checked, one after the other
+                    say(f"{family} L={cfg.layers} b={batch} {mode} ...")
+                    row: dict[str, Any] = dict.fromkeys(KEYS)
+                    row.update(model=family, preset=cfg.preset, sizes=asdict(sizes),
+                               layers=cfg.layers, vocab=vocab, dtype=cfg.dtype, attn=cfg.attn,
+                               batch=batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens,
+                               max_cache_len=cfg.max_cache_len, device=device,
+                               timing="cuda" if cfg.device == "cuda" else "cpu wall clock",
+                               backend_timing=cfg.backend_timing(),
+                               transformers=transformers.__version__, torch=torch.__version__,
+                               mode=mode, compile_mode=MODES.get(mode), repeats=cfg.repeats,
+                               param_bytes=params, cache_bytes=cache, floor_bytes=floor)
+                    rows[mode] = row
+                    try:
+                        with own_caches(mode):  # no mode takes up another's kernels and tuning
+                            tokens, compiled[mode] = _first_call(model, prompt, mode, row, want,
+                                                                 cfg)
+                        if mode == "eager":
+                            want = tokens
+                    except Exception as e:  # the row says so; the other modes go on
+                        row["error"] = f"{type(e).__name__}: {_first(e)}"
             say(f"{family} L={cfg.layers} b={batch}: {cfg.repeats} rounds of "
                 f"{', '.join(compiled)}")
-            try:
-                if compiled:
-                    _timed(model, prompt, compiled, rows, cfg)
-            except Exception as e:
-                for mode in compiled:
-                    rows[mode]["error"] = f"timing: {type(e).__name__}: {_first(e)}"
+            with lock.timing():
+                try:
+                    if compiled:
+                        _timed(model, prompt, compiled, rows, cfg)
+                except Exception as e:
+                    for mode in compiled:
+                        rows[mode]["error"] = f"timing: {type(e).__name__}: {_first(e)}"
             for mode in compiled:
                 if cfg.again and mode in BACKEND_MODES and not rows[mode]["error"]:
-                    try:
-                        with own_caches(mode, fresh=False):  # its own caches, as a rerun
+                    try:  # its own caches, as a rerun
+                        with lock.compiling(), own_caches(mode, fresh=False):
                             _again(model, prompt, mode, rows[mode], cfg)
                     except Exception as e:
                         rows[mode]["error"] = f"again: {type(e).__name__}: {_first(e)}"
@@ -581,6 +588,7 @@ def add_arguments(p: Any) -> None:
                    metavar="S", help="search seconds for each compilation, all its pieces "
                    f"sharing them, or none (default {DEFAULT_BUDGETS['torch backend']:g})")
     add_backend_arguments(p)
+    add_host_lock(p)
     p.add_argument("--table-of", nargs="+", metavar="PATH",
                    help="print the table of rows files written by --out and measure nothing")
     p.add_argument("--cpu-smoke", action="store_true",
@@ -631,7 +639,7 @@ def config_from(args: Any, cuda: bool) -> GenerateBenchConfig:
         repeats=args.repeats, seed=args.seed, device="cpu" if smoke else "cuda",
         again=args.again, budget=args.budget, max_tasks=args.max_tasks, workers=args.workers,
         cache_dir=args.cache_dir, cache=not args.no_cache, rest="eager" if smoke else "inductor",
-        backend_options={"timing": args.timing})
+        backend_options={"timing": args.timing}, host_lock=args.host_lock)
 
 
 def run_command(args: Any) -> int:

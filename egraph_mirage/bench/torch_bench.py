@@ -80,6 +80,8 @@ from ..errors import EMError
 from ..pipeline import DEFAULT_BUDGETS
 from ..pipeline.command import request_from_flags
 from .gpu_report import best, fmt, ratio
+from .host_lock import HostLock
+from .host_lock import add_argument as add_host_lock
 from .inductor_caches import own_caches
 from .text_table import aligned
 
@@ -172,6 +174,8 @@ class TorchBenchConfig(BackendSettings):
     #: minutes, and plain launches of a decode step are host-bound). None: 5 on a GPU, 1 on the
     #: CPU
     rounds: int | None = None
+    #: the lock file of the host's benchmarks (``bench.host_lock``; None: none)
+    host_lock: str | None = None
 
 
 def load_example(path: str | Path | None = None) -> ModuleType:
@@ -433,25 +437,28 @@ def _measure(module: Any, model: str, dtype: str, batch: int, cfg: TorchBenchCon
     nbytes = module_call_bytes(module, sets[0])
     rows, timed = [], []
     torch._dynamo.reset()
-    for mode in cfg.modes:
-        say(f"{model} {dtype} b={batch} {mode} ...")
-        row = _row(model, dtype, batch, mode, cfg, sizes, device)
-        try:
-            with own_caches(mode):  # no mode takes up another's kernels and their tuning
-                fn, backend = _compiled(module, mode, cfg)
-                _prepare(row, fn, backend, sets, want, graphs)
-            timed.append((row, fn))
-        except Exception as e:  # the row says so; the other modes go on
-            row["error"] = f"{type(e).__name__}: {_first(e)}"
-        rows.append(row)
+    lock = HostLock(cfg.host_lock)
+    with lock.compiling():
+        for mode in cfg.modes:
+            say(f"{model} {dtype} b={batch} {mode} ...")
+            row = _row(model, dtype, batch, mode, cfg, sizes, device)
+            try:
+                with own_caches(mode):  # no mode takes up another's kernels and their tuning
+                    fn, backend = _compiled(module, mode, cfg)
+                    _prepare(row, fn, backend, sets, want, graphs)
+                timed.append((row, fn))
+            except Exception as e:  # the row says so; the other modes go on
+                row["error"] = f"{type(e).__name__}: {_first(e)}"
+            rows.append(row)
     rounds = cfg.rounds if cfg.rounds is not None else 5 if graphs else 1
     say(f"{model} {dtype} b={batch}: timing {len(timed)} modes in {rounds} round(s)")
-    try:
-        _time(timed, sets, timer, graphs, rounds)
-    except Exception as e:
-        for row, _ in timed:
-            row["error"] = row["error"] or f"timing: {type(e).__name__}: {_first(e)}"
-    _profile(timed, sets, timer, say)
+    with lock.timing():
+        try:
+            _time(timed, sets, timer, graphs, rounds)
+        except Exception as e:
+            for row, _ in timed:
+                row["error"] = row["error"] or f"timing: {type(e).__name__}: {_first(e)}"
+        _profile(timed, sets, timer, say)
     _speedups(rows)
     _floor(rows, nbytes, copy_bandwidth)
     return rows
@@ -616,6 +623,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="timing rounds, each timing every mode once; plain figures are the "
                    "fastest round, graph figures medians (default 5 on a GPU, 1 with --cpu-smoke)")
+    add_host_lock(p)
     p.add_argument("--example", metavar="PATH",
                    help="examples/llama_layer.py (default: the checkout's)")
     p.add_argument("--table-of", nargs="+", metavar="PATH",
@@ -659,7 +667,7 @@ def config_from(args: Any, cuda: bool) -> TorchBenchConfig:
         workers=args.workers,
         cache_dir=args.cache_dir, cache=not args.no_cache, rest="eager" if smoke else "inductor",
         device="cpu" if smoke else "cuda", example=args.example,
-        backend_options={"timing": args.timing}, rounds=args.rounds)
+        backend_options={"timing": args.timing}, rounds=args.rounds, host_lock=args.host_lock)
 
 
 def run_command(args: Any) -> int:

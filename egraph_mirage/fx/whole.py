@@ -4,12 +4,13 @@ A piece faster alone can make the graph slower: its call's host time, its bounda
 what Inductor makes of its neighbours. So, on a CUDA GPU with ``profile`` on, the graph with
 its replaced pieces is timed against Inductor's code for Dynamo's graph (both kinds of timing,
 ``fx.inductor_timing.time_graphs``; a mixed verdict, faster under one kind and slower under
-another, is timed again and the fastest of each side counts: ``WholeGraph._timed``). Where it
-is slower under the ``timing`` option, the kind of piece (the same winners: a model's
-identical layers) that gains least alone under the kind of timing it lost by is kept too
-(``fx.decision.least_gain``), the graph with the others is built and timed again, at most
-``WHOLE_TRIES`` times more; where none is faster, every piece is kept and Inductor's code is
-returned. The times are cached per set of replaced pieces
+another, is timed again and the fastest of each side counts: ``WholeGraph._timed``; a kind
+lost by at most ``decision.TIE`` ties where another is won by ``decision.WIN``:
+``decision.slower_whole``). Where it is slower under the ``timing`` option, the kind of piece
+(the same winners: a model's identical layers) that gains least alone under the kind of timing
+it lost by is kept too (``fx.decision.least_gain``), the graph with the others is built and
+timed again, at most ``WHOLE_TRIES`` times more; where none is faster, every piece is kept
+and Inductor's code is returned. The times are cached per set of replaced pieces
 (``fx.cache.whole_key``: the graph, its inputs' layout and those pieces' winners), and the
 decisions are made from them at each compile, as for a piece: a set of pieces whose graph the
 cache holds as slower is not built again (a second compilation of a model compiles Inductor's
