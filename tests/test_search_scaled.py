@@ -129,3 +129,35 @@ def test_an_operator_holding_a_count_keeps_the_program_at_its_sizes(op: str) -> 
     s = g.reduction(g.square(x), 1)
     g.mark_output(g.matmul(g.div(x, g.apply(op, [s], count=4096)), w))
     assert sc.scaled_program(g) is None
+
+
+def test_a_scaled_copy_is_searched_only_in_shapes_that_fit_the_programs_own_sizes() -> None:
+    """The scaled copy's kernel shapes that load a scaled dimension whole (no grid axis or loop
+    cutting it) would load it 16 times as large at the program's own sizes, past shared memory,
+    and the resize stage could not fit what they find (``mugraph.sizes.retarget``): an 8B
+    model's gated MLP at b = 8 found 8 such forms and none other. The payload records each
+    dimension class's growth (``prepare.growth``), and such shapes are not searched
+    (``tiling.own_tile_bytes``); the shapes that walk the hidden dimension in a loop stay."""
+    from egraph_mirage.search.config import SearchConfig
+    from egraph_mirage.search.prepare import prepare_with_rules
+    from egraph_mirage.search.tasks import Context
+    from egraph_mirage.search.tiling import own_tile_bytes, structure
+
+    g = transformers_norm_projection((8,), 4096, 4096, 1e-5)
+    scaled = sc.scaled_program(g)
+    assert scaled is not None and [t.dims for t in scaled.inputs] == [(8, 256), (256, 256)]
+    config = SearchConfig()
+    plain, _ = prepare_with_rules(scaled, config)
+    sized, _ = prepare_with_rules(scaled, config, own=g)
+    assert plain.growth == () and sorted(f for _, f in sized.growth) == [16, 16]
+    growth = dict(sized.growth)
+
+    def own_bytes(ks: object) -> int:
+        return sum(own_tile_bytes(ld, growth) for ld in ks.loaders)  # type: ignore[attr-defined]
+
+    before, after = Context(plain).first_shapes, Context(sized).first_shapes
+    assert any(own_bytes(ks) > config.smem_bytes for ks in before)
+    assert after and all(own_bytes(ks) <= config.smem_bytes for ks in after)
+    kept = {(ks.grid, ks.frange, structure(ks, config)) for ks in after}
+    assert kept <= {(ks.grid, ks.frange, structure(ks, config)) for ks in before}
+    assert len(after) < len(before) and any(ks.frange > 1 for ks in after)

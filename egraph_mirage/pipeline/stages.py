@@ -130,8 +130,10 @@ def _stage_prepare(run: Run) -> None:
     r = run.request
     assert run.searched is not None
     left = None if run.end is None else max(0.0, run.end - time.time())
+    own = run.g if run.searched is not run.g else None  # a scaled copy's own sizes
     run.payload, run.rule_files = prepare_with_rules(run.searched, r.config, r.seed, r.rules,
-                                                     r.extra_rules, saturation_seconds=left)
+                                                     r.extra_rules, saturation_seconds=left,
+                                                     own=own)
     run.stats.seconds["prepare"] = time.perf_counter() - run.t_start
     run.ctx = Context(run.payload)  # this process's tasks share it; other processes build theirs
 

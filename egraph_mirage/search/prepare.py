@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..graph import KernelGraph, abstract_term
 from ..mugraph.serialize import dumps
@@ -52,9 +53,11 @@ def prepare(g: KernelGraph, config: SearchConfig, seed: int = 0,
 
 def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
                        rules: RulePaths | None = None, extra_rules: RulePaths = (),
-                       saturation_seconds: float | None = None
-                       ) -> tuple[Payload, list[Path]]:
-    """``prepare``, and the rule files the oracle loaded (in order)."""
+                       saturation_seconds: float | None = None,
+                       own: KernelGraph | None = None) -> tuple[Payload, list[Path]]:
+    """``prepare``, and the rule files the oracle loaded (in order). ``own``: where ``g`` is a
+    scaled copy (``pipeline.scaled``), the program at its own sizes, which the payload's
+    ``growth`` is taken from."""
     if not isinstance(g, KernelGraph):
         raise SearchError(f"superoptimize: expected a KernelGraph, got {type(g).__name__}")
     if len(g.outputs) != 1:  # the pipeline searches a program of several one output at a time
@@ -88,8 +91,23 @@ def prepare_with_rules(g: KernelGraph, config: SearchConfig, seed: int = 0,
     # the generated prelude (from the op table) is part of the rules the e-graph was built with
     digest = rules_digest(oracle.rule_paths, oracle.prelude)
     payload = Payload(dumps(g), reach, config, tuple(inputs), tuple(scalars), out_classes[0],
-                      seed, digest)
+                      seed, digest, growth(inputs, own))
     return payload, rule_files(oracle.rule_paths)
+
+
+def growth(inputs: Sequence[DTensor], own: KernelGraph | None) -> tuple[tuple[Any, int], ...]:
+    """(dimension class, factor) for each class of the searched inputs whose size is ``factor``
+    times as large in ``own`` (the program at its own sizes; none without it), the smallest
+    factor where a class's dimensions grew unequally: what ``tiling.kernel_shapes`` reads a
+    shape's tiles at those sizes by."""
+    if own is None or len(own.inputs) != len(inputs):
+        return ()
+    out: dict[Any, int] = {}
+    for t, o in zip(inputs, own.inputs):
+        for c, n, m in zip(t.dcls, t.dims, o.dims):
+            if c is not None and m > n and m % n == 0:
+                out[c] = min(out.get(c, m // n), m // n)
+    return tuple(sorted(out.items(), key=repr))
 
 
 def program_scalars(g: KernelGraph) -> set[float]:

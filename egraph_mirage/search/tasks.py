@@ -98,6 +98,10 @@ class Payload:
     seed: int = 0
     #: digest of the rules the e-graph was saturated with (``oracle.rules.rules_digest``)
     rules: str = ""
+    #: (dimension class, factor): where the program searched is a scaled copy, each class
+    #: ``factor`` times as large at the program's own sizes (``prepare.growth``), so that a
+    #: kernel shape whose tiles cannot fit there is not searched (``tiling.kernel_shapes``)
+    growth: tuple[tuple[Any, int], ...] = ()
 
     #: a digest of everything above: two payloads with one key give tasks the same context
     #: (target, verifier, shapes, the block search's memo), in any process. Computed once, at
@@ -108,7 +112,7 @@ class Payload:
         r = self.reach
         text = repr((self.target_json, repr(self.config), self.seed, self.rules, self.inputs,
                      self.scalars, self.out_classes, r.roots, r.complete, sorted(r.reachable),
-                     list(r.nodes.items())))
+                     list(r.nodes.items()), self.growth))
         object.__setattr__(self, "key", hashlib.sha256(text.encode()).hexdigest())
 
 
@@ -179,9 +183,9 @@ class Context:
         self.memo: dict[Any, Any] = {}
         self.probe = LinkProbe()
         #: the last kernels' shapes per signature of the tensors they read (``ShapeMemo``)
-        self.shapes = ShapeMemo(payload.config)
-        self.first_shapes: list[KernelShape] = list(kernel_shapes(payload.inputs,
-                                                                  payload.config))
+        self.shapes = ShapeMemo(payload.config, dict(payload.growth))
+        self.first_shapes: list[KernelShape] = list(kernel_shapes(
+            payload.inputs, payload.config, growth=dict(payload.growth)))
         #: the shapes over the inputs that can write the output in one kernel
         self.final_shapes = [ks for ks in self.first_shapes
                              if can_finish(ks, payload.out_classes)]

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import DType
 from ..errors import MapError
 from ..mugraph import maps as pt
+from ..mugraph.sizes import DEFAULT_CAPS
 from .config import SearchConfig, grid_parts, loop_parts
 
 Dims = tuple[int, ...]
+#: the smallest tile the resize stage may give a cut dimension at a program's own sizes (its
+#: caps' smallest, ``mugraph.sizes.DEFAULT_CAPS``)
+SMALLEST_OWN_TILE = min(min(c.grid, c.loop) for c in DEFAULT_CAPS)
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,9 @@ class ShapeMemo:
     in the same order as ``kernel_shapes`` gives. One per process and payload (the search's
     ``Context``)."""
 
-    def __init__(self, config: SearchConfig) -> None:
+    def __init__(self, config: SearchConfig, growth: Mapping[Any, int] | None = None) -> None:
         self.config = config
+        self.growth = dict(growth or {})
         self._known: dict[Any, list[tuple[Any, ...]]] = {}
 
     def shapes(self, tensors: Sequence[DTensor], keep: KernelShape | None = None
@@ -122,7 +127,7 @@ class ShapeMemo:
         known = self._known.get(key)
         if known is None:
             position = {id(t): i for i, t in enumerate(tensors)}
-            made = list(kernel_shapes(tensors, self.config, keep))
+            made = list(kernel_shapes(tensors, self.config, keep, self.growth))
             self._known[key] = [
                 (ks.grid, ks.axis_classes, ks.frange, ks.loop_class,
                  tuple((position[id(ld.tensor)], ld.imap, ld.fdim, ld.tile, ld.tile_classes)
@@ -135,12 +140,16 @@ class ShapeMemo:
 
 
 def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
-                  keep: KernelShape | None = None) -> Iterator[KernelShape]:
+                  keep: KernelShape | None = None, growth: Mapping[Any, int] | None = None
+                  ) -> Iterator[KernelShape]:
     """Every kernel shape over ``tensors``, best-first by the ``target_blocks`` heuristic.
     ``keep``: only the shapes of a kernel that combines the partial results of a kernel of shape
     ``keep``: each grid axis is ``keep``'s (same class, same count, same position) or 1, so
     the lowering can run it in ``keep``'s last block of each group (``lower.fuse``), and the
-    loop, if any, walks the pieces."""
+    loop, if any, walks the pieces. ``growth``: where the tensors are a scaled copy's, how
+    many times as large each dimension class is at the program's own sizes; a shape whose
+    inputs' tiles overflow shared memory there too (``own_tile_bytes``) is left out, since
+    the resize stage could not fit it (``mugraph.sizes.retarget``)."""
     sizes = _class_sizes(tensors)
     shapes: list[tuple[float, int, KernelShape]] = []
     n = 0
@@ -167,6 +176,8 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
             if sum(math.prod(ld.tile) * ld.tensor.dtype.itemsize
                    for ld in loaders) > config.smem_bytes:
                 continue  # the inputs' tiles alone overflow shared memory
+            if growth and sum(own_tile_bytes(ld, growth) for ld in loaders) > config.smem_bytes:
+                continue  # ... and at the program's own sizes
             ks = KernelShape(grid, axis_classes, frange, loop_class,  # type: ignore
                              tuple(loaders))
             shapes.append((_score(ks, config), n, ks))
@@ -180,6 +191,19 @@ def kernel_shapes(tensors: Sequence[DTensor], config: SearchConfig,
                 continue
         per_structure[key] = per_structure.get(key, 0) + 1
         yield ks
+
+
+def own_tile_bytes(ld: Loader, growth: Mapping[Any, int]) -> int:
+    """Bytes of the tile ``ld`` loads at the program's own sizes, about the least the resize
+    stage can give it: a dimension that no grid axis or loop cuts is loaded whole, ``growth``
+    times as large; one that is cut takes tiles of at most its tile here, and the resize stage
+    chooses powers of two dividing the dimension, as small as ``SMALLEST_OWN_TILE``
+    (``mugraph.sizes.Caps``; smaller where a piece of a split is not a multiple of it)."""
+    n = ld.tensor.dtype.itemsize
+    for c, dim, tile in zip(ld.tensor.dcls, ld.tensor.dims, ld.tile):
+        own = dim * growth.get(c, 1)
+        n *= own if tile == dim else min(tile, SMALLEST_OWN_TILE, own & -own)
+    return n
 
 
 def _grids(sizes: dict[Any, list[int]], config: SearchConfig, keep: KernelShape | None
