@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import results_tables as rt  # noqa: E402
+import results_tables as rt
 
 Row = dict[str, Any]
 

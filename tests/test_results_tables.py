@@ -144,3 +144,34 @@ def test_the_transformers_view_keeps_the_transformers_layers_only(made_up: Path)
     lines = rt.render("torch_fake:transformers").splitlines()[2:]
     assert [line.split(" | ")[0] for line in lines] == ["| hf-static", "| hf-qwen3-static"]
     assert lines == rt.render("torch_fake:table").splitlines()[4:]
+
+
+def test_a_runs_rows_take_the_place_of_their_groups_rows_which_are_archived(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scripts/record_rows.py``: a run's rows replace every row of their group (the key but
+    the mode: a mode the new run left out does not stay behind from an older commit), the rows
+    replaced go to the archive, and each new row carries its provenance."""
+    spec = importlib.util.spec_from_file_location("record_rows",
+                                                  ROOT / "scripts" / "record_rows.py")
+    assert spec and spec.loader
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    monkeypatch.setattr(rr.rt, "RESULTS", tmp_path)
+
+    def row(batch: int, mode: str, us: float) -> dict:
+        return {"model": "hf-static", "batch": batch, "dtype": "float16",
+                "backend_timing": "both", "mode": mode, "graph_us": us}
+
+    old = [row(1, "eager", 300.0), row(1, "egraph_mirage", 140.0), row(8, "compile", 190.0)]
+    (tmp_path / "torch_x.json").write_text(json.dumps(old))
+    (tmp_path / "archive.json").write_text(json.dumps({"note": "superseded"}))
+    new = [row(1, "max-autotune", 145.0), row(1, "egraph_mirage", 127.0)]
+    provenance = {"commit": "abc1234", "origin": "a command", "recorded_in": "a session",
+                  "recorded_on": "2026-11-29"}
+    assert rr.record("torch_x", new, provenance) == (2, 2)
+    rows = json.loads((tmp_path / "torch_x.json").read_text())
+    assert [(r["batch"], r["mode"], r["graph_us"]) for r in rows] == [
+        (8, "compile", 190.0), (1, "max-autotune", 145.0), (1, "egraph_mirage", 127.0)]
+    assert all(r["commit"] == "abc1234" for r in rows[1:]) and "commit" not in rows[0]
+    archive = json.loads((tmp_path / "archive.json").read_text())
+    assert archive["torch"] == old[:2] and archive["note"] == "superseded"
