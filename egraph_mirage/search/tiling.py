@@ -201,7 +201,7 @@ def own_tile_bytes(ld: Loader, growth: Mapping[Any, int]) -> int:
     (``mugraph.sizes.Caps``; smaller where a piece of a split is not a multiple of it)."""
     n = ld.tensor.dtype.itemsize
     for c, dim, tile in zip(ld.tensor.dcls, ld.tensor.dims, ld.tile):
-        own = dim * growth.get(c, 1)
+        own = dim * growth.get(c, 1) if dim > 1 else 1  # a broadcast 1 stays 1
         n *= own if tile == dim else min(tile, SMALLEST_OWN_TILE, own & -own)
     return n
 
