@@ -161,3 +161,21 @@ def test_a_scaled_copy_is_searched_only_in_shapes_that_fit_the_programs_own_size
     kept = {(ks.grid, ks.frange, structure(ks, config)) for ks in after}
     assert kept <= {(ks.grid, ks.frange, structure(ks, config)) for ks in before}
     assert len(after) < len(before) and any(ks.frange > 1 for ks in after)
+
+
+def test_a_scaled_search_spends_its_tasks_on_structures_that_fit_the_programs_sizes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end, the norm with its projection at b = 8 (4096 x 4096): in 60 tasks the scaled
+    search without the own-size check found 18 structures the resize stage could not fit and
+    one that it could; with it, none that do not fit, and more that do, in fewer seconds."""
+    from egraph_mirage.search import prepare as pr
+
+    g = transformers_norm_projection((8,), 4096, 4096, 1e-5)
+    with_check = superoptimize(g, em.SearchConfig(max_kernels=2), max_tasks=60, workers=1,
+                               progress=False)
+    monkeypatch.setattr(pr, "growth", lambda inputs, own: ())
+    without = superoptimize(g, em.SearchConfig(max_kernels=2), max_tasks=60, workers=1,
+                            progress=False)
+    assert without.stats.resize_unfit > 0 and with_check.stats.resize_unfit == 0
+    assert len(with_check) > len(without) >= 1
+    assert with_check.stats.tasks_total < without.stats.tasks_total
