@@ -434,6 +434,7 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
         bandwidth = measure_copy_bandwidth()
         say(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
     out: list[dict[str, Any]] = []
+    lock = HostLock(cfg.host_lock)
     for family in cfg.models:
         vocab = cfg.vocab or sizes.vocab or REAL_VOCAB[family]
         model = build_model(family, sizes, cfg.layers, vocab, dtype, cfg.device, cfg.seed,
@@ -447,7 +448,6 @@ def bench_generate(cfg: GenerateBenchConfig, on_row: Callable[[dict[str, Any]], 
             compiled: dict[str, _Compiled] = {}
             want = None
             _reset()
-            lock = HostLock(cfg.host_lock)
             with lock.compiling():
                 for mode in modes:  # each compiled and checked, one after the other
                     say(f"{family} L={cfg.layers} b={batch} {mode} ...")

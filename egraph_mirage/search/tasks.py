@@ -183,9 +183,10 @@ class Context:
         self.memo: dict[Any, Any] = {}
         self.probe = LinkProbe()
         #: the last kernels' shapes per signature of the tensors they read (``ShapeMemo``)
-        self.shapes = ShapeMemo(payload.config, dict(payload.growth))
-        self.first_shapes: list[KernelShape] = list(kernel_shapes(
-            payload.inputs, payload.config, growth=dict(payload.growth)))
+        growth = dict(payload.growth)
+        self.shapes = ShapeMemo(payload.config, growth)
+        self.first_shapes: list[KernelShape] = list(kernel_shapes(payload.inputs,
+                                                                  payload.config, growth=growth))
         #: the shapes over the inputs that can write the output in one kernel
         self.final_shapes = [ks for ks in self.first_shapes
                              if can_finish(ks, payload.out_classes)]
